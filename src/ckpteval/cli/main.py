@@ -1,0 +1,111 @@
+"""The `evaluate` command: a default action (evaluate a checkpoint) beside named subcommands.
+
+`evaluate -c sft --run X a.b=1` runs the default action; `evaluate status X` runs a subcommand.
+Only the first word decides: a registered command name selects that command, anything else is
+handed to the default action, so a Hydra override is never mistaken for a command and a command's
+arguments are never mistaken for overrides.
+
+Commands are imported lazily (by name) so `evaluate --help` loads no command's dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import typer
+import typer.core
+import typer.main
+
+from ckpteval.errors import CkptevalError
+
+DEFAULT_COMMAND = "run"
+
+# name -> (module under ckpteval.cli, function, one-line help shown in `evaluate --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "tasks": ("tasks", "tasks_command", "List the task catalog: harness, endpoint type, log-probs, offline data."),
+}
+
+
+class EvaluateGroup(typer.core.TyperGroup):
+    """A group whose first word is either a subcommand or the start of the default action's arguments."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [DEFAULT_COMMAND, *COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name == DEFAULT_COMMAND:
+            from ckpteval.cli import evaluate
+
+            return _typer_command(evaluate.evaluate_command, DEFAULT_COMMAND)
+        if cmd_name not in COMMANDS:
+            return None
+        module_name, func_name, _ = COMMANDS[cmd_name]
+        module = importlib.import_module(f"ckpteval.cli.{module_name}")
+        func = getattr(module, func_name)
+        if isinstance(func, typer.Typer):  # a command with its own subcommands
+            return typer.main.get_group(func)
+        return _typer_command(func, cmd_name)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from ckpteval.cli.help import render_root_help
+
+        render_root_help(ctx, COMMANDS)
+
+
+def _typer_command(func: Any, name: str) -> Any:
+    sub = typer.Typer(add_completion=False, rich_markup_mode="rich")
+    settings = getattr(func, "context_settings", None) or {}
+    sub.command(name=name, context_settings=settings)(func)
+    return typer.main.get_command(sub)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ckpteval import __version__
+
+        typer.echo(f"ckpteval {__version__}")
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    cls=EvaluateGroup,
+    name="evaluate",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    """Benchmark scores for a trained Megatron checkpoint."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the app, turn our errors into one line and an exit code."""
+    try:
+        app(args=argv, prog_name="evaluate")  # standalone: usage errors print and exit 2 by themselves
+    except CkptevalError as exc:
+        report_error(exc)
+        sys.exit(exc.exit_code)
+
+
+def report_error(exc: CkptevalError) -> None:
+    """Print an error as one red line plus its hint, on stderr, without a traceback."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(exc.message)}")
+    if exc.hint:
+        console.print(f"[dim]{escape(exc.hint)}[/]")

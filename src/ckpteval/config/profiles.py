@@ -1,0 +1,202 @@
+"""env.toml: where evaluations run (profiles) and where results go ([wandb]).
+
+```toml
+[wandb]
+entity = "my-team"
+project = "evals"
+
+[MY-CLUSTER]
+executor = "slurm"
+host = "login.example.com"
+account = "llm"
+remote_job_dir = "/lustre/me/ckpteval"
+
+[MY-CLUSTER-DEBUG]
+extends = "MY-CLUSTER"
+partition = "interactive"
+```
+
+The file is found by `--env-file`, then `$CKPTEVAL_ENV_FILE`, then by walking up from the working
+directory, then in the user config dir. Without `--run`/`--batch` the built-in `local` profile is used
+and no env.toml is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ckpteval.config.typed import did_you_mean, from_mapping
+from ckpteval.errors import ConfigError
+
+ENV_FILE_NAME = "env.toml"
+ENV_FILE_VAR = "CKPTEVAL_ENV_FILE"
+LOCAL_PROFILE = "local"
+RESERVED_SECTIONS = ("wandb", "cli")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Where and how an invocation runs. Every key of an env.toml profile is a field here."""
+
+    name: str
+    executor: Literal["local", "slurm"] = "slurm"
+    extends: str | None = None
+    # How to reach the cluster: "ssh" from a laptop, "local" when the CLI runs on the login node.
+    tunnel: Literal["ssh", "local"] = "ssh"
+    host: str | None = None  # a hostname or a ~/.ssh/config alias
+    user: str | None = None
+    port: int | None = None
+    identity: str | None = None  # private key file
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    # Slurm
+    account: str | None = None
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 8
+    time: str = "04:00:00"
+    remote_job_dir: str | None = None
+    container_image: str | None = None
+    mounts: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    sbatch_flags: dict[str, Any] = field(default_factory=dict)
+    # The Python that runs ckpteval's own job steps on the cluster (the builtin deployment, the
+    # in-job task runner); inside a container image that has ckpteval installed this is "python".
+    python: str = "python3"
+    # Squash (enroot import) on a compute node; None falls back to the run partition/time.
+    build_partition: str | None = None
+    build_time: str | None = None
+    build_include_gpus: bool = False
+
+    def to_config(self) -> dict[str, Any]:
+        """The profile as the `run.env` node of the composed config (every key present)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class WandbSettings:
+    """The `[wandb]` section: defaults for `export.wandb`."""
+
+    entity: str | None = None
+    project: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """A parsed env.toml (or none: `path` is None and only the built-in local profile exists)."""
+
+    path: Path | None
+    raw_profiles: dict[str, dict[str, Any]]
+    wandb: WandbSettings
+    config_dirs: tuple[Path, ...] = ()
+
+    @property
+    def profile_names(self) -> list[str]:
+        """The profiles a user can name, the built-in `local` included."""
+        return sorted(set(self.raw_profiles) | {LOCAL_PROFILE})
+
+    def profile(self, name: str | None) -> Profile:
+        """The named profile with `extends` applied; None means the built-in local profile."""
+        if name is None or (name == LOCAL_PROFILE and LOCAL_PROFILE not in self.raw_profiles):
+            return Profile(name=LOCAL_PROFILE, executor="local", tunnel="local")
+        if name not in self.raw_profiles:
+            where = str(self.path) if self.path else "no env.toml was found"
+            raise ConfigError(
+                f"Unknown profile '{name}' ({where}).{did_you_mean(name, self.profile_names)}",
+                hint="Profiles that exist: " + ", ".join(self.profile_names) + "."
+                + ("" if self.path else f" Create an {ENV_FILE_NAME} (see env.toml.example) or pass --env-file."),
+            )
+        merged = self._merged(name, chain=())
+        merged.pop("extends", None)
+        return from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
+
+    def _merged(self, name: str, chain: tuple[str, ...]) -> dict[str, Any]:
+        if name in chain:
+            cycle = " -> ".join((*chain, name))
+            raise ConfigError(f"{self.path}: profiles extend each other in a cycle: {cycle}.",
+                              hint="Remove one of the `extends` keys.")
+        if name not in self.raw_profiles:
+            child = chain[-1]
+            raise ConfigError(
+                f"{self.path}: profile [{child}] extends '{name}', which does not exist."
+                + did_you_mean(name, self.raw_profiles),
+                hint="Profiles that exist: " + ", ".join(sorted(self.raw_profiles)) + ".",
+            )
+        own = dict(self.raw_profiles[name])
+        parent = own.get("extends")
+        if parent is None:
+            return own
+        if not isinstance(parent, str):
+            raise ConfigError(f"{self.path}: [{name}] extends must be a profile name, not {parent!r}.")
+        base = self._merged(parent, chain=(*chain, name))
+        # dict-valued keys (env_vars, sbatch_flags) merge key by key; everything else is replaced.
+        for key, value in own.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            else:
+                base[key] = value
+        return base
+
+
+def user_config_dir() -> Path:
+    """The per-user config directory (`$XDG_CONFIG_HOME/ckpteval`)."""
+    root = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(root) / "ckpteval"
+
+
+def find_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> Path | None:
+    """The env.toml to use: --env-file, $CKPTEVAL_ENV_FILE, walking up from cwd, the user config dir."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"--env-file {explicit}: no such file.")
+        return explicit
+    from_env = os.environ.get(ENV_FILE_VAR)
+    if from_env:
+        path = Path(from_env).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"${ENV_FILE_VAR} is {from_env!r}, which is not a file.",
+                              hint=f"Fix or unset {ENV_FILE_VAR}.")
+        return path
+    here = (cwd or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / ENV_FILE_NAME
+        if candidate.is_file():
+            return candidate
+    candidate = user_config_dir() / ENV_FILE_NAME
+    return candidate if candidate.is_file() else None
+
+
+def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> EnvFile:
+    """Find and parse env.toml; a missing file is fine (only the local profile exists then)."""
+    path = find_env_file(explicit, cwd=cwd)
+    if path is None:
+        return EnvFile(path=None, raw_profiles={}, wandb=WandbSettings())
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}.", hint="Fix the line it names.") from None
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {path}: {exc.strerror}.") from None
+
+    wandb_raw = data.get("wandb", {})
+    wandb = from_mapping(WandbSettings, wandb_raw, where=f"{path} [wandb]", path="wandb")
+    cli_raw = data.get("cli", {})
+    if not isinstance(cli_raw, dict) or set(cli_raw) - {"config_dirs"}:
+        raise ConfigError(f"{path} [cli]: only `config_dirs` is allowed there.")
+    config_dirs = tuple((path.parent / Path(d).expanduser()).resolve() for d in cli_raw.get("config_dirs", []))
+
+    profiles: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if key in RESERVED_SECTIONS:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{path}: top-level key '{key}' is not a [profile] table.",
+                hint="Put settings inside a profile, e.g. [MY-CLUSTER], or in [wandb].",
+            )
+        profiles[key] = value
+    return EnvFile(path=path, raw_profiles=profiles, wandb=wandb, config_dirs=config_dirs)

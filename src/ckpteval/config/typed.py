@@ -1,0 +1,139 @@
+"""Turn plain mappings (parsed TOML, resolved YAML) into typed dataclasses, with errors a user can fix.
+
+One small converter instead of a validation framework: it knows the handful of types our schemas
+use (scalars, Optional, Literal, list, dict, nested dataclasses, Any) and reports the dotted path of
+the first bad value, an unknown key with its closest valid names, or a missing required key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from ckpteval.errors import ConfigError
+
+T = TypeVar("T")
+
+_MISSING = dataclasses.MISSING
+
+
+def close_matches(word: str, candidates: typing.Iterable[str], n: int = 3) -> list[str]:
+    """The candidates that look like `word`, best first (for "did you mean" hints)."""
+    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+
+
+def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
+    """A " Did you mean X?" suffix, or "" when nothing is close."""
+    matches = close_matches(word, candidates)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"
+
+
+def from_mapping(cls: type[T], data: Any, *, where: str, path: str = "") -> T:
+    """Build dataclass `cls` from `data`; `where` names the source in messages (a file, "config")."""
+    return typing.cast(T, _convert(cls, data, where=where, path=path))
+
+
+def _describe(path: str) -> str:
+    return f"'{path}'" if path else "the top level"
+
+
+def _convert(tp: Any, value: Any, *, where: str, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+
+    if tp is Any or tp is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors: list[ConfigError] = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where=where, path=path)
+            except ConfigError as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        raise ConfigError(f"{where}: {_describe(path)} must be {names}, not {value!r}.")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        allowed = ", ".join(repr(a) for a in args)
+        raise ConfigError(
+            f"{where}: {_describe(path)} is {value!r}; it must be one of {allowed}."
+            + (did_you_mean(str(value), [str(a) for a in args]) if isinstance(value, str) else "")
+        )
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _convert_dataclass(tp, value, where=where, path=path)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {_describe(path)} must be a list, not {value!r}.")
+        item_tp = args[0] if args else Any
+        items = [_convert(item_tp, v, where=where, path=f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple or tp is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
+        val_tp = args[1] if len(args) == 2 else Any
+        return {
+            str(k): _convert(val_tp, v, where=where, path=f"{path}.{k}" if path else str(k)) for k, v in value.items()
+        }
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: {_describe(path)} must be true or false, not {value!r}.")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: {_describe(path)} must be an integer, not {value!r}.")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: {_describe(path)} must be a number, not {value!r}.")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # YAML and TOML turn "04:00:00"-like or numeric-looking values into numbers; a string field
+            # accepts them as their text so `time = 10` and `time = "10"` mean the same.
+            return str(value)
+        raise ConfigError(f"{where}: {_describe(path)} must be a string, not {value!r}.")
+    raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in a schema, not user input
+
+
+def _type_name(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
+
+
+def _convert_dataclass(cls: type, value: Any, *, where: str, path: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in value if k not in fields]
+    if unknown:
+        key = str(unknown[0])
+        full = f"{path}.{key}" if path else key
+        raise ConfigError(
+            f"{where}: unknown key '{full}'.{did_you_mean(key, fields)}",
+            hint="Valid keys here: " + ", ".join(sorted(fields)) + ".",
+        )
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        sub = f"{path}.{name}" if path else name
+        if name in value:
+            kwargs[name] = _convert(hints[name], value[name], where=where, path=sub)
+        elif field.default is _MISSING and field.default_factory is _MISSING:
+            raise ConfigError(f"{where}: '{sub}' is required but missing.")
+    return cls(**kwargs)
