@@ -35,4 +35,21 @@ def evaluate_command(
       evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
       evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
     """
-    raise NotImplementedError
+    from ckpteval.config.compose import CompileRequest
+    from ckpteval.errors import ConfigError
+    from ckpteval.invoke import run_invocation
+
+    if run and batch:
+        raise ConfigError("--run and --batch are mutually exclusive.",
+                          hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.")
+    request = CompileRequest(
+        configs=tuple(config or ()),
+        profile=run or batch,
+        mode="run" if run else "batch" if batch else "local",
+        overrides=tuple(overrides or ()),
+        tasks=tuple(task or ()),
+        env_file=env_file,
+    )
+    code = run_invocation(request, dry_run=dry_run, force_squash=force_squash)
+    if code:
+        raise typer.Exit(code)

@@ -11,7 +11,6 @@ Commands are imported lazily (by name) so `evaluate --help` loads no command's d
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 import typer
@@ -53,6 +52,18 @@ class EvaluateGroup(typer.core.TyperGroup):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        # usage lines of the default action read "evaluate [OPTIONS]", not "evaluate run [OPTIONS]"
+        return (None if name == DEFAULT_COMMAND else name), cmd, rest
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CkptevalError as exc:
+            report_error(exc)
+            raise typer.Exit(exc.exit_code) from None
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from ckpteval.cli.help import render_root_help
 
@@ -92,12 +103,8 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app, turn our errors into one line and an exit code."""
-    try:
-        app(args=argv, prog_name="evaluate")  # standalone: usage errors print and exit 2 by themselves
-    except CkptevalError as exc:
-        report_error(exc)
-        sys.exit(exc.exit_code)
+    """Console-script entry point (errors become one line and an exit code in `EvaluateGroup.invoke`)."""
+    app(args=argv, prog_name="evaluate")
 
 
 def report_error(exc: CkptevalError) -> None:

@@ -52,6 +52,9 @@ def _convert(tp: Any, value: Any, *, where: str, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        tagged = _tagged_choice(args, value, where=where, path=path)
+        if tagged is not None:
+            return _convert(tagged, value, where=where, path=path)
         errors: list[ConfigError] = []
         for arg in args:
             if arg is type(None):
@@ -108,6 +111,29 @@ def _convert(tp: Any, value: Any, *, where: str, path: str) -> Any:
             return str(value)
         raise ConfigError(f"{where}: {_describe(path)} must be a string, not {value!r}.")
     raise TypeError(f"unsupported schema type {tp!r} at {path}")  # a bug in a schema, not user input
+
+
+def _tagged_choice(args: tuple[Any, ...], value: Any, *, where: str, path: str) -> Any:
+    """For a union of dataclasses told apart by a Literal `type` field, the member `value` selects."""
+    members = [a for a in args if a is not type(None)]
+    tags: dict[Any, Any] = {}
+    for member in members:
+        if not (dataclasses.is_dataclass(member) and isinstance(member, type)):
+            return None
+        tp = typing.get_type_hints(member).get("type")
+        if typing.get_origin(tp) is not typing.Literal:
+            return None
+        for tag in typing.get_args(tp):
+            tags[tag] = member
+    if not isinstance(value, Mapping):
+        return None
+    tag = value.get("type")
+    if tag in tags:
+        return tags[tag]
+    sub = f"{path}.type" if path else "type"
+    allowed = ", ".join(repr(t) for t in tags)
+    raise ConfigError(f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
+                      + (did_you_mean(str(tag), [str(t) for t in tags]) if isinstance(tag, str) else ""))
 
 
 def _type_name(tp: Any) -> str:

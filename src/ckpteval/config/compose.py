@@ -1,0 +1,328 @@
+"""Compile one evaluation config: compose, apply the profile and overrides, filter tasks, resolve.
+
+Precedence, lowest first — all of it decided in `composition_layers`, nowhere else:
+
+1. packaged defaults (`conf/default.yaml` and the groups it selects)
+2. stage configs, `-c` left to right (names from the user's config dirs or the packaged `conf/`, or paths)
+3. the env.toml profile (`run.env`, `run.wandb`, and the execution group it implies)
+4. command-line overrides (`a.b=1`, `+a.c=2`, `~a.d`, `deployment=vllm`)
+5. the `-t` task filter
+
+Hydra's compose API does 1-4 (so `defaults` lists really compose config groups); 5 is applied to the
+composed config before interpolations are resolved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ckpteval.config.profiles import EnvFile, Profile, load_env_file, user_config_dir
+from ckpteval.config.secrets import SecretValues, collect_environment_secrets
+from ckpteval.errors import CkptevalError, ConfigError
+
+Mode = Literal["local", "run", "batch"]
+PACKAGED_CONF = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_PATH_VAR = "CKPTEVAL_CONFIG_PATH"
+_PRIMARY = "__ckpteval_primary__"
+_PROFILE = "__ckpteval_profile__"
+_TASK_FILTER = "__ckpteval_task_filter__"
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """Everything the command line says about what to compile."""
+
+    configs: tuple[str, ...] = ()
+    profile: str | None = None
+    mode: Mode = "local"
+    overrides: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    env_file: Path | None = None
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+@dataclass(frozen=True)
+class Layers:
+    """What Hydra composes, in order: config names, then overrides (profile's before the CLI's)."""
+
+    configs: tuple[str, ...]
+    overrides: tuple[str, ...]
+    profile_node: dict[str, Any]
+    task_filter: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ComposedConfig:
+    """The composed config before typing: resolved plain data plus where it came from."""
+
+    data: dict[str, Any]
+    profile: Profile
+    env: EnvFile
+    search_path: tuple[Path, ...]
+    config_files: tuple[Path, ...]
+    secrets: SecretValues
+    added_tasks: tuple[str, ...] = ()
+
+
+def config_search_path(env: EnvFile) -> tuple[Path, ...]:
+    """Where config names are looked up, first match wins: $CKPTEVAL_CONFIG_PATH, env.toml [cli]
+    config_dirs, the user config dir's `conf/`, then the packaged `conf/`."""
+    dirs: list[Path] = []
+    for entry in os.environ.get(CONFIG_PATH_VAR, "").split(os.pathsep):
+        if entry:
+            dirs.append(Path(entry).expanduser().resolve())
+    dirs.extend(env.config_dirs)
+    user_conf = user_config_dir() / "conf"
+    if user_conf.is_dir():
+        dirs.append(user_conf)
+    dirs.append(PACKAGED_CONF)
+    return tuple(dict.fromkeys(d for d in dirs if d.is_dir() or d == PACKAGED_CONF))
+
+
+def available_configs(search_path: Sequence[Path]) -> list[str]:
+    """Names `-c` accepts (top-level YAML files of every config dir)."""
+    names = set()
+    for directory in search_path:
+        names.update(p.stem for p in directory.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+    return sorted(names)
+
+
+def _is_path(ref: str) -> bool:
+    return "/" in ref or ref.endswith((".yaml", ".yml")) or ref.startswith("~")
+
+
+def locate_config(ref: str, search_path: Sequence[Path], cwd: Path) -> tuple[str, Path]:
+    """(name Hydra can compose, file) for a `-c` value: a name in the search path or a YAML path."""
+    if _is_path(ref):
+        path = Path(ref).expanduser()
+        path = path if path.is_absolute() else cwd / path
+        if not path.is_file():
+            raise ConfigError(f"Config file {ref} does not exist.", hint="Check the path, or pass a config name.")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"Config file {ref} is not readable.", hint=f"Check its permissions: chmod u+r {ref}")
+        return "", path.resolve()
+    for directory in search_path:
+        for suffix in (".yaml", ".yml"):
+            candidate = directory / f"{ref}{suffix}"
+            if candidate.is_file():
+                return ref, candidate
+    from ckpteval.config.typed import did_you_mean
+
+    names = [n for n in available_configs(search_path) if n != "default"]
+    raise ConfigError(
+        f"Unknown config '{ref}'.{did_you_mean(ref, names)}",
+        hint="Configs that exist: " + ", ".join(names) + ". Or pass a path to a YAML file.",
+    )
+
+
+def profile_node(profile: Profile, env: EnvFile) -> dict[str, Any]:
+    """The profile as a config layer: `run.env`, `run.wandb` and the execution group it selects."""
+    node: dict[str, Any] = {"run": {"env": profile.to_config()}}
+    wandb = {k: v for k, v in (("entity", env.wandb.entity), ("project", env.wandb.project)) if v is not None}
+    if wandb:
+        node["run"]["wandb"] = wandb
+    group = "slurm/default" if profile.executor == "slurm" else "local"
+    node["defaults"] = [{"override /execution": group}, "_self_"]
+    return node
+
+
+def composition_layers(request: CompileRequest, profile: Profile, env: EnvFile, config_names: Sequence[str]) -> Layers:
+    """The one place that decides precedence: defaults < -c configs < profile < overrides < -t."""
+    return Layers(
+        configs=("default", *config_names, _PROFILE),
+        overrides=tuple(request.overrides),
+        profile_node=profile_node(profile, env),
+        task_filter=tuple(request.tasks),
+    )
+
+
+def compose(request: CompileRequest) -> ComposedConfig:
+    """Compose and resolve the config a request describes (no typing or semantic checks yet)."""
+    env = load_env_file(request.env_file, cwd=request.cwd)
+    profile = env.profile(request.profile)
+    if request.mode != "local" and profile.executor == "local" and request.profile is None:
+        raise ConfigError("--run/--batch need a profile name.")
+    search_path = config_search_path(env)
+
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    store = ConfigStore.instance()
+    names: list[str] = []
+    files: list[Path] = []
+    for i, ref in enumerate(request.configs):
+        name, path = locate_config(ref, search_path, request.cwd)
+        if not name:  # a path: load it ourselves and hand Hydra an in-memory node
+            name = f"__ckpteval_cli_{i}__"
+            store.store(name=name, node=_load_yaml(path))
+        names.append(name)
+        files.append(path)
+
+    layers = composition_layers(request, profile, env, names)
+    store.store(name=_PROFILE, node=layers.profile_node)
+    store.store(name=_PRIMARY, node={"defaults": [*layers.configs, "_self_"]})
+
+    cfg = _hydra_compose(search_path, layers.overrides)
+    added = apply_task_filter(cfg, layers.task_filter)
+
+    from ckpteval.config.resolvers import collecting_secrets, register_resolvers, stop_collecting
+
+    register_resolvers()
+    secrets = collect_environment_secrets()
+    token = collecting_secrets(secrets)
+    try:
+        data = _resolve(cfg)
+    finally:
+        stop_collecting(token)
+    if not isinstance(data, dict):
+        raise ConfigError("The composed config is not a mapping.")
+    data.pop("hydra", None)
+    return ComposedConfig(
+        data=data,
+        profile=profile,
+        env=env,
+        search_path=search_path,
+        config_files=tuple(files),
+        secrets=secrets,
+        added_tasks=added,
+    )
+
+
+def _load_yaml(path: Path) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    try:
+        node = OmegaConf.load(path)
+    except (YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {path}: {exc.strerror}.") from None
+    if not isinstance(OmegaConf.to_container(node), dict):
+        raise ConfigError(f"{path} must hold a mapping (sections like evaluation:, deployment:).")
+    return OmegaConf.to_container(node)
+
+
+def _hydra_compose(search_path: Sequence[Path], overrides: Sequence[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    primary, *rest = search_path
+    searchpath = "hydra.searchpath=[" + ",".join(f"file://{d}" for d in rest) + "]"
+    try:
+        with initialize_config_dir(config_dir=str(primary), version_base=None):
+            return hydra_compose(_PRIMARY, overrides=[searchpath, *overrides])
+    except OverrideParseException as exc:
+        bad = _offending_override(str(exc), overrides)
+        raise ConfigError(
+            f"Malformed override{f' {bad!r}' if bad else ''}: {_first_line(str(exc))}.",
+            hint="Overrides look like key=value, +new.key=value, ~key, or group=option (deployment=vllm).",
+        ) from None
+    except MissingConfigException as exc:
+        raise ConfigError(_clean_hydra_message(str(exc)),
+                          hint="`evaluate --help` shows the config groups; check the spelling.") from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        message = _clean_hydra_message(str(exc))
+        hint = None
+        if "To append to your config use" in message:
+            head, _, tail = message.partition("\n")
+            key = head.removeprefix("Could not override '").split("'")[0]
+            message = f"Cannot override '{key}': the config has no such key."
+            hint = tail.strip().replace("To append to your config use", "To add it, use") + \
+                " (or check the spelling)."
+        elif "Multiple values for" in message:
+            hint = ("Stage configs are layers over the packaged default: write `override /GROUP: OPTION` "
+                    "in their defaults list instead of selecting a group again.")
+        raise ConfigError(message, hint=hint) from None
+
+
+def _first_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("See https://")]
+    return lines[-1].strip() if lines else text
+
+
+def _offending_override(message: str, overrides: Sequence[str]) -> str | None:
+    for line in message.splitlines():
+        if line.startswith("Error parsing override '"):
+            return line.removeprefix("Error parsing override '").rstrip("'")
+    for ov in overrides:
+        if "=" not in ov and not ov.startswith("~"):
+            return ov
+    return None
+
+
+def _clean_hydra_message(message: str) -> str:
+    # Drop Hydra's search-path dump and doc links: they point at internals, not at the fix.
+    kept = []
+    for line in message.splitlines():
+        if line.startswith(("Config search path:", "\tprovider=", "See https://")):
+            break
+        kept.append(line)
+    return "\n".join(kept).strip().replace(f"In '{_PRIMARY}': ", "")
+
+
+def apply_task_filter(cfg: Any, names: Sequence[str]) -> tuple[str, ...]:
+    """Keep only the tasks named by `-t` (in `-t` order). A catalog task the config does not list is
+    added with the global defaults; returns the names added that way. Unknown names are errors."""
+    if not names:
+        return ()
+    from omegaconf import OmegaConf, open_dict
+
+    from ckpteval.tasks.catalog import load_catalog
+
+    catalog = load_catalog()
+    configured = list(cfg.evaluation.tasks)
+    chosen: list[Any] = []
+    added: list[str] = []
+    for name in dict.fromkeys(names):
+        spec = catalog.get(name)  # unknown/ambiguous -> ConfigError with close names
+        matches = [t for t in configured if t.name in (name, spec.name, spec.qualified_name)]
+        if matches:
+            chosen.extend(matches)
+        else:
+            chosen.append(OmegaConf.create({"name": name}))
+            added.append(name)
+    with open_dict(cfg):
+        cfg.evaluation.tasks = chosen
+    return tuple(added)
+
+
+def _user_error_in_chain(exc: BaseException) -> CkptevalError | None:
+    """Our own error raised inside a resolver, which OmegaConf wraps (possibly twice)."""
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        if isinstance(node, CkptevalError):
+            return node
+        seen.add(id(node))
+        node = node.__cause__ or node.__context__
+    return None
+
+
+def _resolve(cfg: Any) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:
+        key = getattr(exc, "full_key", "") or "?"
+        raise ConfigError(f"'{key}' is required but has no value (??? in the config).",
+                          hint=f"Set it: {key}=VALUE on the command line, or in your config.") from None
+    except InterpolationResolutionError as exc:
+        ours = _user_error_in_chain(exc)
+        if ours is not None:
+            raise ours from None
+        key = getattr(exc, "full_key", "") or "?"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"Cannot resolve '{key}': {reason}",
+                          hint="Check the interpolation (${...}) it uses and the key it points to.") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"Invalid config: {_first_line(str(exc))}") from None

@@ -1,0 +1,243 @@
+"""The typed shape of a compiled evaluation config.
+
+Sections mirror nemo-evaluator-launcher's (`execution`, `deployment`, `target`, `evaluation`, `export`)
+plus `run` (profile, W&B defaults, model). A resolved config dict becomes an `EvalConfig` through
+`ckpteval.config.typed.from_mapping`, which rejects unknown keys and wrong types with the dotted path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+EndpointType = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WandbRun:
+    entity: str | None = None
+    project: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSection:
+    env: dict[str, Any] = field(default_factory=dict)  # the profile (see Profile); typed there
+    wandb: WandbRun = field(default_factory=WandbRun)
+    model: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalExecution:
+    type: Literal["local"]
+    output_dir: str
+    cache_dir: str
+    endpoint_readiness_timeout: int = 600
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmExecution:
+    type: Literal["slurm"]
+    hostname: str | None
+    username: str | None
+    account: str | None
+    partition: str | None
+    num_nodes: int
+    gpus_per_node: int
+    walltime: str
+    output_dir: str
+    cache_dir: str
+    endpoint_readiness_timeout: int = 1800
+    mounts: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    sbatch_extra_flags: dict[str, Any] = field(default_factory=dict)
+
+
+Execution = LocalExecution | SlurmExecution
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoints:
+    completions: str
+    chat: str
+    health: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronDeployment:
+    type: Literal["megatron"]
+    backend: Literal["auto", "builtin", "export-deploy"]
+    checkpoint_path: str
+    prepare: Literal["smollm2", "tiny"] | None = None
+    tokenizer: str | None
+    served_model_name: str
+    image: str | None = None
+    port: int = 8000
+    num_gpus: int = 8
+    num_nodes: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    num_replicas: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_batch_size: int = 16
+    env_vars: dict[str, str] = field(default_factory=dict)
+    extra_args: str = ""
+    endpoints: Endpoints
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmDeployment:
+    type: Literal["vllm"]
+    checkpoint_path: str | None
+    hf_model_handle: str | None = None
+    tokenizer: str | None
+    served_model_name: str
+    image: str
+    port: int = 8000
+    tensor_parallel_size: int = 8
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.95
+    env_vars: dict[str, str] = field(default_factory=dict)
+    extra_args: str = ""
+    endpoints: Endpoints
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenericDeployment:
+    type: Literal["generic"]
+    image: str
+    command: str
+    checkpoint_path: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str
+    port: int = 8000
+    env_vars: dict[str, str] = field(default_factory=dict)
+    endpoints: Endpoints
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoDeployment:
+    type: Literal["none"]
+    tokenizer: str | None = None
+    served_model_name: str = "model"
+
+
+Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
+DEPLOYMENT_TYPES: dict[str, type] = {
+    "megatron": MegatronDeployment,
+    "vllm": VllmDeployment,
+    "generic": GenericDeployment,
+    "none": NoDeployment,
+}
+EXECUTION_TYPES: dict[str, type] = {"local": LocalExecution, "slurm": SlurmExecution}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiEndpoint:
+    url: str | None = None
+    model_id: str
+    type: EndpointType = "completions"
+    api_key_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    api_endpoint: ApiEndpoint
+
+
+@dataclass(frozen=True, kw_only=True)
+class Params:
+    """nemo-evaluator's `config.params`; harness-specific settings go under `extra`."""
+
+    limit_samples: int | float | None = None
+    parallelism: int | None = None
+    max_retries: int | None = None
+    request_timeout: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    task: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluatorConfigSection:
+    params: Params = field(default_factory=Params)
+    type: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluatorTargetEndpoint:
+    adapter_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluatorTarget:
+    api_endpoint: EvaluatorTargetEndpoint = field(default_factory=EvaluatorTargetEndpoint)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NemoEvaluatorConfig:
+    """The launcher-shaped `nemo_evaluator_config` (global, and per task where it wins)."""
+
+    config: EvaluatorConfigSection = field(default_factory=EvaluatorConfigSection)
+    target: EvaluatorTarget = field(default_factory=EvaluatorTarget)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    name: str
+    container: str | None = None
+    endpoint_type: EndpointType | None = None
+    env_vars: dict[str, str] = field(default_factory=dict)
+    nemo_evaluator_config: NemoEvaluatorConfig = field(default_factory=NemoEvaluatorConfig)
+    dataset_dir: str | None = None
+    repeats: int = 0  # 0: one greedy sample; k > 0: k samples with distinct seeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    nemo_evaluator_config: NemoEvaluatorConfig = field(default_factory=NemoEvaluatorConfig)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    offline_data: Literal["auto", "on", "off"] = "auto"
+    tasks: list[TaskConfig] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WandbExport:
+    enabled: bool = False
+    entity: str | None = None
+    project: str | None = None
+    log_mode: Literal["multi_task", "per_task"] = "multi_task"
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+    job_type: str = "evaluation"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowExport:
+    enabled: bool = False
+    tracking_uri: str | None = None
+    experiment_name: str = "ckpteval"
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSection:
+    wandb: WandbExport = field(default_factory=WandbExport)
+    mlflow: MlflowExport = field(default_factory=MlflowExport)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """A compiled, validated evaluation config."""
+
+    run: RunSection
+    execution: Execution
+    deployment: Deployment
+    target: Target
+    evaluation: Evaluation
+    export: ExportSection = field(default_factory=ExportSection)
