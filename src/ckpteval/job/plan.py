@@ -1,0 +1,69 @@
+"""The plan of one job: what it deploys, what it waits for, which task clients it runs, where files go.
+
+A plan is plain data made from a compiled config; `ckpteval.job.script` renders it into the bash
+script that runs on this machine or inside a Slurm allocation. Both places run the same steps:
+deploy once, wait for health, run every task's client against the one deployment, stop it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Step:
+    """A process the job starts: a bash command line, its environment, and (on Slurm) its container."""
+
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    mounts: tuple[str, ...] = ()  # "host:container[:ro]"
+    nodes: int = 1
+    ntasks_per_node: int = 1
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """How the model is served for the whole job (`step` is None when an endpoint already runs)."""
+
+    kind: str  # megatron/builtin, megatron/export-deploy, vllm, generic, none
+    step: Step | None
+    health_url: str | None
+    readiness_timeout: int
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task client run against the deployment."""
+
+    name: str
+    dir_name: str
+    run_config: dict[str, Any]  # nemo-evaluator's run config (written to tasks/<dir>/run_config.yml)
+    step: Step
+    endpoint_url: str
+
+    @property
+    def dir(self) -> str:
+        return f"tasks/{self.dir_name}"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the job script needs."""
+
+    invocation: str
+    job_dir: str  # absolute path where the job runs (on the cluster for Slurm)
+    deployment: DeploymentPlan
+    tasks: tuple[TaskPlan, ...]
+    env: dict[str, str] = field(default_factory=dict)  # for every step
+
+    def task(self, dir_name: str) -> TaskPlan:
+        return next(t for t in self.tasks if t.dir_name == dir_name)
+
+
+def quote_argv(argv: list[str]) -> str:
+    """A shell command line from an argv list, every argument quoted."""
+    return shlex.join(argv)

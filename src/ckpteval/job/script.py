@@ -1,0 +1,144 @@
+"""Render a `JobPlan` into the bash script that runs one invocation's job.
+
+Pure functions of the plan (golden-file tested). The script:
+1. starts the deployment once (its own process group, so it can be stopped as a whole),
+2. waits for its health check, failing with the log tail after the readiness timeout or if it dies,
+3. runs each task's client in turn, skipping tasks already marked done (a resubmitted job resumes),
+   recording each task's state; one task failing does not stop the others,
+4. stops the deployment on every exit path (trap), and records the job's exit code.
+
+State files (`state/*`, `tasks/<dir>/state`) are written to a temporary name and renamed, so a reader
+(the CLI following the job, locally or over SSH) never sees half a word.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from ckpteval.job.plan import JobPlan, Step, TaskPlan
+
+Launcher = Literal["local", "slurm"]
+
+_PRELUDE = r"""set -uo pipefail
+cd "$JOB_DIR" || exit 2
+mkdir -p state logs
+say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
+health_ok() {
+  if command -v curl >/dev/null 2>&1; then curl -sf -o /dev/null --max-time 5 "$1"
+  else python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+  fi
+}
+DEPLOY_PID=""
+stop_deployment() {
+  if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
+    say "stopping the deployment"
+    kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+    for _ in $(seq 1 30); do kill -0 "$DEPLOY_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$DEPLOY_PID" 2>/dev/null || kill -KILL "$DEPLOY_PID" 2>/dev/null
+  fi
+  DEPLOY_PID=""
+}
+JOB_RC=1
+finish() { stop_deployment; mark state/finished "$JOB_RC"; }
+trap finish EXIT
+trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+"""
+
+
+def _env_prefix(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+
+
+def _launch(step: Step, launcher: Launcher, *, overlap: bool) -> str:
+    """The command line that runs a step: directly here, through `srun` (with its container) on Slurm."""
+    inner = step.command
+    if step.env:
+        exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(step.env.items()))
+        inner = f"{exports}; {inner}"
+    if launcher == "local":
+        return f"bash -c {shlex.quote(inner)}"
+    args = ["srun", "--export=ALL", f"--nodes={step.nodes}", f"--ntasks-per-node={step.ntasks_per_node}"]
+    if overlap:
+        args.append("--overlap")
+    if step.image:
+        args.append(f"--container-image={step.image}")
+        if step.mounts:
+            args.append("--container-mounts=" + ",".join(step.mounts))
+        args.append("--no-container-mount-home")
+    return shlex.join(args) + f" bash -c {shlex.quote(inner)}"
+
+
+def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
+    dep = plan.deployment
+    if dep.step is None:
+        return f"say {shlex.quote('no deployment: evaluating ' + (plan.tasks[0].endpoint_url if plan.tasks else ''))}\n"
+    lines = [
+        f"say {shlex.quote('starting the deployment (' + dep.kind + ')')}",
+        # setsid: the deployment and everything it spawns form one process group we can stop as a whole
+        f"setsid {_launch(dep.step, launcher, overlap=True)} > logs/deployment.log 2>&1 &",
+        "DEPLOY_PID=$!",
+        "mark state/deployment starting",
+    ]
+    if dep.health_url:
+        url = shlex.quote(dep.health_url)
+        lines += [
+            f"deadline=$((SECONDS + {int(dep.readiness_timeout)}))",
+            f"until health_ok {url}; do",
+            '  if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then',
+            '    say "the deployment exited before it became healthy; last lines of logs/deployment.log:"',
+            "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
+            "  fi",
+            '  if [ "$SECONDS" -ge "$deadline" ]; then',
+            f'    say "the deployment did not become healthy within {int(dep.readiness_timeout)} s; '
+            'last lines of logs/deployment.log:"',
+            "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
+            "  fi",
+            "  sleep 2",
+            "done",
+        ]
+    lines += ["mark state/deployment ready", f"say {shlex.quote('deployment healthy: ' + (dep.health_url or ''))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _task_section(task: TaskPlan, launcher: Launcher) -> str:
+    d = shlex.quote(task.dir)
+    name = shlex.quote(task.name)
+    return "\n".join([
+        f"if [ -f {d}/.done ]; then",
+        f"  say {shlex.quote('task ' + task.name + ': already done, skipped')}",
+        "else",
+        f"  say {shlex.quote('task ' + task.name + ': running')}",
+        f"  mark {d}/state running",
+        f"  {_launch(task.step, launcher, overlap=True)} > {d}/client.log 2>&1",
+        "  rc=$?",
+        '  if [ "$rc" -eq 0 ]; then',
+        f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
+        "  else",
+        f"    mark {d}/state \"failed $rc\"; say {name}\": failed (exit $rc); last lines of {task.dir}/client.log:\"",
+        f"    tail -n 20 {d}/client.log; FAILED=$((FAILED + 1))",
+        "  fi",
+        "fi",
+    ]) + "\n"
+
+
+def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:
+    """The bash script for `plan`. `header` goes right after the shebang (e.g. #SBATCH lines)."""
+    parts = [
+        "#!/usr/bin/env bash\n",
+        header,
+        f"# ckpteval job for invocation {plan.invocation}: deploy once, run {len(plan.tasks)} task(s), stop.\n",
+        f"JOB_DIR={shlex.quote(plan.job_dir)}\n",
+        _PRELUDE,
+        _env_prefix(plan.env),
+        _deployment_section(plan, launcher),
+        "FAILED=0\n",
+        *(_task_section(t, launcher) for t in plan.tasks),
+        "stop_deployment\n",
+        'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
+        'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',
+        'exit "$JOB_RC"\n',
+    ]
+    return "".join(parts)

@@ -1,0 +1,183 @@
+"""The job script: golden files for its text, and real runs of it (real processes, real HTTP) for its
+behaviour: deploy once, health wait with timeout, per-task states, resume, cleanup on every exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan
+from ckpteval.job.script import render_job_script
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1"
+
+HEALTH_SERVER = (
+    "import http.server, sys, os, time\n"
+    "open('server.pid', 'w').write(str(os.getpid()))\n"
+    "time.sleep(float(os.environ.get('DELAY', '0')))\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        open(os.environ['HITS'], 'a').write(self.path + '\\n')\n"
+    "        self.send_response(200 if self.path == '/v1/health' else 404); self.end_headers()\n"
+    "    def log_message(self, *a): pass\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_plan(job_dir: Path, *, port: int, tasks: list[tuple[str, str]], deploy_cmd: str | None = None,
+              timeout: int = 30) -> JobPlan:
+    step = Step(command=deploy_cmd or f"exec {sys.executable} server.py {port}",
+                env={"HITS": str(job_dir / "hits.log")})
+    deployment = DeploymentPlan(kind="megatron/builtin", step=step, health_url=f"http://127.0.0.1:{port}/v1/health",
+                                readiness_timeout=timeout, port=port)
+    plans = tuple(
+        TaskPlan(name=name, dir_name=name, run_config={}, step=Step(command=cmd, env={"TASK": name}),
+                 endpoint_url=f"http://127.0.0.1:{port}/v1/completions/")
+        for name, cmd in tasks
+    )
+    return JobPlan(invocation="abcd1234", job_dir=str(job_dir), deployment=deployment, tasks=plans,
+                   env={"HF_HUB_OFFLINE": "1"})
+
+
+def write_job(tmp_path: Path, plan: JobPlan) -> Path:
+    job_dir = Path(plan.job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "server.py").write_text(HEALTH_SERVER)
+    for t in plan.tasks:
+        (job_dir / t.dir).mkdir(parents=True, exist_ok=True)
+    script = job_dir / "job.sh"
+    script.write_text(render_job_script(plan))
+    return script
+
+
+def run_job(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def state(job_dir: Path, rel: str) -> str:
+    return (job_dir / rel).read_text().strip()
+
+
+def alive(pid_file_text: str) -> bool:
+    try:
+        os.kill(int(pid_file_text), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_golden(launcher: str):
+    plan = make_plan(Path("/jobs/abcd1234"), port=8000, tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config "
+                                                                "tasks/adlr_mmlu/run_config.yml")])
+    if launcher == "slurm":
+        plan = JobPlan(invocation=plan.invocation, job_dir=plan.job_dir, env=plan.env, tasks=tuple(
+            TaskPlan(name=t.name, dir_name=t.dir_name, run_config={}, endpoint_url=t.endpoint_url,
+                     step=Step(command=t.step.command, image="/c/eval.sqsh", mounts=("/ckpt:/ckpt:ro",)))
+            for t in plan.tasks),
+            deployment=DeploymentPlan(kind="megatron/export-deploy", health_url=plan.deployment.health_url,
+                                      readiness_timeout=600, port=8000,
+                                      step=Step(command="python deploy.py --port 8000", image="/c/nemo.sqsh",
+                                                mounts=("/ckpt:/ckpt:ro",), nodes=1, ntasks_per_node=1)))
+    text = render_job_script(plan, launcher=launcher)  # type: ignore[arg-type]
+    golden = GOLDEN / f"job_{launcher}.sh"
+    if UPDATE:
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_runs_every_task_against_one_deployment(tmp_path: Path):
+    port = free_port()
+    plan = make_plan(tmp_path / "job", port=port, tasks=[
+        ("a", f"curl -sf http://127.0.0.1:{port}/v1/health && echo ran-$TASK > out.txt"),
+        ("b", "exit 7"),
+        ("c", "echo ran-$TASK-$HF_HUB_OFFLINE > out.txt"),
+    ])
+    job = Path(plan.job_dir)
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert state(job, "tasks/a/state") == "succeeded"
+    assert state(job, "tasks/b/state") == "failed 7"
+    assert state(job, "tasks/c/state") == "succeeded"  # a failure does not stop later tasks
+    assert state(job, "state/finished") == "1"
+    assert state(job, "state/deployment") == "ready"
+    assert (job / "out.txt").read_text().strip() == "ran-c-1"
+    assert "b: failed (exit 7)" in proc.stdout
+    # deployed once (one server process), and stopped at the end
+    assert (job / "logs" / "deployment.log").exists()
+    assert not alive((job / "server.pid").read_text())
+
+
+def test_rerun_skips_finished_tasks(tmp_path: Path):
+    port = free_port()
+    plan = make_plan(tmp_path / "job", port=port, tasks=[("a", "echo x >> count.txt"), ("b", "test -f ok")])
+    script = write_job(tmp_path, plan)
+    job = Path(plan.job_dir)
+    assert run_job(script).returncode == 1
+    (job / "ok").touch()
+    second = run_job(script)
+    assert second.returncode == 0, second.stdout
+    assert (job / "count.txt").read_text() == "x\n"  # task a did not run again
+    assert "a: already done, skipped" in second.stdout
+    assert state(job, "state/finished") == "0"
+
+
+def test_deployment_that_dies_fails_with_its_log_tail(tmp_path: Path):
+    plan = make_plan(tmp_path / "job", port=free_port(), tasks=[("a", "true")],
+                     deploy_cmd="echo 'CUDA out of memory (simulated)'; exit 1")
+    proc = run_job(write_job(tmp_path, plan))
+    job = Path(plan.job_dir)
+    assert proc.returncode == 3
+    assert "exited before it became healthy" in proc.stdout
+    assert "CUDA out of memory (simulated)" in proc.stdout
+    assert state(job, "state/deployment") == "failed"
+    assert not (job / "tasks/a/state").exists()
+
+
+def test_deployment_never_healthy_times_out(tmp_path: Path):
+    port = free_port()
+    plan = make_plan(tmp_path / "job", port=port, tasks=[("a", "true")], timeout=3,
+                     deploy_cmd=f"echo starting; exec {sys.executable} server.py {port}")
+    script = write_job(tmp_path, plan)
+    start = time.monotonic()
+    proc = run_job(script, DELAY="60")
+    assert proc.returncode == 3
+    assert time.monotonic() - start < 30
+    assert "did not become healthy within 3 s" in proc.stdout
+    assert "starting" in proc.stdout  # the log tail
+    assert not alive((Path(plan.job_dir) / "server.pid").read_text())  # the slow server was stopped
+
+
+def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
+    port = free_port()
+    plan = make_plan(tmp_path / "job", port=port, tasks=[("a", "echo $$ > task.pid; sleep 60")])
+    script = write_job(tmp_path, plan)
+    job = Path(plan.job_dir)
+    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    for _ in range(200):
+        if (job / "task.pid").exists():
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 143
+    assert state(job, "state/finished") == "143"
+    assert not alive((job / "task.pid").read_text())
+    assert not alive((job / "server.pid").read_text())
