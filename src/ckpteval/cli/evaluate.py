@@ -9,21 +9,49 @@ import typer
 
 
 def evaluate_command(
-    config: Annotated[list[str] | None, typer.Option("-c", "--config", metavar="NAME|PATH",
-        help="A stage config (sft, tiny, ...) or a YAML path; repeat to compose left to right.")] = None,
-    run: Annotated[str | None, typer.Option("-r", "--run", metavar="PROFILE",
-        help="Run attached on this env.toml profile: submit, follow, print the scores.")] = None,
-    batch: Annotated[str | None, typer.Option("-b", "--batch", metavar="PROFILE",
-        help="Run detached on this env.toml profile: submit, print the invocation id, exit.")] = None,
-    dry_run: Annotated[bool, typer.Option("-d", "--dry-run",
-        help="Show the compiled config, job script and squash plan; do nothing.")] = False,
-    task: Annotated[list[str] | None, typer.Option("-t", "--task", metavar="TASK",
-        help="Evaluate only this task (repeatable).")] = None,
-    force_squash: Annotated[bool, typer.Option("--force-squash",
-        help="Re-import container images even if their .sqsh exists.")] = False,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-c",
+            "--config",
+            metavar="NAME|PATH",
+            help="A stage config (sft, tiny, ...) or a YAML path; repeat to compose left to right.",
+        ),
+    ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "-r",
+            "--run",
+            metavar="PROFILE",
+            help="Run attached on this env.toml profile: submit, follow, print the scores.",
+        ),
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            "-b",
+            "--batch",
+            metavar="PROFILE",
+            help="Run detached on this env.toml profile: submit, print the invocation id, exit.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("-d", "--dry-run", help="Show the compiled config, job script and squash plan; do nothing.")
+    ] = False,
+    task: Annotated[
+        list[str] | None, typer.Option("-t", "--task", metavar="TASK", help="Evaluate only this task (repeatable).")
+    ] = None,
+    force_squash: Annotated[
+        bool, typer.Option("--force-squash", help="Re-import container images even if their .sqsh exists.")
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
-    overrides: Annotated[list[str] | None, typer.Argument(metavar="[OVERRIDES]...",
-        help="Hydra overrides: a.b=1, +a.c=2, ~a.d, deployment=vllm.", show_default=False)] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[OVERRIDES]...", help="Hydra overrides: a.b=1, +a.c=2, ~a.d, deployment=vllm.", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a Megatron checkpoint on benchmarks, on this machine or on a Slurm cluster.
 
@@ -40,8 +68,10 @@ def evaluate_command(
     from ckpteval.invoke import run_invocation
 
     if run and batch:
-        raise ConfigError("--run and --batch are mutually exclusive.",
-                          hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.")
+        raise ConfigError(
+            "--run and --batch are mutually exclusive.",
+            hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.",
+        )
     request = CompileRequest(
         configs=tuple(config or ()),
         profile=run or batch,

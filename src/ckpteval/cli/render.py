@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from ckpteval.tasks.catalog import TaskSpec
 
@@ -13,7 +14,7 @@ def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
     from ckpteval.tasks.offline import offline_tasks
 
     offline = offline_tasks()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": t.name,
             "qualified_name": t.qualified_name,
@@ -36,6 +37,11 @@ def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
     for col in ("task", "harness", "endpoint", "log-probs", "offline data"):
         table.add_column(col, no_wrap=col == "task")
     for r in rows:
-        table.add_row(r["name"], r["harness"], ", ".join(r["endpoint_types"]),
-                      "yes" if r["needs_logprobs"] else "", "yes" if r["offline_data"] else "")
+        table.add_row(
+            r["name"],
+            r["harness"],
+            ", ".join(r["endpoint_types"]),
+            "yes" if r["needs_logprobs"] else "",
+            "yes" if r["offline_data"] else "",
+        )
     Console().print(table)

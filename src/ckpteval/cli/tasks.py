@@ -13,8 +13,8 @@ def tasks_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the tasks `-t` accepts: name, harness, endpoint type, whether it needs log-probs, offline data."""
-    from ckpteval.tasks.catalog import load_catalog
     from ckpteval.cli.render import print_catalog
+    from ckpteval.tasks.catalog import load_catalog
 
     catalog = load_catalog()
     entries = catalog.search(pattern, harness=harness)

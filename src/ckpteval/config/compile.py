@@ -71,8 +71,10 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
     """Compose, type and validate the config a request describes. Raises ConfigError on bad input."""
     composed = compose(request)
     data = composed.data
-    notes: list[str] = [f"task '{n}' is not in the config's task list; -t added it with the global settings"
-                        for n in composed.added_tasks]
+    notes: list[str] = [
+        f"task '{n}' is not in the config's task list; -t added it with the global settings"
+        for n in composed.added_tasks
+    ]
     notes.extend(_settle_backend(data))
     _check_deployment_keys(data)
     config = from_mapping(EvalConfig, data, where="config")
@@ -110,7 +112,7 @@ def _check_deployment_keys(data: dict[str, Any]) -> None:
     from ckpteval.config.schema import DEPLOYMENT_TYPES
 
     deployment = data.get("deployment") or {}
-    schema = DEPLOYMENT_TYPES.get(deployment.get("type"))
+    schema = DEPLOYMENT_TYPES.get(str(deployment.get("type")))
     if schema is None:
         return
     own = {f.name for f in dataclasses.fields(schema)}
@@ -158,8 +160,9 @@ def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) ->
         spec = catalog.get(task.name)
         merged = deep_merge(global_cfg, raw.get("nemo_evaluator_config") or {})
         # validate the merged shape too (a task-level typo is caught with its path)
-        from_mapping(NemoEvaluatorConfig, merged, where="config",
-                     path=f"evaluation.tasks[{index}].nemo_evaluator_config")
+        from_mapping(
+            NemoEvaluatorConfig, merged, where="config", path=f"evaluation.tasks[{index}].nemo_evaluator_config"
+        )
         endpoint_type = task.endpoint_type or _default_endpoint_type(config, spec)
         out.append(
             ResolvedTask(
@@ -186,8 +189,9 @@ def _default_endpoint_type(config: EvalConfig, spec: TaskSpec) -> str:
 def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Path) -> None:
     """Semantic checks the types cannot express; the first failure is a ConfigError naming the fix."""
     if not tasks:
-        raise ConfigError("No tasks to evaluate.",
-                          hint="Use a stage config that lists tasks (-c sft), or name tasks with -t.")
+        raise ConfigError(
+            "No tasks to evaluate.", hint="Use a stage config that lists tasks (-c sft), or name tasks with -t."
+        )
     _check_tasks(config, tasks)
     _check_deployment(config, cwd=cwd)
 
@@ -227,8 +231,10 @@ def _check_deployment(config: EvalConfig, *, cwd: Path) -> None:
     execution = config.execution
     if isinstance(deployment, NoDeployment):
         if not config.target.api_endpoint.url:
-            raise ConfigError("deployment: none evaluates an endpoint that already runs, but no URL is set.",
-                              hint="Set target.api_endpoint.url=http://HOST:PORT/v1/completions.")
+            raise ConfigError(
+                "deployment: none evaluates an endpoint that already runs, but no URL is set.",
+                hint="Set target.api_endpoint.url=http://HOST:PORT/v1/completions.",
+            )
         return
     if not isinstance(deployment, MegatronDeployment):
         if isinstance(execution, LocalExecution):
@@ -241,8 +247,11 @@ def _check_deployment(config: EvalConfig, *, cwd: Path) -> None:
     tp = deployment.tensor_model_parallel_size
     pp = deployment.pipeline_model_parallel_size
     ep = deployment.expert_model_parallel_size
-    for key, value in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                       ("expert_model_parallel_size", ep)):
+    for key, value in (
+        ("tensor_model_parallel_size", tp),
+        ("pipeline_model_parallel_size", pp),
+        ("expert_model_parallel_size", ep),
+    ):
         if value < 1:
             raise ConfigError(f"deployment.{key} must be at least 1, not {value}.")
     if deployment.num_gpus < 0:
@@ -284,7 +293,8 @@ def _check_deployment(config: EvalConfig, *, cwd: Path) -> None:
                 hint="Pass run.model=/path/to/checkpoint (a Megatron checkpoint dir), or "
                 "`evaluate prepare smollm2` to make one.",
             )
-    if isinstance(execution, SlurmExecution):
-        if deployment.backend == "export-deploy" and not deployment.image:
-            raise ConfigError("deployment.backend=export-deploy needs the NeMo container image.",
-                              hint="Set container_image in the env.toml profile, or deployment.image=...")
+    if isinstance(execution, SlurmExecution) and deployment.backend == "export-deploy" and not deployment.image:
+        raise ConfigError(
+            "deployment.backend=export-deploy needs the NeMo container image.",
+            hint="Set container_image in the env.toml profile, or deployment.image=...",
+        )

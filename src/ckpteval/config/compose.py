@@ -85,7 +85,7 @@ def config_search_path(env: EnvFile) -> tuple[Path, ...]:
 
 def available_configs(search_path: Sequence[Path]) -> list[str]:
     """Names `-c` accepts (top-level YAML files of every config dir)."""
-    names = set()
+    names: set[str] = set()
     for directory in search_path:
         names.update(p.stem for p in directory.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
     return sorted(names)
@@ -149,7 +149,6 @@ def compose(request: CompileRequest) -> ComposedConfig:
     search_path = config_search_path(env)
 
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
     store = ConfigStore.instance()
     names: list[str] = []
@@ -226,8 +225,9 @@ def _hydra_compose(search_path: Sequence[Path], overrides: Sequence[str]) -> Any
             hint="Overrides look like key=value, +new.key=value, ~key, or group=option (deployment=vllm).",
         ) from None
     except MissingConfigException as exc:
-        raise ConfigError(_clean_hydra_message(str(exc)),
-                          hint="`evaluate --help` shows the config groups; check the spelling.") from None
+        raise ConfigError(
+            _clean_hydra_message(str(exc)), hint="`evaluate --help` shows the config groups; check the spelling."
+        ) from None
     except (HydraException, OmegaConfBaseException) as exc:
         message = _clean_hydra_message(str(exc))
         hint = None
@@ -235,11 +235,12 @@ def _hydra_compose(search_path: Sequence[Path], overrides: Sequence[str]) -> Any
             head, _, tail = message.partition("\n")
             key = head.removeprefix("Could not override '").split("'")[0]
             message = f"Cannot override '{key}': the config has no such key."
-            hint = tail.strip().replace("To append to your config use", "To add it, use") + \
-                " (or check the spelling)."
+            hint = tail.strip().replace("To append to your config use", "To add it, use") + " (or check the spelling)."
         elif "Multiple values for" in message:
-            hint = ("Stage configs are layers over the packaged default: write `override /GROUP: OPTION` "
-                    "in their defaults list instead of selecting a group again.")
+            hint = (
+                "Stage configs are layers over the packaged default: write `override /GROUP: OPTION` "
+                "in their defaults list instead of selecting a group again."
+            )
         raise ConfigError(message, hint=hint) from None
 
 
@@ -314,15 +315,19 @@ def _resolve(cfg: Any) -> Any:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:
         key = getattr(exc, "full_key", "") or "?"
-        raise ConfigError(f"'{key}' is required but has no value (??? in the config).",
-                          hint=f"Set it: {key}=VALUE on the command line, or in your config.") from None
+        raise ConfigError(
+            f"'{key}' is required but has no value (??? in the config).",
+            hint=f"Set it: {key}=VALUE on the command line, or in your config.",
+        ) from None
     except InterpolationResolutionError as exc:
         ours = _user_error_in_chain(exc)
         if ours is not None:
             raise ours from None
         key = getattr(exc, "full_key", "") or "?"
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"Cannot resolve '{key}': {reason}",
-                          hint="Check the interpolation (${...}) it uses and the key it points to.") from None
+        raise ConfigError(
+            f"Cannot resolve '{key}': {reason}",
+            hint="Check the interpolation (${...}) it uses and the key it points to.",
+        ) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Invalid config: {_first_line(str(exc))}") from None

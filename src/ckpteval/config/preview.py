@@ -39,8 +39,13 @@ class PreviewPanel:
     language: str = "text"
 
 
-def render_preview(compiled: CompiledConfig, *, invocation: str | None = None,
-                   panels: Sequence[PreviewPanel] = (), dry_run: bool = False) -> None:
+def render_preview(
+    compiled: CompiledConfig,
+    *,
+    invocation: str | None = None,
+    panels: Sequence[PreviewPanel] = (),
+    dry_run: bool = False,
+) -> None:
     """Print the preview: summary, compiled config, extra panels."""
     from rich.console import Console, Group
     from rich.panel import Panel
@@ -67,8 +72,14 @@ def render_preview(compiled: CompiledConfig, *, invocation: str | None = None,
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
-    console.print(Panel(Syntax(config_yaml(compiled), "yaml", theme="ansi_dark", background_color="default"),
-                        title="[bold green]compiled config[/]", border_style="green", expand=False))
+    console.print(
+        Panel(
+            Syntax(config_yaml(compiled), "yaml", theme="ansi_dark", background_color="default"),
+            title="[bold green]compiled config[/]",
+            border_style="green",
+            expand=False,
+        )
+    )
     for panel in panels:
         body: Any = Syntax(redact(panel.body), panel.language, theme="ansi_dark", background_color="default")
         console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))

@@ -107,7 +107,9 @@ class EnvFile:
             where = str(self.path) if self.path else "no env.toml was found"
             raise ConfigError(
                 f"Unknown profile '{name}' ({where}).{did_you_mean(name, self.profile_names)}",
-                hint="Profiles that exist: " + ", ".join(self.profile_names) + "."
+                hint="Profiles that exist: "
+                + ", ".join(self.profile_names)
+                + "."
                 + ("" if self.path else f" Create an {ENV_FILE_NAME} (see env.toml.example) or pass --env-file."),
             )
         merged = self._merged(name, chain=())
@@ -117,8 +119,10 @@ class EnvFile:
     def _merged(self, name: str, chain: tuple[str, ...]) -> dict[str, Any]:
         if name in chain:
             cycle = " -> ".join((*chain, name))
-            raise ConfigError(f"{self.path}: profiles extend each other in a cycle: {cycle}.",
-                              hint="Remove one of the `extends` keys.")
+            raise ConfigError(
+                f"{self.path}: profiles extend each other in a cycle: {cycle}.",
+                hint="Remove one of the `extends` keys.",
+            )
         if name not in self.raw_profiles:
             child = chain[-1]
             raise ConfigError(
@@ -158,8 +162,9 @@ def find_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> P
     if from_env:
         path = Path(from_env).expanduser()
         if not path.is_file():
-            raise ConfigError(f"${ENV_FILE_VAR} is {from_env!r}, which is not a file.",
-                              hint=f"Fix or unset {ENV_FILE_VAR}.")
+            raise ConfigError(
+                f"${ENV_FILE_VAR} is {from_env!r}, which is not a file.", hint=f"Fix or unset {ENV_FILE_VAR}."
+            )
         return path
     here = (cwd or Path.cwd()).resolve()
     for directory in (here, *here.parents):

@@ -57,8 +57,10 @@ def _art(name: str, attribute: str, *, _root_: Any) -> str:
 def _secret(name: str) -> str:
     value = os.environ.get(name)
     if value is None:
-        raise ConfigError(f"${{secret:{name}}}: environment variable {name} is not set.",
-                          hint=f"export {name}=... before running, or remove the reference.")
+        raise ConfigError(
+            f"${{secret:{name}}}: environment variable {name} is not set.",
+            hint=f"export {name}=... before running, or remove the reference.",
+        )
     registry = _secrets.get()
     if registry is not None:
         registry.add(value)

@@ -132,8 +132,10 @@ def _tagged_choice(args: tuple[Any, ...], value: Any, *, where: str, path: str) 
         return tags[tag]
     sub = f"{path}.type" if path else "type"
     allowed = ", ".join(repr(t) for t in tags)
-    raise ConfigError(f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
-                      + (did_you_mean(str(tag), [str(t) for t in tags]) if isinstance(tag, str) else ""))
+    raise ConfigError(
+        f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
+        + (did_you_mean(str(tag), [str(t) for t in tags]) if isinstance(tag, str) else "")
+    )
 
 
 def _type_name(tp: Any) -> str:

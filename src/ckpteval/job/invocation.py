@@ -96,11 +96,14 @@ def load_record(ref: str) -> InvocationRecord:
         raise ConfigError("No invocation id given.")
     candidates = sorted(p.name for p in base.glob(f"{ref}*") if (p / "record.json").is_file()) if base.is_dir() else []
     if not candidates:
-        raise ConfigError(f"No invocation '{ref}' is recorded here ({base}).",
-                          hint="`evaluate status` lists the recorded invocations.")
+        raise ConfigError(
+            f"No invocation '{ref}' is recorded here ({base}).",
+            hint="`evaluate status` lists the recorded invocations.",
+        )
     if len(candidates) > 1 and ref not in candidates:
-        raise ConfigError(f"'{ref}' matches several invocations: {', '.join(candidates)}.",
-                          hint="Give more characters of the id.")
+        raise ConfigError(
+            f"'{ref}' matches several invocations: {', '.join(candidates)}.", hint="Give more characters of the id."
+        )
     chosen = ref if ref in candidates else candidates[0]
     return read_record(base / chosen / "record.json")
 

@@ -106,22 +106,28 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
 def _task_section(task: TaskPlan, launcher: Launcher) -> str:
     d = shlex.quote(task.dir)
     name = shlex.quote(task.name)
-    return "\n".join([
-        f"if [ -f {d}/.done ]; then",
-        f"  say {shlex.quote('task ' + task.name + ': already done, skipped')}",
-        "else",
-        f"  say {shlex.quote('task ' + task.name + ': running')}",
-        f"  mark {d}/state running",
-        f"  {_launch(task.step, launcher, overlap=True)} > {d}/client.log 2>&1",
-        "  rc=$?",
-        '  if [ "$rc" -eq 0 ]; then',
-        f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
-        "  else",
-        f"    mark {d}/state \"failed $rc\"; say {name}\": failed (exit $rc); last lines of {task.dir}/client.log:\"",
-        f"    tail -n 20 {d}/client.log; FAILED=$((FAILED + 1))",
-        "  fi",
-        "fi",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"if [ -f {d}/.done ]; then",
+                f"  say {shlex.quote('task ' + task.name + ': already done, skipped')}",
+                "else",
+                f"  say {shlex.quote('task ' + task.name + ': running')}",
+                f"  mark {d}/state running",
+                f"  {_launch(task.step, launcher, overlap=True)} > {d}/client.log 2>&1",
+                "  rc=$?",
+                '  if [ "$rc" -eq 0 ]; then',
+                f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
+                "  else",
+                f'    mark {d}/state "failed $rc"',
+                f'    say {name}": failed (exit $rc); last lines of {task.dir}/client.log:"',
+                f"    tail -n 20 {d}/client.log; FAILED=$((FAILED + 1))",
+                "  fi",
+                "fi",
+            ]
+        )
+        + "\n"
+    )
 
 
 def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:

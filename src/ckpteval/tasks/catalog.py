@@ -82,8 +82,9 @@ class Catalog:
             raise ConfigError(f"Unknown task '{name}'.", hint=hint + "`evaluate tasks` lists every task.")
         if len(found) > 1:
             options = ", ".join(t.qualified_name for t in found)
-            raise ConfigError(f"Task name '{name}' is ambiguous: it exists in several harnesses.",
-                              hint=f"Name one of: {options}.")
+            raise ConfigError(
+                f"Task name '{name}' is ambiguous: it exists in several harnesses.", hint=f"Name one of: {options}."
+            )
         return found[0]
 
     def search(self, pattern: str | None = None, *, harness: str | None = None) -> list[TaskSpec]:

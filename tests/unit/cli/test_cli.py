@@ -15,8 +15,19 @@ runner = CliRunner()
 def test_help_shows_options_examples_and_commands():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for text in ("--config", "--run", "--batch", "--dry-run", "--task", "--force-squash", "--env-file",
-                 "OVERRIDES", "evaluate -c tiny", "evaluate -c sft --batch MY-CLUSTER", "tasks"):
+    for text in (
+        "--config",
+        "--run",
+        "--batch",
+        "--dry-run",
+        "--task",
+        "--force-squash",
+        "--env-file",
+        "OVERRIDES",
+        "evaluate -c tiny",
+        "evaluate -c sft --batch MY-CLUSTER",
+        "tasks",
+    ):
         assert text in result.output, text
 
 
@@ -56,8 +67,9 @@ def test_tasks_json_lists_catalog_fields():
 
 def test_console_script_exit_codes():
     """The real entry point: a bad input exits non-zero with one message and no traceback."""
-    proc = subprocess.run([sys.executable, "-m", "ckpteval.cli", "-c", "nope", "-d"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", "-c", "nope", "-d"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "Unknown config 'nope'" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout

@@ -41,8 +41,12 @@ def test_level2_stage_config_beats_defaults(isolated_user: Path):
 
 
 def test_level2_configs_compose_left_to_right(isolated_user: Path):
-    a = stage(isolated_user, "a", "defaults:\n  - override /deployment: vllm\n  - _self_\n"
-              "evaluation:\n  nemo_evaluator_config: {config: {params: {parallelism: 3, max_retries: 9}}}\n")
+    a = stage(
+        isolated_user,
+        "a",
+        "defaults:\n  - override /deployment: vllm\n  - _self_\n"
+        "evaluation:\n  nemo_evaluator_config: {config: {params: {parallelism: 3, max_retries: 9}}}\n",
+    )
     b = stage(isolated_user, "b", "evaluation:\n  nemo_evaluator_config: {config: {params: {parallelism: 4}}}\n")
     d = data(configs=(a, b), overrides=("run.model=/ckpt",))
     params = d["evaluation"]["nemo_evaluator_config"]["config"]["params"]
@@ -55,8 +59,11 @@ def test_level2_configs_compose_left_to_right(isolated_user: Path):
 
 def test_level3_profile_beats_stage_configs(isolated_user: Path, write_env):
     write_env(PROFILE)
-    a = stage(isolated_user, "a", "run:\n  wandb: {project: from-stage}\n"
-              "defaults:\n  - override /execution: local\n  - _self_\n")
+    a = stage(
+        isolated_user,
+        "a",
+        "run:\n  wandb: {project: from-stage}\ndefaults:\n  - override /execution: local\n  - _self_\n",
+    )
     d = data(configs=(a,), profile="cluster", mode="batch", overrides=("run.model=/ckpt",))
     assert d["run"]["wandb"]["project"] == "from-profile"
     assert d["execution"]["type"] == "slurm"  # the profile's executor picks the execution group
@@ -65,22 +72,31 @@ def test_level3_profile_beats_stage_configs(isolated_user: Path, write_env):
 
 def test_level4_cli_overrides_beat_profile(write_env):
     write_env(PROFILE)
-    d = data(profile="cluster", mode="batch",
-             overrides=("run.model=/ckpt", "run.wandb.project=from-cli", "execution=local"))
+    d = data(
+        profile="cluster", mode="batch", overrides=("run.model=/ckpt", "run.wandb.project=from-cli", "execution=local")
+    )
     assert d["run"]["wandb"]["project"] == "from-cli"
     assert d["execution"]["type"] == "local"
 
 
 def test_level5_task_filter_beats_overrides():
-    d = data(configs=("sft",), overrides=("run.model=/ckpt", "evaluation.tasks=[{name: gsm8k}, {name: hellaswag}]"),
-             tasks=("hellaswag",))
+    d = data(
+        configs=("sft",),
+        overrides=("run.model=/ckpt", "evaluation.tasks=[{name: gsm8k}, {name: hellaswag}]"),
+        tasks=("hellaswag",),
+    )
     assert [t["name"] for t in d["evaluation"]["tasks"]] == ["hellaswag"]
 
 
 def test_task_filter_keeps_task_settings_and_order():
-    d = data(configs=("sft",), overrides=(
-        "run.model=/ckpt", "+evaluation.tasks.1.nemo_evaluator_config={config: {params: {limit_samples: 7}}}"),
-        tasks=("hellaswag", "adlr_mmlu"))
+    d = data(
+        configs=("sft",),
+        overrides=(
+            "run.model=/ckpt",
+            "+evaluation.tasks.1.nemo_evaluator_config={config: {params: {limit_samples: 7}}}",
+        ),
+        tasks=("hellaswag", "adlr_mmlu"),
+    )
     tasks = d["evaluation"]["tasks"]
     assert [t["name"] for t in tasks] == ["hellaswag", "adlr_mmlu"]
     assert tasks[0]["nemo_evaluator_config"]["config"]["params"]["limit_samples"] == 7

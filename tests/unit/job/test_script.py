@@ -38,19 +38,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_plan(job_dir: Path, *, port: int, tasks: list[tuple[str, str]], deploy_cmd: str | None = None,
-              timeout: int = 30) -> JobPlan:
-    step = Step(command=deploy_cmd or f"exec {sys.executable} server.py {port}",
-                env={"HITS": str(job_dir / "hits.log")})
-    deployment = DeploymentPlan(kind="megatron/builtin", step=step, health_url=f"http://127.0.0.1:{port}/v1/health",
-                                readiness_timeout=timeout, port=port)
+def make_plan(
+    job_dir: Path, *, port: int, tasks: list[tuple[str, str]], deploy_cmd: str | None = None, timeout: int = 30
+) -> JobPlan:
+    step = Step(
+        command=deploy_cmd or f"exec {sys.executable} server.py {port}", env={"HITS": str(job_dir / "hits.log")}
+    )
+    deployment = DeploymentPlan(
+        kind="megatron/builtin",
+        step=step,
+        health_url=f"http://127.0.0.1:{port}/v1/health",
+        readiness_timeout=timeout,
+        port=port,
+    )
     plans = tuple(
-        TaskPlan(name=name, dir_name=name, run_config={}, step=Step(command=cmd, env={"TASK": name}),
-                 endpoint_url=f"http://127.0.0.1:{port}/v1/completions/")
+        TaskPlan(
+            name=name,
+            dir_name=name,
+            run_config={},
+            step=Step(command=cmd, env={"TASK": name}),
+            endpoint_url=f"http://127.0.0.1:{port}/v1/completions/",
+        )
         for name, cmd in tasks
     )
-    return JobPlan(invocation="abcd1234", job_dir=str(job_dir), deployment=deployment, tasks=plans,
-                   env={"HF_HUB_OFFLINE": "1"})
+    return JobPlan(
+        invocation="abcd1234", job_dir=str(job_dir), deployment=deployment, tasks=plans, env={"HF_HUB_OFFLINE": "1"}
+    )
 
 
 def write_job(tmp_path: Path, plan: JobPlan) -> Path:
@@ -65,8 +78,7 @@ def write_job(tmp_path: Path, plan: JobPlan) -> Path:
 
 
 def run_job(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
 
 
 def state(job_dir: Path, rel: str) -> str:
@@ -83,17 +95,40 @@ def alive(pid_file_text: str) -> bool:
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_golden(launcher: str):
-    plan = make_plan(Path("/jobs/abcd1234"), port=8000, tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config "
-                                                                "tasks/adlr_mmlu/run_config.yml")])
+    plan = make_plan(
+        Path("/jobs/abcd1234"),
+        port=8000,
+        tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml")],
+    )
     if launcher == "slurm":
-        plan = JobPlan(invocation=plan.invocation, job_dir=plan.job_dir, env=plan.env, tasks=tuple(
-            TaskPlan(name=t.name, dir_name=t.dir_name, run_config={}, endpoint_url=t.endpoint_url,
-                     step=Step(command=t.step.command, image="/c/eval.sqsh", mounts=("/ckpt:/ckpt:ro",)))
-            for t in plan.tasks),
-            deployment=DeploymentPlan(kind="megatron/export-deploy", health_url=plan.deployment.health_url,
-                                      readiness_timeout=600, port=8000,
-                                      step=Step(command="python deploy.py --port 8000", image="/c/nemo.sqsh",
-                                                mounts=("/ckpt:/ckpt:ro",), nodes=1, ntasks_per_node=1)))
+        plan = JobPlan(
+            invocation=plan.invocation,
+            job_dir=plan.job_dir,
+            env=plan.env,
+            tasks=tuple(
+                TaskPlan(
+                    name=t.name,
+                    dir_name=t.dir_name,
+                    run_config={},
+                    endpoint_url=t.endpoint_url,
+                    step=Step(command=t.step.command, image="/c/eval.sqsh", mounts=("/ckpt:/ckpt:ro",)),
+                )
+                for t in plan.tasks
+            ),
+            deployment=DeploymentPlan(
+                kind="megatron/export-deploy",
+                health_url=plan.deployment.health_url,
+                readiness_timeout=600,
+                port=8000,
+                step=Step(
+                    command="python deploy.py --port 8000",
+                    image="/c/nemo.sqsh",
+                    mounts=("/ckpt:/ckpt:ro",),
+                    nodes=1,
+                    ntasks_per_node=1,
+                ),
+            ),
+        )
     text = render_job_script(plan, launcher=launcher)  # type: ignore[arg-type]
     golden = GOLDEN / f"job_{launcher}.sh"
     if UPDATE:
@@ -104,11 +139,15 @@ def test_golden(launcher: str):
 
 def test_runs_every_task_against_one_deployment(tmp_path: Path):
     port = free_port()
-    plan = make_plan(tmp_path / "job", port=port, tasks=[
-        ("a", f"curl -sf http://127.0.0.1:{port}/v1/health && echo ran-$TASK > out.txt"),
-        ("b", "exit 7"),
-        ("c", "echo ran-$TASK-$HF_HUB_OFFLINE > out.txt"),
-    ])
+    plan = make_plan(
+        tmp_path / "job",
+        port=port,
+        tasks=[
+            ("a", f"curl -sf http://127.0.0.1:{port}/v1/health && echo ran-$TASK > out.txt"),
+            ("b", "exit 7"),
+            ("c", "echo ran-$TASK-$HF_HUB_OFFLINE > out.txt"),
+        ],
+    )
     job = Path(plan.job_dir)
     proc = run_job(write_job(tmp_path, plan))
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -139,8 +178,12 @@ def test_rerun_skips_finished_tasks(tmp_path: Path):
 
 
 def test_deployment_that_dies_fails_with_its_log_tail(tmp_path: Path):
-    plan = make_plan(tmp_path / "job", port=free_port(), tasks=[("a", "true")],
-                     deploy_cmd="echo 'CUDA out of memory (simulated)'; exit 1")
+    plan = make_plan(
+        tmp_path / "job",
+        port=free_port(),
+        tasks=[("a", "true")],
+        deploy_cmd="echo 'CUDA out of memory (simulated)'; exit 1",
+    )
     proc = run_job(write_job(tmp_path, plan))
     job = Path(plan.job_dir)
     assert proc.returncode == 3
@@ -152,8 +195,13 @@ def test_deployment_that_dies_fails_with_its_log_tail(tmp_path: Path):
 
 def test_deployment_never_healthy_times_out(tmp_path: Path):
     port = free_port()
-    plan = make_plan(tmp_path / "job", port=port, tasks=[("a", "true")], timeout=3,
-                     deploy_cmd=f"echo starting; exec {sys.executable} server.py {port}")
+    plan = make_plan(
+        tmp_path / "job",
+        port=port,
+        tasks=[("a", "true")],
+        timeout=3,
+        deploy_cmd=f"echo starting; exec {sys.executable} server.py {port}",
+    )
     script = write_job(tmp_path, plan)
     start = time.monotonic()
     proc = run_job(script, DELAY="60")
@@ -169,8 +217,9 @@ def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
     plan = make_plan(tmp_path / "job", port=port, tasks=[("a", "echo $$ > task.pid; sleep 60")])
     script = write_job(tmp_path, plan)
     job = Path(plan.job_dir)
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True
+    )
     for _ in range(200):
         if (job / "task.pid").exists():
             break

@@ -56,7 +56,8 @@ else
   if [ "$rc" -eq 0 ]; then
     touch tasks/adlr_mmlu/.done; mark tasks/adlr_mmlu/state succeeded; say adlr_mmlu': succeeded'
   else
-    mark tasks/adlr_mmlu/state "failed $rc"; say adlr_mmlu": failed (exit $rc); last lines of tasks/adlr_mmlu/client.log:"
+    mark tasks/adlr_mmlu/state "failed $rc"
+    say adlr_mmlu": failed (exit $rc); last lines of tasks/adlr_mmlu/client.log:"
     tail -n 20 tasks/adlr_mmlu/client.log; FAILED=$((FAILED + 1))
   fi
 fi
