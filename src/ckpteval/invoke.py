@@ -1,30 +1,46 @@
 """One invocation, end to end — the numbered steps of DESIGN.md's data path.
 
-Read this file to know what `evaluate` does: compile, preview, (dry run stops here), record,
-squash (Slurm over SSH), launch, follow, collect results, export.
+Read this file to know what `evaluate` does: compile, plan, preview (a dry run stops there), record,
+then launch — here as a local process, or on Slurm through nemo-run (squashing images first) — follow,
+collect results, export.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Any
 
 from ckpteval.config.compile import CompiledConfig, compile_config
 from ckpteval.config.compose import CompileRequest
+from ckpteval.job.invocation import new_invocation_id
 
 
-def run_invocation(request: CompileRequest, *, dry_run: bool = False, force_squash: bool = False) -> int:
+def make_launch(compiled: CompiledConfig, invocation: str) -> Any:
+    """The launch for where the config runs: this machine, or a Slurm cluster."""
+    if compiled.execution_type == "local":
+        from ckpteval.job.local import LocalLaunch
+
+        return LocalLaunch(compiled, invocation)
+    from ckpteval.cluster.launch import SlurmLaunch
+
+    return SlurmLaunch(compiled, invocation)
+
+
+def run_invocation(
+    request: CompileRequest, *, dry_run: bool = False, force_squash: bool = False, check_squash: bool = False
+) -> int:
     """Run one `evaluate` invocation; returns the process exit code (0: every task succeeded)."""
     # 1-4. compile: compose configs + profile + overrides, filter tasks, resolve, type, validate
     compiled = compile_config(request)
-    # 5. preview (all of --dry-run)
+    # plan the one job of this invocation (deployment once, every task against it)
+    invocation = new_invocation_id()
+    launch = make_launch(compiled, invocation)
+    # 5. preview: compiled config, job script, squash plan — all that --dry-run shows
     from ckpteval.config.preview import render_preview
 
-    render_preview(compiled, dry_run=dry_run)
+    panels = launch.preview_panels(force_squash=force_squash, check=check_squash)
+    render_preview(compiled, invocation=invocation, panels=panels, dry_run=dry_run)
     if dry_run:
         return 0
-    return _launch(compiled, force_squash=force_squash)
-
-
-def _launch(compiled: CompiledConfig, *, force_squash: bool) -> int:
-    sys.stderr.write("launching is not wired yet\n")
-    return 3
+    # record the invocation (config + provenance) before anything is submitted, then 6-11
+    record = launch.record()
+    return int(launch.run(record))

@@ -24,6 +24,10 @@ DEFAULT_COMMAND = "run"
 # name -> (module under ckpteval.cli, function, one-line help shown in `evaluate --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "tasks": ("tasks", "tasks_command", "List the task catalog: harness, endpoint type, log-probs, offline data."),
+    "status": ("status", "status_command", "State of an invocation and its tasks, or of recent invocations."),
+    "logs": ("logs", "logs_command", "An invocation's log (job, deployment or a task); -f follows."),
+    "cancel": ("cancel", "cancel_command", "Stop a running invocation; finished tasks keep their results."),
+    "results": ("results", "results_command", "Scores of invocations, side by side; --json for machines."),
 }
 
 

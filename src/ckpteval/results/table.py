@@ -41,17 +41,32 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
         if offline and offline.data:
             label = f"{task} {OFFLINE_MARK}"
             d = offline.data
-            parts = [p for p in (d.source, f"split {d.split}" if d.split else None,
-                                 f"few-shot from {d.few_shot_source}" if d.few_shot_source else None, d.note) if p]
+            parts = [
+                p
+                for p in (
+                    d.source,
+                    f"split {d.split}" if d.split else None,
+                    f"few-shot from {d.few_shot_source}" if d.few_shot_source else None,
+                    d.note,
+                )
+                if p
+            ]
             footnotes.append(f"{OFFLINE_MARK} {task}: offline data — " + "; ".join(parts))
         if not metric_names:
             rows.append([label, _status_text(outcomes), *("—" for _ in outcomes), ""])
             continue
         for i, metric in enumerate(metric_names):
-            values = [_fmt(o.metrics.get(metric)) if o and o.status == "succeeded" else _status_cell(o)
-                      for o in outcomes]
-            n = next((str(o.metrics[metric].n_samples) for o in outcomes
-                      if o and metric in o.metrics and o.metrics[metric].n_samples is not None), "")
+            values = [
+                _fmt(o.metrics.get(metric)) if o and o.status == "succeeded" else _status_cell(o) for o in outcomes
+            ]
+            n = next(
+                (
+                    str(o.metrics[metric].n_samples)
+                    for o in outcomes
+                    if o and metric in o.metrics and o.metrics[metric].n_samples is not None
+                ),
+                "",
+            )
             rows.append([label if i == 0 else "", metric, *values, n])
     return header, rows, footnotes
 
@@ -68,8 +83,10 @@ def render_text(results: Sequence[InvocationResults]) -> str:
     """The table as plain aligned text (golden-tested; what `--plain` and logs show)."""
     header, rows, footnotes = table_rows(results)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip(),
-             "-+-".join("-" * w for w in widths)]
+    lines = [
+        " | ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip(),
+        "-+-".join("-" * w for w in widths),
+    ]
     lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines + footnotes) + "\n"
 

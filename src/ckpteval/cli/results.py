@@ -1,0 +1,27 @@
+"""`evaluate results INVOCATION...`: the score table again (several invocations side by side), or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+
+def results_command(
+    invocations: Annotated[list[str], typer.Argument(help="Invocation ids (or prefixes), compared side by side.")],
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print results.json content (a list for several).")
+    ] = False,
+) -> None:
+    """Show the scores of one or more invocations (fetching them from the cluster if needed)."""
+    from ckpteval.job import manage
+    from ckpteval.job.invocation import load_record
+    from ckpteval.results.table import print_table
+
+    results = [manage.results(load_record(i)) for i in invocations]
+    if json_output:
+        data = [r.to_json() for r in results]
+        print(json.dumps(data[0] if len(data) == 1 else data, indent=2))
+        return
+    print_table(results)

@@ -1,0 +1,77 @@
+"""`evaluate status [INVOCATION]`: where invocations stand (pending, running, succeeded, failed, cancelled)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+
+def status_command(
+    invocation: Annotated[str | None, typer.Argument(help="An invocation id (or prefix); omit for all.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many recent invocations to list.")] = 20,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the state of an invocation and its tasks, or list recent invocations."""
+    from ckpteval.job import manage
+    from ckpteval.job.invocation import list_records, load_record
+
+    records = [load_record(invocation)] if invocation else list_records()[:limit]
+    statuses = [manage.status(r) for r in records]
+    if json_output:
+        print(json.dumps([_as_json(s) for s in statuses], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not statuses:
+        console.print("No invocations recorded yet. Start one with `evaluate -c tiny`.")
+        return
+    if invocation:
+        s = statuses[0]
+        console.print(
+            f"[bold]{s.record.id}[/]  {s.state}  ({s.record.executor}, profile {s.record.profile})"
+            + (f"  [dim]{s.detail}[/]" if s.detail else "")
+        )
+        table = Table(header_style="bold")
+        for col in ("task", "state", "progress"):
+            table.add_column(col)
+        if s.snapshot:
+            table.add_row("deployment", s.snapshot.deployment or "not started", "")
+            for t in s.snapshot.tasks:
+                table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
+        console.print(table)
+        return
+    table = Table(header_style="bold")
+    for col in ("invocation", "created", "where", "state", "tasks"):
+        table.add_column(col)
+    for s in statuses:
+        where = s.record.executor if s.record.executor == "local" else f"{s.record.executor}:{s.record.profile}"
+        table.add_row(
+            s.record.id,
+            s.record.created,
+            where,
+            s.state + (f" ({s.detail})" if s.detail else ""),
+            ", ".join(s.record.tasks),
+        )
+    console.print(table)
+
+
+def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
+    tasks = (
+        [{"name": t.name, "state": t.state, "done": t.done, "total": t.total} for t in s.snapshot.tasks]
+        if s.snapshot
+        else []
+    )
+    return {
+        "invocation": s.record.id,
+        "state": s.state,
+        "detail": s.detail,
+        "executor": s.record.executor,
+        "profile": s.record.profile,
+        "created": s.record.created,
+        "deployment": s.snapshot.deployment if s.snapshot else None,
+        "tasks": tasks,
+    }

@@ -1,0 +1,227 @@
+"""Make a `JobPlan` from a compiled config: which command serves the model, which client runs each task.
+
+Deployment commands by `deployment.type` (and megatron's backend):
+- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.deploy serve ...`)
+- megatron/export-deploy: Export-Deploy's Ray in-framework deployment inside the NeMo container
+- vllm: `vllm serve` in the vLLM image;  generic: the configured command;  none: nothing (an endpoint runs)
+Task clients are what the launcher runs in each eval-factory container: `nemo-evaluator run_eval`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ckpteval.config.compile import CompiledConfig, ResolvedTask
+from ckpteval.config.schema import (
+    GenericDeployment,
+    MegatronDeployment,
+    NoDeployment,
+    SlurmExecution,
+    VllmDeployment,
+)
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan
+
+Launcher = Literal["local", "slurm"]
+EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Where the job finds ckpteval's Python and the harness client (differs between here and a cluster)."""
+
+    python: str  # runs `-m ckpteval.deploy` (builtin deployment)
+    evaluator: str  # the nemo-evaluator executable (inside the eval-factory image: "nemo-evaluator")
+    hook_dir: str | None = None  # offline-data hook for the harness (None: not available there)
+
+
+def local_toolchain() -> Toolchain:
+    """This machine: the interpreter running ckpteval and the nemo-evaluator beside it."""
+    import sys
+
+    from ckpteval.tasks.harness import hook_dir
+
+    bin_dir = Path(sys.executable).parent
+    return Toolchain(python=sys.executable, evaluator=str(bin_dir / "nemo-evaluator"), hook_dir=str(hook_dir()))
+
+
+def free_port(preferred: int) -> int:
+    """`preferred` if nothing listens there, else a free port the OS picks (local runs only)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            pass
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_plan(
+    compiled: CompiledConfig, *, invocation: str, job_dir: str, toolchain: Toolchain, launcher: Launcher
+) -> JobPlan:
+    """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm)."""
+    config = compiled.config
+    deployment = config.deployment
+    readiness = config.execution.endpoint_readiness_timeout
+    mounts = _mounts(compiled)
+
+    if isinstance(deployment, NoDeployment):
+        dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
+        base_url = None
+    else:
+        port = deployment.port if launcher == "slurm" else free_port(deployment.port)
+        base_url = f"http://127.0.0.1:{port}"
+        step, kind = _deployment_step(compiled, port=port, toolchain=toolchain, launcher=launcher, mounts=mounts)
+        dep_plan = DeploymentPlan(
+            kind=kind,
+            step=step,
+            health_url=base_url + deployment.endpoints.health,
+            readiness_timeout=readiness,
+            port=port,
+        )
+
+    tasks = tuple(
+        _task_plan(
+            compiled, task, base_url=base_url, job_dir=job_dir, toolchain=toolchain, launcher=launcher, mounts=mounts
+        )
+        for task in compiled.tasks
+    )
+    env = {**_execution_env(compiled), "HF_HUB_DISABLE_TELEMETRY": "1", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
+    return JobPlan(invocation=invocation, job_dir=job_dir, deployment=dep_plan, tasks=tasks, env=env)
+
+
+def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
+    return dict(compiled.config.execution.env_vars)
+
+
+def _mounts(compiled: CompiledConfig) -> tuple[str, ...]:
+    """Container mounts on Slurm: the profile's, execution.mounts, and the checkpoint read-only at the
+    same path (so paths in the config, like the tokenizer dir, mean the same inside and outside)."""
+    config = compiled.config
+    out: list[str] = list(compiled.profile.mounts)
+    if isinstance(config.execution, SlurmExecution):
+        out.extend(f"{src}:{dst}" for src, dst in config.execution.mounts.items())
+    checkpoint = getattr(config.deployment, "checkpoint_path", None)
+    if checkpoint:
+        out.append(f"{checkpoint}:{checkpoint}:ro")
+    return tuple(dict.fromkeys(out))
+
+
+def _deployment_step(
+    compiled: CompiledConfig, *, port: int, toolchain: Toolchain, launcher: Launcher, mounts: tuple[str, ...]
+) -> tuple[Step, str]:
+    deployment = compiled.config.deployment
+    env = dict(getattr(deployment, "env_vars", {}) or {})
+    if isinstance(deployment, MegatronDeployment):
+        if deployment.backend == "builtin":
+            from ckpteval.deploy import serve_command
+
+            argv = serve_command(
+                python=toolchain.python,
+                checkpoint=deployment.checkpoint_path,
+                port=port,
+                host="127.0.0.1",
+                served_model_name=deployment.served_model_name,
+                device=deployment.device,
+                max_batch_size=deployment.max_batch_size,
+                prepare=deployment.prepare,
+            )
+            command = "exec " + shlex.join(argv)
+            # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
+            image = deployment.image if launcher == "slurm" else None
+            return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
+        argv = [
+            "python",
+            EXPORT_DEPLOY_SCRIPT,
+            "--megatron_checkpoint",
+            deployment.checkpoint_path,
+            "--model_id",
+            deployment.served_model_name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--num_gpus",
+            str(deployment.num_gpus),
+            "--num_nodes",
+            str(deployment.num_nodes),
+            "--tensor_model_parallel_size",
+            str(deployment.tensor_model_parallel_size),
+            "--pipeline_model_parallel_size",
+            str(deployment.pipeline_model_parallel_size),
+            "--expert_model_parallel_size",
+            str(deployment.expert_model_parallel_size),
+            "--num_replicas",
+            str(deployment.num_replicas),
+        ]
+        command = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+        return Step(
+            command=command, env=env, image=deployment.image, mounts=mounts, nodes=deployment.num_nodes
+        ), "megatron/export-deploy"
+    if isinstance(deployment, VllmDeployment):
+        model = deployment.hf_model_handle or deployment.checkpoint_path or ""
+        argv = [
+            "vllm",
+            "serve",
+            model,
+            f"--tensor-parallel-size={deployment.tensor_parallel_size}",
+            f"--pipeline-parallel-size={deployment.pipeline_parallel_size}",
+            f"--data-parallel-size={deployment.data_parallel_size}",
+            "--port",
+            str(port),
+            "--served-model-name",
+            deployment.served_model_name,
+            "--gpu-memory-utilization",
+            str(deployment.gpu_memory_utilization),
+            "--trust-remote-code",
+        ]
+        command = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+        return Step(command=command, env=env, image=deployment.image, mounts=mounts), "vllm"
+    assert isinstance(deployment, GenericDeployment)
+    return Step(command=deployment.command, env=env, image=deployment.image, mounts=mounts), "generic"
+
+
+def _task_plan(
+    compiled: CompiledConfig,
+    task: ResolvedTask,
+    *,
+    base_url: str | None,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    mounts: tuple[str, ...],
+) -> TaskPlan:
+    from ckpteval.tasks.harness import EndpointSpec, build_run_config, client_command, client_env
+
+    config = compiled.config
+    api = config.target.api_endpoint
+    if base_url is None:
+        url = api.url or ""
+    else:
+        route = config.deployment.endpoints
+        url = base_url + (route.chat if task.endpoint_type == "chat" else route.completions)
+    endpoint = EndpointSpec(
+        url=url,
+        model_id=api.model_id,
+        type=task.endpoint_type,  # type: ignore[arg-type]
+        api_key_name=api.api_key_name,
+    )
+    task_dir = f"{job_dir}/tasks/{task.dir_name}"
+    run_config = build_run_config(task.spec, task.evaluator_config, endpoint=endpoint, output_dir=f"{task_dir}/output")
+    env = {**client_env(offline_data=config.evaluation.offline_data, hook_dir=toolchain.hook_dir), **task.env_vars}
+    if task.dataset_dir:
+        env["NEMO_EVALUATOR_DATASET_DIR"] = task.dataset_dir
+    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator)
+    image = task.container if launcher == "slurm" else None
+    return TaskPlan(
+        name=task.name,
+        dir_name=task.dir_name,
+        run_config=run_config,
+        endpoint_url=url,
+        step=Step(command=command, env=env, image=image, mounts=mounts if image else ()),
+    )

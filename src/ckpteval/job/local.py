@@ -1,0 +1,156 @@
+"""Run an invocation's job on this machine and follow it.
+
+The job is the same bash script a Slurm allocation runs, started as a plain process in its own session
+rather than through nemo-run's LocalExecutor: importing nemo_run costs ~12 s here, and the script
+already does what an executor would (one process tree, logs, exit code) — so a plain process is
+simpler and faster. Ctrl-C stops the job (and with it the deployment) and keeps finished tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.config.compile import CompiledConfig
+from ckpteval.job.build import build_plan, local_toolchain
+from ckpteval.job.files import job_files, write_job_files
+from ckpteval.job.follow import follow
+from ckpteval.job.invocation import InvocationRecord, now_iso, write_text_atomic
+from ckpteval.job.plan import JobPlan
+
+
+class LocalJobView:
+    """Job files on this machine."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+
+    def read_text(self, rel: str) -> str | None:
+        try:
+            return (self.job_dir / rel).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+
+def local_job_dir(compiled: CompiledConfig, invocation: str) -> Path:
+    """`<execution.output_dir>/<invocation>` as an absolute path (relative output dirs are per cwd)."""
+    base = Path(compiled.config.execution.output_dir).expanduser()
+    if not base.is_absolute():
+        base = compiled.request.cwd / base
+    return base.resolve() / invocation
+
+
+@dataclass
+class LocalLaunch:
+    """An invocation that runs here."""
+
+    compiled: CompiledConfig
+    invocation: str
+
+    def __post_init__(self) -> None:
+        self.job_dir = local_job_dir(self.compiled, self.invocation)
+        self.plan: JobPlan = build_plan(
+            self.compiled,
+            invocation=self.invocation,
+            job_dir=str(self.job_dir),
+            toolchain=local_toolchain(),
+            launcher="local",
+        )
+        self.files = job_files(self.compiled, self.plan, launcher="local")
+
+    def preview_panels(self, *, force_squash: bool = False, check: bool = False) -> list:  # type: ignore[type-arg]
+        """The job script (nothing to squash here)."""
+        from ckpteval.config.preview import PreviewPanel
+
+        return [PreviewPanel(title=f"job script ({self.job_dir}/job.sh)", body=self.files["job.sh"], language="bash")]
+
+    def record(self) -> InvocationRecord:
+        return InvocationRecord(
+            id=self.invocation,
+            created=now_iso(),
+            mode=self.compiled.mode,
+            profile=self.compiled.profile.name,
+            executor="local",
+            job_dir=str(self.job_dir),
+            tasks=[t.name for t in self.plan.tasks],
+            command_line=["evaluate", *self.compiled.request.overrides],
+            env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
+            extra={"task_dirs": {t.name: t.dir for t in self.plan.tasks}},
+        )
+
+    def save(self, record: InvocationRecord) -> None:
+        """Record, compiled config and provenance, written before the job starts."""
+        record.save()
+        for name in ("config.yaml", "job.yaml"):
+            write_text_atomic(record.path / name, self.files[name])
+        write_job_files(self.job_dir, self.files)
+
+    def run(self, record: InvocationRecord) -> int:
+        """Start the job, follow it, collect and print the results; the exit code is the job's."""
+        from ckpteval.results.collect import collect_results
+        from ckpteval.results.store import write_results
+        from ckpteval.results.table import print_table
+        from ckpteval.tasks.results import progress_reader
+
+        self.save(record)
+        (self.job_dir / "logs").mkdir(exist_ok=True)
+        log = open(self.job_dir / "logs" / "job.log", "ab")  # noqa: SIM115 (closed below, after the job)
+        proc = subprocess.Popen(
+            ["bash", str(self.job_dir / "job.sh")],
+            cwd=self.job_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        record.extra["pid"] = proc.pid
+        record.save()
+        tasks = [(t.name, t.dir) for t in self.plan.tasks]
+        interrupted = False
+        try:
+            follow(LocalJobView(self.job_dir), tasks, is_running=lambda: proc.poll() is None, progress=progress_reader)
+        except KeyboardInterrupt:
+            interrupted = True
+            _stop(proc)
+        finally:
+            log.close()
+        results = collect_results(
+            self.job_dir,
+            tasks,
+            invocation=self.invocation,
+            created=record.created,
+            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
+            label=self.compiled.config.run.name,
+        )
+        write_results(self.job_dir, results)
+        print_table([results])
+        if proc.returncode == 3:
+            _print_log_tail(self.job_dir / "logs" / "job.log")
+        if interrupted:
+            return 130
+        return 0 if proc.returncode == 0 else 1
+
+
+def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """SIGTERM the job's process group (its trap stops the deployment); SIGKILL if it lingers."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _print_log_tail(path: Path, lines: int = 40) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+    console = Console(stderr=True, highlight=False)
+    console.print("[red]the job failed; last lines of its log:[/]")
+    console.print(Text("\n".join(text)))

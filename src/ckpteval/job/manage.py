@@ -1,0 +1,146 @@
+"""Later commands on a recorded invocation: status, logs, cancel, results — wherever it ran.
+
+Each function takes an `InvocationRecord` and dispatches on where the job runs: here (files and a
+process group) or on Slurm (`ckpteval.cluster.manage`, over the same SSH seam as submission).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.errors import EvaluationError
+from ckpteval.job.follow import JobSnapshot, take_snapshot
+from ckpteval.job.invocation import InvocationRecord
+from ckpteval.results.model import InvocationResults
+
+
+@dataclass(frozen=True)
+class InvocationStatus:
+    """An invocation's state and its tasks' states."""
+
+    record: InvocationRecord
+    state: str  # pending | running | succeeded | failed | cancelled | unknown
+    snapshot: JobSnapshot | None
+    detail: str = ""  # e.g. Slurm's pending reason
+
+
+def _task_dirs(record: InvocationRecord) -> list[tuple[str, str]]:
+    dirs = record.extra.get("task_dirs") or {}
+    return [(name, dirs.get(name, f"tasks/{name}")) for name in record.tasks]
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _state_from(snapshot: JobSnapshot, running: bool) -> str:
+    if snapshot.finished is not None:
+        return {0: "succeeded", 143: "cancelled", 130: "cancelled"}.get(snapshot.finished, "failed")
+    if running:
+        return "running" if snapshot.deployment or any(t.state != "pending" for t in snapshot.tasks) else "pending"
+    return "cancelled"  # no exit code recorded and no process: stopped from outside
+
+
+def status(record: InvocationRecord) -> InvocationStatus:
+    """Where the invocation stands now."""
+    if record.executor == "slurm":
+        from ckpteval.cluster.manage import slurm_status
+
+        return slurm_status(record)
+    from ckpteval.job.local import LocalJobView
+    from ckpteval.tasks.results import progress_reader
+
+    view = LocalJobView(Path(record.job_dir))
+    snapshot = take_snapshot(view, _task_dirs(record), progress_reader)
+    return InvocationStatus(
+        record=record, state=_state_from(snapshot, _pid_alive(record.extra.get("pid"))), snapshot=snapshot
+    )
+
+
+def cancel(record: InvocationRecord) -> str:
+    """Stop the invocation's job; returns what was done, for the user."""
+    if record.executor == "slurm":
+        from ckpteval.cluster.manage import slurm_cancel
+
+        return slurm_cancel(record)
+    pid = record.extra.get("pid")
+    if not _pid_alive(pid):
+        return f"invocation {record.id} is not running"
+    os.killpg(int(pid), signal.SIGTERM)  # the job's trap stops the deployment
+    for _ in range(100):
+        if not _pid_alive(pid):
+            break
+        time.sleep(0.2)
+    return f"cancelled invocation {record.id} (process group {pid})"
+
+
+def log_lines(record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+    """The job's log (`job`), the deployment's (`deployment`) or a task client's (a task name)."""
+    if record.executor == "slurm":
+        from ckpteval.cluster.manage import slurm_log_lines
+
+        yield from slurm_log_lines(record, follow=follow, source=source)
+        return
+    job_dir = Path(record.job_dir)
+    rel = _log_path(record, source)
+    path = job_dir / rel
+    pos = 0
+    while True:
+        if path.exists():
+            with path.open("r", encoding="utf-8", errors="replace") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos = fh.tell()
+            yield from chunk.splitlines()
+        if not follow or status(record).state not in ("running", "pending"):
+            if follow and path.exists():  # drain what was written after the last read
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    yield from fh.read().splitlines()
+            return
+        time.sleep(0.5)
+
+
+def _log_path(record: InvocationRecord, source: str) -> str:
+    if source == "job":
+        return "logs/job.log"
+    if source == "deployment":
+        return "logs/deployment.log"
+    dirs = dict(_task_dirs(record))
+    if source not in dirs:
+        raise EvaluationError(
+            f"Invocation {record.id} has no task '{source}'.",
+            hint="Choose job, deployment, or one of: " + ", ".join(dirs) + ".",
+        )
+    return f"{dirs[source]}/client.log"
+
+
+def results(record: InvocationRecord) -> InvocationResults:
+    """The invocation's results: results.json, collected now from the job dir if it was not written."""
+    if record.executor == "slurm":
+        from ckpteval.cluster.manage import slurm_results
+
+        return slurm_results(record)
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import RESULTS_FILE, read_results
+
+    job_dir = Path(record.job_dir)
+    path = job_dir / RESULTS_FILE
+    if path.exists():
+        return read_results(path)
+    if not job_dir.exists():
+        raise EvaluationError(f"The job directory of invocation {record.id} is gone: {job_dir}.")
+    return collect_results(job_dir, _task_dirs(record), invocation=record.id, created=record.created, model=None)
