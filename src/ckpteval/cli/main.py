@@ -25,6 +25,7 @@ DEFAULT_COMMAND = "run"
 # name -> (module under ckpteval.cli, function, one-line help shown in `evaluate --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "tasks": ("tasks", "tasks_command", "List the task catalog: harness, endpoint type, log-probs, offline data."),
+    "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
 }
 
 
