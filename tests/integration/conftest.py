@@ -70,7 +70,7 @@ def _is_up(info_path: Path) -> bool:
                 return False
     except OSError:
         return False
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30, check=False)
     return ping.returncode == 0 and "UP" in ping.stdout
 
 
@@ -81,8 +81,14 @@ def infra() -> Infra:
     if not (shutil.which("scontrol") and _is_up(info_path)):
         if os.geteuid() != 0:
             pytest.fail(f"The test cluster is not running. Bring it up with: sudo bash {SETUP_SCRIPT}")
-        done = subprocess.run(["bash", str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=900,
-                              env={**os.environ, "CI_INFRA_DIR": str(INFRA_DIR)})
+        done = subprocess.run(
+            ["bash", str(SETUP_SCRIPT)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+            env={**os.environ, "CI_INFRA_DIR": str(INFRA_DIR)},
+        )
         if done.returncode != 0:
             pytest.fail(f"{SETUP_SCRIPT} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     data = json.loads(info_path.read_text())

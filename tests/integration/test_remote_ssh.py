@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def test_ssh_agent_key_is_used(ssh_home, infra: Infra, ci_profile, tmp_path):
         for _ in range(50):
             if sock.exists():
                 break
-            subprocess.run(["sleep", "0.1"])
+            time.sleep(0.1)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run(["ssh-add", "-q", infra.ssh_key], env=env, check=True)
         os.environ["SSH_AUTH_SOCK"] = str(sock)  # ssh_home's monkeypatch restores it
@@ -177,7 +178,8 @@ def test_accept_new_adds_the_host_to_known_hosts(ssh_home, infra: Infra, ci_prof
 def test_changed_host_key_is_refused_even_with_accept_new(ssh_home, infra: Infra, ci_profile):
     other = paramiko.Ed25519Key.from_private_key_file(infra.ssh_key)  # any other ed25519 key
     (ssh_home / ".ssh" / "known_hosts").write_text(
-        f"[{infra.ssh_host}]:{infra.ssh_port} ssh-ed25519 {other.get_base64()}\n")
+        f"[{infra.ssh_host}]:{infra.ssh_port} ssh-ed25519 {other.get_base64()}\n"
+    )
     with pytest.raises(ClusterError, match="has CHANGED") as err:
         connect_remote(ci_profile(host_key_policy="accept-new"))
     assert "ssh-keygen -R" in err.value.hint

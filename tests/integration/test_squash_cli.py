@@ -16,8 +16,14 @@ def evaluate(*args: str, home: Path | None = None) -> subprocess.CompletedProces
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": "200"}
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-c", "from ckpteval.cli.main import main; main()", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", "from ckpteval.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_squash_by_hand_then_cache_hit(write_env_toml, infra: Infra, remote_job_dir):
@@ -30,7 +36,7 @@ def test_squash_by_hand_then_cache_hit(write_env_toml, infra: Infra, remote_job_
     assert f"importing {image} on a compute node" in first.stdout
     assert "[INFO] Downloading layer" in first.stdout  # enroot's progress is shown
     assert f"✓ {image} -> {path} (imported in" in first.stdout
-    assert open(path, "rb").read(4) == b"hsqs"
+    assert Path(path).read_bytes()[:4] == b"hsqs"
 
     second = evaluate("squash", image, "--run", "MY-CLUSTER", "--env-file", str(env_file))
     assert second.returncode == 0, second.stderr

@@ -15,7 +15,13 @@ import pytest
 
 from ckpteval.cluster.images import ImageRef, sqsh_name
 from ckpteval.cluster.remote import LocalRemote, connect_remote
-from ckpteval.cluster.squash import SquashEvent, ensure_squashed, import_image, plan_squash, squash_config
+from ckpteval.cluster.squash import (
+    SquashEvent,
+    ensure_squashed,
+    import_image,
+    plan_squash,
+    squash_config,
+)
 from ckpteval.errors import ClusterError, ConfigError
 from tests.integration.conftest import Infra
 
@@ -42,8 +48,9 @@ def sacct(job_id: str, fields: str, expected: str) -> str:
     """
     deadline = time.monotonic() + 30
     while True:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", fields],
-                             capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", fields], capture_output=True, text=True, check=False
+        ).stdout.strip()
         if out == expected or time.monotonic() > deadline:
             return out
         time.sleep(0.3)
@@ -58,8 +65,13 @@ def test_first_run_imports_on_a_compute_node_second_run_hits(ci_profile, infra: 
     deploy, task = unique("nemo"), unique("lm-eval")
     config = {
         "deployment": {"image": deploy},
-        "evaluation": {"tasks": [{"name": "a", "container": task}, {"name": "b", "container": task},
-                                 {"name": "c", "container": "/already/there.sqsh"}]},
+        "evaluation": {
+            "tasks": [
+                {"name": "a", "container": task},
+                {"name": "b", "container": task},
+                {"name": "c", "container": "/already/there.sqsh"},
+            ]
+        },
         "execution": {"proxy": {"image": deploy}},
     }
     profile = ci_profile()
@@ -111,8 +123,14 @@ def test_build_step_can_ask_for_gpus_and_force_reimports(ci_profile, infra: Infr
 def test_shell_metacharacters_never_run_anything(ci_profile, infra: Infra, remote_job_dir):
     canary = Path(f"/tmp/ckpteval-canary-{uuid.uuid4().hex[:8]}")
     profile = ci_profile()
-    nasty = [f"repo/img:1;touch {canary}", f"repo/$(touch {canary})", f"repo/`touch {canary}`:1",
-             f"repo/img:1' ; touch {canary}; '", f'repo/img:"1 {canary}"', "repo/img 1"]
+    nasty = [
+        f"repo/img:1;touch {canary}",
+        f"repo/$(touch {canary})",
+        f"repo/`touch {canary}`:1",
+        f"repo/img:1' ; touch {canary}; '",
+        f'repo/img:"1 {canary}"',
+        "repo/img 1",
+    ]
     for image in nasty:
         with pytest.raises(ConfigError, match="is not a container image reference"):
             squash_config({"deployment": {"image": image}}, profile)  # refused before connecting
@@ -120,8 +138,9 @@ def test_shell_metacharacters_never_run_anything(ci_profile, infra: Infra, remot
     with connect_remote(profile) as remote:
         plan = plan_squash([ImageRef("deployment.image", "repo/img:1")], profile, check=False)
         for image in nasty:
-            item = plan.items[0].__class__(image=image, uri=f"docker://{image}", path=plan.items[0].path,
-                                           dotpaths=("x",), status="missing")
+            item = plan.items[0].__class__(
+                image=image, uri=f"docker://{image}", path=plan.items[0].path, dotpaths=("x",), status="missing"
+            )
             with pytest.raises(ClusterError, match="Invalid image reference"):
                 import_image(remote, item, plan)
     assert not canary.exists()
@@ -137,7 +156,7 @@ def test_remote_job_dir_with_spaces_quotes_and_dollar(ci_profile, infra: Infra, 
         result = ensure_squashed([ImageRef("deployment.image", image)], profile, remote=remote)
     path = result.mapping[image]
     assert path == f"{odd_dir}/containers/{sqsh_name(image)}"
-    assert os.path.isfile(path) and open(path, "rb").read(4) == b"hsqs"
+    assert Path(path).read_bytes()[:4] == b"hsqs"
     assert not canary.exists()
 
 
@@ -148,8 +167,9 @@ def test_remote_job_dir_with_spaces_quotes_and_dollar(ci_profile, infra: Infra, 
         ("fake-nospace", "No space left on device", "Free space under"),
     ],
 )
-def test_failed_import_leaves_nothing_and_shows_enroots_error(ci_profile, infra: Infra, remote_job_dir,
-                                                               name, message, hint):
+def test_failed_import_leaves_nothing_and_shows_enroots_error(
+    ci_profile, infra: Infra, remote_job_dir, name, message, hint
+):
     image = unique(name)
     profile = ci_profile()
     with connect_remote(profile) as remote, pytest.raises(ClusterError) as err:
@@ -200,7 +220,9 @@ def test_connection_drop_mid_import_leaves_no_half_file(ci_profile, infra: Infra
     # the remote side notices (stdin EOF), cancels the srun step and cleans up
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        running = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip()
+        running = subprocess.run(
+            ["squeue", "-h", "-j", job_id], capture_output=True, text=True, check=False
+        ).stdout.strip()
         if not running and leftovers(cache) == []:
             break
         time.sleep(0.5)
@@ -225,8 +247,9 @@ def test_two_concurrent_invocations_import_once(ci_profile, infra: Infra, remote
 
     def invoke(i: int) -> None:
         with connect_remote(profile) as remote:  # two invocations: two connections, two remote scripts
-            results[i] = ensure_squashed([ImageRef("deployment.image", image)], profile, remote=remote,
-                                         on_event=events[i].append)
+            results[i] = ensure_squashed(
+                [ImageRef("deployment.image", image)], profile, remote=remote, on_event=events[i].append
+            )
 
     threads = [threading.Thread(target=invoke, args=(i,)) for i in range(2)]
     for t in threads:
@@ -248,8 +271,7 @@ def test_progress_lines_arrive_while_the_import_runs(ci_profile, remote_job_dir)
     profile = ci_profile()
     events: list[SquashEvent] = []
     with connect_remote(profile) as remote:
-        result = ensure_squashed([ImageRef("deployment.image", image)], profile, remote=remote,
-                                 on_event=events.append)
+        result = ensure_squashed([ImageRef("deployment.image", image)], profile, remote=remote, on_event=events.append)
     took = result.import_seconds[image]
     layer_lines = [e for e in events if e.kind == "output" and "Downloading layer" in e.text]
     assert [e.text.split(": ")[-1] for e in layer_lines] == ["1/3 s", "2/3 s", "3/3 s"]
@@ -284,7 +306,7 @@ def test_local_tunnel_on_the_login_node(ci_profile, infra: Infra, tmp_path, monk
     assert isinstance(remote, LocalRemote)
     new, result = squash_config({"deployment": {"image": image}}, profile, remote=remote)
     assert result.imported == (image,)
-    assert open(new["deployment"]["image"], "rb").read(4) == b"hsqs"
+    assert Path(new["deployment"]["image"]).read_bytes()[:4] == b"hsqs"
     (call,) = infra.enroot_calls(image.split(":")[1])
     assert call[1] == "root" and call[3] != "-"
     _, again = squash_config({"deployment": {"image": image}}, profile, remote=remote)

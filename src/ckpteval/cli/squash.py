@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Self
 
 import typer
 
@@ -15,15 +15,23 @@ if TYPE_CHECKING:
 
 
 def squash_command(
-    images: Annotated[list[str], typer.Argument(metavar="IMAGE...",
-        help="Docker image reference(s), e.g. nvcr.io/nvidia/nemo:25.09.", show_default=False)],
-    run: Annotated[str, typer.Option("-r", "--run", metavar="PROFILE",
-        help="The env.toml profile of the cluster.", show_default=False)],
+    images: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="IMAGE...", help="Docker image reference(s), e.g. nvcr.io/nvidia/nemo:25.09.", show_default=False
+        ),
+    ],
+    run: Annotated[
+        str,
+        typer.Option("-r", "--run", metavar="PROFILE", help="The env.toml profile of the cluster.", show_default=False),
+    ],
     force: Annotated[bool, typer.Option("--force", help="Re-import even if the .sqsh exists.")] = False,
-    dry_run: Annotated[bool, typer.Option("-d", "--dry-run",
-        help="Show which images go where; connect to nothing.")] = False,
-    check: Annotated[bool, typer.Option("--check",
-        help="With --dry-run: ask the cluster, read-only, which .sqsh files exist.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("-d", "--dry-run", help="Show which images go where; connect to nothing.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="With --dry-run: ask the cluster, read-only, which .sqsh files exist.")
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
 ) -> None:
     """Squash Docker images into .sqsh files in the cluster's cache, as `--run` does before it submits.
@@ -49,8 +57,10 @@ def squash_command(
     console = Console(highlight=False, soft_wrap=True)
     profile = load_env_file(env_file).profile(run)
     if not squash_applies(profile):
-        raise ConfigError(f"Profile [{profile.name}] does not run on a Slurm cluster (executor = \"{profile.executor}\").",
-                          hint="Squashing is for Slurm profiles; pick one with executor = \"slurm\".")
+        raise ConfigError(
+            f'Profile [{profile.name}] does not run on a Slurm cluster (executor = "{profile.executor}").',
+            hint='Squashing is for Slurm profiles; pick one with executor = "slurm".',
+        )
     for image in images:
         validate_image(image)  # before connecting: a bad reference never reaches the cluster
     refs = [ImageRef(dotpath="command line", image=image) for image in images]
@@ -84,7 +94,7 @@ class _Progress:
         self._last = ""
         self._live = Live(self, console=console, refresh_per_second=4, transient=True) if console.is_terminal else None
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> Self:
         if self._live:
             self._live.start()
         return self

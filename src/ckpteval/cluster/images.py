@@ -92,7 +92,7 @@ def validate_image(image: str, *, where: str = "") -> None:
     body = image
     for scheme in ENROOT_SCHEMES:
         if body.startswith(scheme):
-            body = body[len(scheme):]
+            body = body[len(scheme) :]
             break
     if not _IMAGE_RE.fullmatch(body):
         bad = sorted({c for c in body if not re.fullmatch(r"[A-Za-z0-9._/:@#-]", c)})

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from ckpteval.errors import ClusterError
 
@@ -65,8 +65,7 @@ def check_result(result: RunResult, cmd: str, where: str) -> RunResult:
         return result
     detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
     raise ClusterError(
-        f"Command failed on {where} (exit {result.returncode}): {_short(cmd)}"
-        + (f"\n{detail}" if detail else ""),
+        f"Command failed on {where} (exit {result.returncode}): {_short(cmd)}" + (f"\n{detail}" if detail else ""),
     )
 
 
@@ -134,13 +133,19 @@ class Remote(Protocol):
         """Release the connection; the Remote cannot be used afterwards."""
         ...
 
+    def __enter__(self) -> Self:
+        """A Remote is a context manager that closes itself."""
+        ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
 
 class LocalRemote:
     """Commands run here, with subprocess: for a CLI running on the cluster's login node."""
 
     description = "this machine"
 
-    def __enter__(self) -> LocalRemote:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -160,8 +165,12 @@ class LocalRemote:
         data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
             proc = subprocess.run(
-                _local_argv(argv), input=data, capture_output=True, timeout=timeout,
+                _local_argv(argv),
+                input=data,
+                capture_output=True,
+                timeout=timeout,
                 stdin=None if data is not None else subprocess.DEVNULL,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {_short(cmd)}") from None
@@ -183,7 +192,9 @@ class LocalRemote:
         log.debug("[local] $ %s", cmd)
         try:
             proc = subprocess.Popen(
-                _local_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                _local_argv(argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 stdin=subprocess.PIPE if hold_stdin else subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:

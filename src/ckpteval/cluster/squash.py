@@ -21,7 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ckpteval.cluster.images import ImageRef, collect_images, enroot_uri, rewrite_images, sqsh_name, validate_image
+from ckpteval.cluster.images import (
+    ImageRef,
+    collect_images,
+    enroot_uri,
+    rewrite_images,
+    sqsh_name,
+    validate_image,
+)
 from ckpteval.cluster.remote import Remote, RunResult, connect_remote
 from ckpteval.errors import ClusterError, ConfigError
 
@@ -171,7 +178,9 @@ def _check_present(remote: Remote, paths: Sequence[str]) -> list[bool]:
     result = remote.run(["sh", "-c", script, "ckpteval-check", *paths], timeout=120)
     flags = result.stdout.split()
     if len(flags) != len(paths):
-        raise ClusterError(f"Unexpected answer from {remote.description} while checking the .sqsh cache: {result.stdout!r}.")
+        raise ClusterError(
+            f"Unexpected answer from {remote.description} while checking the .sqsh cache: {result.stdout!r}."
+        )
     return [flag == "1" for flag in flags]
 
 
@@ -211,8 +220,9 @@ def plan_squash(
         for (image, dotpaths), path, flag in zip(grouped.items(), paths, present, strict=True)
     )
     host = "this machine" if profile.tunnel == "local" else (profile.host or "?")
-    return SquashPlan(host=host, containers_dir=directory, items=items, checked=check,
-                      force=force, build=build_settings(profile))
+    return SquashPlan(
+        host=host, containers_dir=directory, items=items, checked=check, force=force, build=build_settings(profile)
+    )
 
 
 def import_script() -> str:
@@ -226,9 +236,15 @@ def import_command(item: SquashItem, plan: SquashPlan, *, force: bool) -> list[s
     """The argv that imports `item` on the login node; every value is a separate, quoted word."""
     enroot_dir = posixpath.join(plan.containers_dir, ".enroot")
     return [
-        "bash", "-c", import_script(), "ckpteval-squash",
-        item.path, item.uri, "1" if force else "0",
-        posixpath.join(enroot_dir, "cache"), posixpath.join(enroot_dir, "data"),
+        "bash",
+        "-c",
+        import_script(),
+        "ckpteval-squash",
+        item.path,
+        item.uri,
+        "1" if force else "0",
+        posixpath.join(enroot_dir, "cache"),
+        posixpath.join(enroot_dir, "data"),
         *plan.build.srun_argv(),
     ]
 
@@ -253,7 +269,7 @@ def import_image(
     def on_line(stream: str, line: str) -> None:
         elapsed = time.monotonic() - start
         if stream == "stdout" and line.startswith(STATUS_PREFIX):
-            state, _, rest = line[len(STATUS_PREFIX):].partition(" ")
+            state, _, rest = line[len(STATUS_PREFIX) :].partition(" ")
             outcome["state"] = state
             if state in ("waiting", "importing"):
                 emit(SquashEvent(state, item, rest, elapsed))  # type: ignore[arg-type]
@@ -271,8 +287,10 @@ def import_image(
         emit(SquashEvent("hit", item, "imported meanwhile by another invocation", time.monotonic() - start))
         return False
     if state != "imported":
-        raise ClusterError(f"The import of {item.image} on {remote.description} ended without saying so: "
-                           f"{(result.stdout + result.stderr).strip()[-500:]!r}.")
+        raise ClusterError(
+            f"The import of {item.image} on {remote.description} ended without saying so: "
+            f"{(result.stdout + result.stderr).strip()[-500:]!r}."
+        )
     emit(SquashEvent("imported", item, item.path, time.monotonic() - start))
     return True
 
@@ -288,13 +306,17 @@ def _import_error(result: RunResult, item: SquashItem, remote: Remote, errors: l
             hint="Set remote_job_dir in the env.toml profile to a directory you can write on the cluster.",
         )
     if code == 14:
-        return ClusterError(f"Cannot import {item.image} on {where}: {'; '.join(ours)}",
-                            hint="Squashing runs enroot through srun; use a profile whose host is a Slurm login node.")
+        return ClusterError(
+            f"Cannot import {item.image} on {where}: {'; '.join(ours)}",
+            hint="Squashing runs enroot through srun; use a profile whose host is a Slurm login node.",
+        )
     if code == 15:
         return ClusterError(f"The import of {item.image} on {where} was interrupted.", hint="Run the command again.")
     if code == 127:
-        return ClusterError(f"Cannot run the import on {where}: {result.stderr.strip()[-300:]}",
-                            hint="The login node needs bash, flock (util-linux) and Slurm's srun.")
+        return ClusterError(
+            f"Cannot run the import on {where}: {result.stderr.strip()[-300:]}",
+            hint="The login node needs bash, flock (util-linux) and Slurm's srun.",
+        )
     # enroot's own words: everything but its progress lines
     shown = [line for line in theirs if line.strip() and not line.startswith(("[INFO]", "[WARN]"))]
     detail = "\n".join(shown[-8:]) or result.stderr.strip()[-1000:]
@@ -333,8 +355,7 @@ def ensure_squashed(
         if import_image(remote, item, plan, force=force, on_event=on_event):
             imported.append(item.image)
             durations[item.image] = time.monotonic() - t0
-    return SquashResult(plan=plan, imported=tuple(imported), seconds=time.monotonic() - start,
-                        import_seconds=durations)
+    return SquashResult(plan=plan, imported=tuple(imported), seconds=time.monotonic() - start, import_seconds=durations)
 
 
 def squash_config(

@@ -38,12 +38,15 @@ def squash_plan_panel(plan: SquashPlan) -> RenderableType:
         )
         if part
     )
-    checked = (
-        f"checked on {plan.host}" if plan.checked else f"not checked (add --check to ask {plan.host}, read-only)"
-    )
+    checked = f"checked on {plan.host}" if plan.checked else f"not checked (add --check to ask {plan.host}, read-only)"
     footer = Text.assemble(
-        ("cache: ", "dim"), plan.containers_dir, "\n",
-        ("imports run: ", "dim"), f"srun enroot import ({where})", "\n",
-        ("status: ", "dim"), checked,
+        ("cache: ", "dim"),
+        plan.containers_dir,
+        "\n",
+        ("imports run: ", "dim"),
+        f"srun enroot import ({where})",
+        "\n",
+        ("status: ", "dim"),
+        checked,
     )
     return Panel(Group(table, Text(""), footer), title="Squash plan", border_style="blue")

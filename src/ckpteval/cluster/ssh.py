@@ -27,11 +27,18 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import paramiko
 
-from ckpteval.cluster.remote import LineCallback, RunResult, _LineBuffer, _short, check_result, command_line
+from ckpteval.cluster.remote import (
+    LineCallback,
+    RunResult,
+    _LineBuffer,
+    _short,
+    check_result,
+    command_line,
+)
 from ckpteval.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -178,7 +185,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         if not self._accept_new:
             raise _UnknownHostKey(key)
         path = Path(os.path.expanduser(self._target.known_hosts[0]))
-        line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line()
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"  # the format ssh-keyscan writes
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -197,7 +204,9 @@ def _open_socket(target: SSHTarget, timeout: float) -> Any:
         return socket.create_connection((target.hostname, target.port), timeout=timeout)
     except socket.gaierror:
         raise ClusterError(
-            f"Cannot resolve host '{target.hostname}'" + (f" (from '{target.name}')" if target.name != target.hostname else "") + ".",
+            f"Cannot resolve host '{target.hostname}'"
+            + (f" (from '{target.name}')" if target.name != target.hostname else "")
+            + ".",
             hint="Check `host` in the env.toml profile (a hostname or a Host alias in ~/.ssh/config).",
         ) from None
     except TimeoutError:
@@ -231,7 +240,7 @@ def _connect_hop(
             hostname=target.hostname,
             port=target.port,
             username=target.user,
-            key_filename=keys or None,
+            key_filename=keys or None,  # type: ignore[arg-type]  # paramiko takes a list of files too
             allow_agent=not target.identities_only or not keys,
             look_for_keys=not keys,
             timeout=timeout,
@@ -243,7 +252,8 @@ def _connect_hop(
         client.close()
         raise ClusterError(
             f"The host key of {target.known_hosts_name} is not known ({exc.key.get_name()} {fingerprint(exc.key)}).",
-            hint="If that fingerprint is the server's, trust it with:\n  " + trust_command(target)
+            hint="If that fingerprint is the server's, trust it with:\n  "
+            + trust_command(target)
             + '\nor set host_key_policy = "accept-new" in the env.toml profile to add unknown hosts automatically.',
         ) from None
     except paramiko.BadHostKeyException as exc:
@@ -268,7 +278,7 @@ def _connect_hop(
             hint="Set `identity` (a private key file) or `user` in the env.toml profile, or load the key with "
             "`ssh-add`; its public key must be in ~/.ssh/authorized_keys on the cluster.",
         ) from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         client.close()
         raise ClusterError(
             f"SSH handshake with {where} timed out after {timeout:g} s.",
@@ -299,9 +309,9 @@ class SSHRemote:
         """Open the connection for an SSH profile (`host` is required)."""
         if not profile.host:
             raise ClusterError(
-                f"Profile [{profile.name}] has tunnel = \"ssh\" but no `host`.",
-                hint="Set host = \"login.example.com\" (or a ~/.ssh/config alias) in env.toml, "
-                "or tunnel = \"local\" when running on the login node.",
+                f'Profile [{profile.name}] has tunnel = "ssh" but no `host`.',
+                hint='Set host = "login.example.com" (or a ~/.ssh/config alias) in env.toml, '
+                'or tunnel = "local" when running on the login node.',
             )
         if profile.identity and not os.path.isfile(os.path.expanduser(profile.identity)):
             raise ClusterError(
@@ -318,8 +328,7 @@ class SSHRemote:
         """Connect to a resolved target, through its ProxyJump hops if any."""
         hops = [*target.proxy_jump, target]
         clients: list[paramiko.SSHClient] = []
-        log.debug("ssh connect %s%s", target.address,
-                  "".join(f" via {h.address}" for h in target.proxy_jump))
+        log.debug("ssh connect %s%s", target.address, "".join(f" via {h.address}" for h in target.proxy_jump))
         try:
             sock = _open_socket(hops[0], connect_timeout)
             for i, hop in enumerate(hops):
@@ -344,7 +353,7 @@ class SSHRemote:
             raise
         return cls(target=target, _clients=clients)
 
-    def __enter__(self) -> SSHRemote:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -363,8 +372,10 @@ class SSHRemote:
     def _transport(self) -> paramiko.Transport:
         transport = self._client.get_transport() if self._clients else None
         if transport is None or not transport.is_active():
-            raise ClusterError(f"The SSH connection to {self.description} is closed.",
-                               hint="Check the network and run the command again.")
+            raise ClusterError(
+                f"The SSH connection to {self.description} is closed.",
+                hint="Check the network and run the command again.",
+            )
         return transport
 
     def run(
@@ -437,13 +448,17 @@ class SSHRemote:
                 err.feed(chan.recv_stderr(65536))
             status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ClusterError(f"Lost the SSH connection to {self.description} while running: {_short(cmd)} ({exc}).",
-                               hint="Run the command again; nothing half-done is kept.") from None
+            raise ClusterError(
+                f"Lost the SSH connection to {self.description} while running: {_short(cmd)} ({exc}).",
+                hint="Run the command again; nothing half-done is kept.",
+            ) from None
         finally:
             chan.close()
         if status == -1:
-            raise ClusterError(f"Lost the SSH connection to {self.description} while running: {_short(cmd)}.",
-                               hint="Run the command again; nothing half-done is kept.")
+            raise ClusterError(
+                f"Lost the SSH connection to {self.description} while running: {_short(cmd)}.",
+                hint="Run the command again; nothing half-done is kept.",
+            )
         return RunResult(status, out.finish(), err.finish())
 
     def _sftp_client(self) -> paramiko.SFTPClient:

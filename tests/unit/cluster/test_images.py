@@ -55,8 +55,9 @@ def test_rewrite_replaces_every_use_and_leaves_the_input_alone():
     assert new["evaluation"]["tasks"][1] == "hellaswag"
     assert new["execution"]["proxy"]["image"] == "/rjd/containers/nginx.sqsh"
     assert CONFIG["deployment"]["image"] == "nvcr.io/nvidia/nemo:25.09"
-    assert collect_images(new) == [ImageRef("evaluation.tasks[0].container",
-                                            "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10")]
+    assert collect_images(new) == [
+        ImageRef("evaluation.tasks[0].container", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -88,16 +89,26 @@ def test_sqsh_name_is_readable_stable_and_unambiguous():
     assert "/" not in sqsh_name("a/b/c:d") and not sqsh_name(".hidden/x").startswith(".")
 
 
-@pytest.mark.parametrize("image", ["nvcr.io/nvidia/nemo:25.09", "ubuntu", "img@sha256:" + "a" * 64,
-                                   "user@nvcr.io#nvidia/nemo:1", "docker://x/y:z"])
+@pytest.mark.parametrize(
+    "image",
+    ["nvcr.io/nvidia/nemo:25.09", "ubuntu", "img@sha256:" + "a" * 64, "user@nvcr.io#nvidia/nemo:1", "docker://x/y:z"],
+)
 def test_valid_references_pass(image):
     validate_image(image)
 
 
 @pytest.mark.parametrize(
     ("image", "shown"),
-    [("repo/img:1;touch /tmp/x", "';'"), ("repo/$(id)", "'$'"), ("a b", "' '"), ("it's", '"\'"'),
-     ('x"y', "'\"'"), ("`id`", "'`'"), ("", "its first character"), ("-rf", "its first character")],
+    [
+        ("repo/img:1;touch /tmp/x", "';'"),
+        ("repo/$(id)", "'$'"),
+        ("a b", "' '"),
+        ("it's", '"\'"'),
+        ('x"y', "'\"'"),
+        ("`id`", "'`'"),
+        ("", "its first character"),
+        ("-rf", "its first character"),
+    ],
 )
 def test_invalid_references_are_refused_with_the_offending_characters(image, shown):
     with pytest.raises(ConfigError) as err:

@@ -22,11 +22,19 @@ from ckpteval.cluster.squash_view import squash_plan_panel
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 
-PROFILE = Profile(name="C", host="login.example.com", account="llm", partition="batch", time="02:00:00",
-                  remote_job_dir="/lustre/me/ckpteval/")
-REFS = [ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09"),
-        ImageRef("execution.proxy.image", "nvcr.io/nvidia/nemo:25.09"),
-        ImageRef("evaluation.tasks[0].container", "ubuntu:22.04")]
+PROFILE = Profile(
+    name="C",
+    host="login.example.com",
+    account="llm",
+    partition="batch",
+    time="02:00:00",
+    remote_job_dir="/lustre/me/ckpteval/",
+)
+REFS = [
+    ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09"),
+    ImageRef("execution.proxy.image", "nvcr.io/nvidia/nemo:25.09"),
+    ImageRef("evaluation.tasks[0].container", "ubuntu:22.04"),
+]
 
 
 def test_plan_without_check_touches_nothing_and_groups_images():
@@ -44,10 +52,25 @@ def test_plan_without_check_touches_nothing_and_groups_images():
 
 def test_build_settings_default_to_the_run_and_can_be_set_apart():
     assert build_settings(PROFILE).srun_argv() == [
-        "srun", "--nodes=1", "--ntasks=1", "--job-name=ckpteval-squash", "--export=ALL",
-        "--time=02:00:00", "--account=llm", "--partition=batch"]
-    own = Profile(name="C", account="llm", partition="batch", build_partition="cpu", build_time="00:30:00",
-                  build_include_gpus=True, gpus_per_node=4, remote_job_dir="/x")
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        "--job-name=ckpteval-squash",
+        "--export=ALL",
+        "--time=02:00:00",
+        "--account=llm",
+        "--partition=batch",
+    ]
+    own = Profile(
+        name="C",
+        account="llm",
+        partition="batch",
+        build_partition="cpu",
+        build_time="00:30:00",
+        build_include_gpus=True,
+        gpus_per_node=4,
+        remote_job_dir="/x",
+    )
     argv = build_settings(own).srun_argv()
     assert "--partition=cpu" in argv and "--time=00:30:00" in argv and "--gpus-per-node=4" in argv
     assert not any(a.startswith("--gpus") for a in build_settings(PROFILE).srun_argv())
@@ -80,21 +103,27 @@ def test_import_command_passes_every_value_as_its_own_word():
     plan = plan_squash([ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09")], PROFILE, check=False)
     argv = import_command(plan.items[0], plan, force=True)
     assert argv[:2] == ["bash", "-c"] and argv[3] == "ckpteval-squash"
-    assert argv[4:9] == [plan.items[0].path, "docker://nvcr.io#nvidia/nemo:25.09", "1",
-                         "/lustre/me/ckpteval/containers/.enroot/cache", "/lustre/me/ckpteval/containers/.enroot/data"]
+    assert argv[4:9] == [
+        plan.items[0].path,
+        "docker://nvcr.io#nvidia/nemo:25.09",
+        "1",
+        "/lustre/me/ckpteval/containers/.enroot/cache",
+        "/lustre/me/ckpteval/containers/.enroot/data",
+    ]
     assert argv[9] == "srun"
     assert shlex.split(shlex.join(argv)) == argv  # survives the remote shell unchanged
 
 
 def test_import_script_is_valid_bash_without_comments():
     script = import_script()
-    assert "#" not in "".join(line for line in script.splitlines() if line.lstrip().startswith("#"))
-    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    assert not any(line.lstrip().startswith("#") for line in script.splitlines())
+    assert subprocess.run(["bash", "-n", "-c", script], check=False).returncode == 0
 
 
 def test_script_refuses_a_host_without_srun(tmp_path):
-    plan = plan_squash([ImageRef("deployment.image", "ubuntu:22.04")], Profile(name="C", remote_job_dir=str(tmp_path)),
-                       check=False)
+    plan = plan_squash(
+        [ImageRef("deployment.image", "ubuntu:22.04")], Profile(name="C", remote_job_dir=str(tmp_path)), check=False
+    )
     argv = import_command(plan.items[0], plan, force=False)
     argv[9] = "no-such-srun-binary"
     result = LocalRemote().stream(argv, on_line=lambda s, line: None, hold_stdin=True)

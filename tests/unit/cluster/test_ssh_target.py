@@ -46,7 +46,9 @@ def test_alias_with_proxyjump_chain(ssh_config, tmp_path):
     assert (t.hostname, t.port, t.user) == ("login01.cluster.example", 2200, "alice")
     assert t.identities == (str(tmp_path / ".ssh/id_cluster"),) and t.identities_only
     assert [(j.hostname, j.port, j.user) for j in t.proxy_jump] == [
-        ("bastion.example", 2022, "bob"), ("jump.internal", 22, "carol")]
+        ("bastion.example", 2022, "bob"),
+        ("jump.internal", 22, "carol"),
+    ]
     assert t.address == "alice@login01.cluster.example:2200"
     assert t.known_hosts_name == "[login01.cluster.example]:2200"
 
