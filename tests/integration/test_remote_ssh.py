@@ -210,3 +210,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_proxycommand_from_ssh_config(ssh_home, infra: Infra, ci_profile):
+    trust_infra_host(ssh_home, infra)
+    (ssh_home / ".ssh" / "config").write_text(
+        "Host via-command\n"
+        f"    HostName {infra.ssh_host}\n    Port {infra.ssh_port}\n    User {infra.ssh_user}\n"
+        f"    IdentityFile {infra.ssh_key}\n"
+        f"    ProxyCommand ssh -F none -i {infra.ssh_key} -o BatchMode=yes -o UserKnownHostsFile={infra.ssh_known_hosts}"
+        f" -p {infra.ssh_port} {infra.ssh_user}@{infra.ssh_host} -W %h:%p\n"
+    )
+    with connect_remote(ci_profile(host="via-command", port=None, user=None, identity=None)) as remote:
+        assert isinstance(remote._client.get_transport().sock, paramiko.ProxyCommand)
+        assert remote.run(["whoami"]).stdout.strip() == infra.ssh_user

@@ -18,7 +18,7 @@ def squash_command(
     images: Annotated[
         list[str],
         typer.Argument(
-            metavar="IMAGE...", help="Docker image reference(s), e.g. nvcr.io/nvidia/nemo:25.09.", show_default=False
+            metavar="IMAGE", help="Docker image reference(s), e.g. nvcr.io/nvidia/nemo:25.09.", show_default=False
         ),
     ],
     run: Annotated[
@@ -36,9 +36,7 @@ def squash_command(
 ) -> None:
     """Squash Docker images into .sqsh files in the cluster's cache, as `--run` does before it submits.
 
-    The files go to ${remote_job_dir}/containers/ on the cluster; `enroot import` runs on a compute
-    node (srun with the profile's account and build_partition/build_time). An image already there
-    costs one round trip.
+    The files go to ${remote_job_dir}/containers/ on the cluster; `enroot import` runs on a compute node (srun with the profile's account and build_partition/build_time). An image already there costs one round trip.
 
     [bold]Examples[/]
 
