@@ -71,7 +71,7 @@ def squash_command(
     start = time.monotonic()
     with connect_remote(profile) as remote:
         console.print(f"[dim]connected to {remote.description}[/]")
-        with _Progress(console) as progress:
+        with SquashProgress(console) as progress:
             result = ensure_squashed(refs, profile, remote=remote, force=force, on_event=progress.on_event)
     for item in result.plan.items:
         took = result.import_seconds.get(item.image)
@@ -80,8 +80,11 @@ def squash_command(
     console.print(f"[dim]done in {time.monotonic() - start:.1f} s[/]")
 
 
-class _Progress:
-    """Shows what an import is doing: enroot's [INFO] lines as they come, and a live elapsed time."""
+class SquashProgress:
+    """Shows what an import is doing: enroot's [INFO] lines as they come, and a live elapsed time.
+
+    Pass `progress.on_event` as `on_event` to `ensure_squashed`/`squash_config`, inside `with progress:`.
+    """
 
     def __init__(self, console: Console) -> None:
         from rich.live import Live

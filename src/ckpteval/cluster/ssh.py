@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from ckpteval.config.profiles import Profile
 
 log = logging.getLogger("ckpteval.remote")
+# paramiko logs a failed handshake with a traceback from its transport thread; without a handler
+# Python would print it to stderr. Our ClusterError says what went wrong; -v logging still sees it.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -285,7 +288,14 @@ def _connect_hop(
             hint="Check that the host and port belong to an SSH server.",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
+        transport = client.get_transport()
+        spoke_ssh = transport is not None and bool(transport.remote_version)
         client.close()
+        if not spoke_ssh:
+            raise ClusterError(
+                f"No SSH server answered at {where} (no SSH banner within {timeout:g} s).",
+                hint="Check the host and port in the profile; a firewall or proxy may be in the way.",
+            ) from None
         raise ClusterError(
             f"SSH connection to {where} failed: {exc}.",
             hint="Check the host and port in the profile (is it an SSH server?), or try `ssh` by hand.",
