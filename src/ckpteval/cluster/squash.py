@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.resources
 import posixpath
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -305,6 +304,16 @@ def _import_error(result: RunResult, item: SquashItem, remote: Remote, errors: l
             f"Cannot write the .sqsh cache on {where}: {'; '.join(ours)}.",
             hint="Set remote_job_dir in the env.toml profile to a directory you can write on the cluster.",
         )
+    if code == 11:
+        return ClusterError(
+            f"Cannot take the import lock on {where}: {'; '.join(ours)}.",
+            hint="The filesystem under remote_job_dir must support flock (e.g. Lustre mounted with -o flock).",
+        )
+    if code == 13:
+        return ClusterError(
+            f"enroot import of {item.image} on {where} did not produce a squashfs image: {'; '.join(ours)}.",
+            hint="Run `enroot import` by hand on a compute node to see why.",
+        )
     if code == 14:
         return ClusterError(
             f"Cannot import {item.image} on {where}: {'; '.join(ours)}",
@@ -384,9 +393,3 @@ def squash_config(
         if own:
             conn.close()
     return rewrite_images(config, result.mapping), result
-
-
-def describe_command(item: SquashItem, plan: SquashPlan, *, force: bool) -> str:
-    """A short, quoted rendering of the import for previews (the script body is elided)."""
-    argv = import_command(item, plan, force=force)
-    return shlex.join(["bash", "-c", "<squash_import.sh>", *argv[3:]])
