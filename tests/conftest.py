@@ -10,9 +10,10 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def isolated_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    work = tmp_path / "work"
+def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path_factory.mktemp("user")
+    home = root / "home"
+    work = root / "work"
     for d in (home, work):
         d.mkdir()
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))

@@ -1,0 +1,559 @@
+"""`SSHRemote`: the Remote seam over one paramiko connection, reused for a whole invocation.
+
+How the login node is reached, like the `ssh` command would:
+- host, user, port and key come from the profile, falling back to `~/.ssh/config` (a Host alias,
+  its HostName/User/Port/IdentityFile/IdentitiesOnly/UserKnownHostsFile, and `ProxyJump` through
+  one or more bastions, or `ProxyCommand`);
+- keys: the profile's `identity`, the config's IdentityFile, the ssh-agent, then ~/.ssh/id_*;
+- host keys are checked against known_hosts (~/.ssh/known_hosts or the config's
+  UserKnownHostsFile, and /etc/ssh/ssh_known_hosts). An unknown host is refused with the command
+  that trusts it, unless the profile says `host_key_policy = "accept-new"` (then its key is
+  added to known_hosts, as `ssh -o StrictHostKeyChecking=accept-new` does). A changed key is
+  always refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import logging
+import os
+import select
+import shlex
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import paramiko
+
+from ckpteval.cluster.remote import (
+    LineCallback,
+    RunResult,
+    _LineBuffer,
+    _short,
+    check_result,
+    command_line,
+)
+from ckpteval.errors import ClusterError
+
+if TYPE_CHECKING:
+    from ckpteval.config.profiles import Profile
+
+log = logging.getLogger("ckpteval.remote")
+# paramiko logs a failed handshake with a traceback from its transport thread; without a handler
+# Python would print it to stderr. Our ClusterError says what went wrong; -v logging still sees it.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """One SSH endpoint, fully resolved (profile values over ~/.ssh/config over defaults)."""
+
+    name: str  # what the user wrote (an alias or a hostname)
+    hostname: str
+    port: int
+    user: str
+    identities: tuple[str, ...] = ()
+    identities_only: bool = False
+    known_hosts: tuple[str, ...] = (DEFAULT_KNOWN_HOSTS,)
+    proxy_jump: tuple[SSHTarget, ...] = ()
+    proxy_command: str | None = None
+
+    @property
+    def address(self) -> str:
+        """`user@host:port` for messages."""
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name this host's key is stored under in known_hosts (OpenSSH's convention)."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def ssh_config_path() -> Path:
+    """The user's OpenSSH client config (`~/.ssh/config`)."""
+    return Path(os.path.expanduser("~/.ssh/config"))
+
+
+def _load_ssh_config(path: Path | None) -> paramiko.SSHConfig:
+    path = path or ssh_config_path()
+    if not path.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
+        raise ClusterError(f"Cannot read the SSH config {path}: {exc}.", hint="Fix the file or move it away.") from None
+
+
+def resolve_target(
+    host: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    identity: str | None = None,
+    ssh_config: Path | None = None,
+) -> SSHTarget:
+    """Resolve `host` (a hostname or a ~/.ssh/config alias) into everything needed to connect."""
+    config = _load_ssh_config(ssh_config)
+    return _resolve(config, host, user=user, port=port, identity=identity, with_jumps=True)
+
+
+def _resolve(
+    config: paramiko.SSHConfig,
+    host: str,
+    *,
+    user: str | None,
+    port: int | None,
+    identity: str | None,
+    with_jumps: bool,
+) -> SSHTarget:
+    entry: dict[str, Any] = dict(config.lookup(host))
+    identities: list[str] = []
+    if identity:
+        identities.append(os.path.expanduser(identity))
+    identities += [os.path.expanduser(p) for p in entry.get("identityfile", [])]
+    known = entry.get("userknownhostsfile")
+    known_hosts = tuple(os.path.expanduser(p) for p in known.split()) if known else (DEFAULT_KNOWN_HOSTS,)
+    jumps: tuple[SSHTarget, ...] = ()
+    jump_spec = entry.get("proxyjump")
+    if with_jumps and jump_spec and jump_spec.lower() != "none":
+        jumps = tuple(_resolve_jump(config, hop) for hop in jump_spec.split(","))
+    proxy_command = entry.get("proxycommand")
+    if proxy_command and proxy_command.lower() == "none":
+        proxy_command = None
+    try:
+        resolved_port = int(port or entry.get("port") or 22)
+    except ValueError:
+        raise ClusterError(f"~/.ssh/config: Port for '{host}' is not a number: {entry.get('port')!r}.") from None
+    return SSHTarget(
+        name=host,
+        hostname=entry.get("hostname", host),
+        port=resolved_port,
+        user=user or entry.get("user") or getpass.getuser(),
+        identities=tuple(dict.fromkeys(identities)),
+        identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
+        known_hosts=known_hosts,
+        proxy_jump=jumps,
+        proxy_command=None if jumps else proxy_command,  # OpenSSH: ProxyJump wins over ProxyCommand
+    )
+
+
+def _resolve_jump(config: paramiko.SSHConfig, spec: str) -> SSHTarget:
+    # [user@]host[:port], where host may itself be an alias
+    spec = spec.strip().removeprefix("ssh://")
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.count(":") == 1:
+        host, _, port_text = rest.partition(":")
+        port = int(port_text) if port_text.isdigit() else None
+    return _resolve(config, host, user=user or None, port=port, identity=None, with_jumps=False)
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a host key, e.g. `SHA256:ab12...`."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def trust_command(target: SSHTarget) -> str:
+    """The shell command that adds `target`'s host key to the user's known_hosts."""
+    port = [] if target.port == 22 else ["-p", str(target.port)]
+    known = target.known_hosts[0]
+    shown = known if known.startswith("~") else shlex.quote(known)
+    return f"{shlex.join(['ssh-keyscan', *port, target.hostname])} >> {shown}"
+
+
+class _UnknownHostKey(Exception):
+    """Raised from inside paramiko's handshake; turned into a ClusterError once it is closed."""
+
+    def __init__(self, key: paramiko.PKey) -> None:
+        super().__init__("unknown host key")
+        self.key = key
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, target: SSHTarget, accept_new: bool) -> None:
+        self._target = target
+        self._accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self._accept_new:
+            raise _UnknownHostKey(key)
+        path = Path(os.path.expanduser(self._target.known_hosts[0]))
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"  # the format ssh-keyscan writes
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(line)
+        except OSError as exc:
+            raise ClusterError(f"Cannot add the host key of {hostname} to {path}: {exc.strerror}.") from None
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.warning("Permanently added %s (%s %s) to %s.", hostname, key.get_name(), fingerprint(key), path)
+
+
+def _open_socket(target: SSHTarget, timeout: float) -> Any:
+    if target.proxy_command:
+        return paramiko.ProxyCommand(target.proxy_command)
+    try:
+        return socket.create_connection((target.hostname, target.port), timeout=timeout)
+    except socket.gaierror:
+        raise ClusterError(
+            f"Cannot resolve host '{target.hostname}'"
+            + (f" (from '{target.name}')" if target.name != target.hostname else "")
+            + ".",
+            hint="Check `host` in the env.toml profile (a hostname or a Host alias in ~/.ssh/config).",
+        ) from None
+    except TimeoutError:
+        raise ClusterError(
+            f"Cannot reach {target.hostname}:{target.port}: no answer within {timeout:g} s.",
+            hint="Check the host and port, your network/VPN, and whether a bastion (ProxyJump in ~/.ssh/config) is needed.",
+        ) from None
+    except OSError as exc:
+        raise ClusterError(
+            f"Cannot reach {target.hostname}:{target.port}: {exc.strerror or exc}.",
+            hint="Check the host and port in the profile, and that sshd is running there.",
+        ) from None
+
+
+def _connect_hop(
+    target: SSHTarget, sock: Any, *, accept_new: bool, timeout: float, via: str | None
+) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    for path in (*target.known_hosts, SYSTEM_KNOWN_HOSTS):
+        expanded = os.path.expanduser(path)
+        if os.path.isfile(expanded):
+            try:
+                client.load_system_host_keys(expanded)
+            except (OSError, paramiko.SSHException) as exc:
+                raise ClusterError(f"Cannot read known_hosts file {expanded}: {exc}.") from None
+    client.set_missing_host_key_policy(_HostKeyPolicy(target, accept_new))
+    where = target.address + (f" (via {via})" if via else "")
+    keys = [k for k in target.identities if os.path.isfile(k)]
+    try:
+        client.connect(
+            hostname=target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=keys or None,  # type: ignore[arg-type]  # paramiko takes a list of files too
+            allow_agent=not target.identities_only or not keys,
+            look_for_keys=not keys,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            sock=sock,
+        )
+    except _UnknownHostKey as exc:
+        client.close()
+        raise ClusterError(
+            f"The host key of {target.known_hosts_name} is not known ({exc.key.get_name()} {fingerprint(exc.key)}).",
+            hint="If that fingerprint is the server's, trust it with:\n  "
+            + trust_command(target)
+            + '\nor set host_key_policy = "accept-new" in the env.toml profile to add unknown hosts automatically.',
+        ) from None
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise ClusterError(
+            f"The host key of {target.known_hosts_name} has CHANGED ({fingerprint(exc.key)}; "
+            f"known_hosts has {fingerprint(exc.expected_key)}). Someone may be intercepting the connection.",
+            hint="If the server's key really changed, remove the old one with "
+            f"`ssh-keygen -R {shlex.quote(target.known_hosts_name)}` and trust the new one.",
+        ) from None
+    except paramiko.PasswordRequiredException:
+        client.close()
+        raise ClusterError(
+            f"SSH key for {where} is passphrase-protected.",
+            hint="Load it into the agent (`ssh-add KEYFILE`) so it can be used without a prompt.",
+        ) from None
+    except paramiko.AuthenticationException:
+        client.close()
+        tried = ", ".join(keys) if keys else "ssh-agent and ~/.ssh/id_*"
+        raise ClusterError(
+            f"SSH authentication failed for {where} (tried: {tried}).",
+            hint="Set `identity` (a private key file) or `user` in the env.toml profile, or load the key with "
+            "`ssh-add`; its public key must be in ~/.ssh/authorized_keys on the cluster.",
+        ) from None
+    except TimeoutError:
+        client.close()
+        raise ClusterError(
+            f"SSH handshake with {where} timed out after {timeout:g} s.",
+            hint="Check that the host and port belong to an SSH server.",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        transport = client.get_transport()
+        spoke_ssh = transport is not None and bool(transport.remote_version)
+        client.close()
+        if not spoke_ssh:
+            raise ClusterError(
+                f"No SSH server answered at {where} (no SSH banner within {timeout:g} s).",
+                hint="Check the host and port in the profile; a firewall or proxy may be in the way.",
+            ) from None
+        raise ClusterError(
+            f"SSH connection to {where} failed: {exc}.",
+            hint="Check the host and port in the profile (is it an SSH server?), or try `ssh` by hand.",
+        ) from None
+    transport = client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(30)  # long imports: keep NATs and firewalls from dropping an idle link
+    return client
+
+
+@dataclass
+class SSHRemote:
+    """Commands and files on a login node, over one SSH connection (plus one per bastion hop)."""
+
+    target: SSHTarget
+    _clients: list[paramiko.SSHClient]
+    _sftp: paramiko.SFTPClient | None = field(default=None, repr=False)
+
+    @classmethod
+    def connect(cls, profile: Profile, *, connect_timeout: float = 20.0, ssh_config: Path | None = None) -> SSHRemote:
+        """Open the connection for an SSH profile (`host` is required)."""
+        if not profile.host:
+            raise ClusterError(
+                f'Profile [{profile.name}] has tunnel = "ssh" but no `host`.',
+                hint='Set host = "login.example.com" (or a ~/.ssh/config alias) in env.toml, '
+                'or tunnel = "local" when running on the login node.',
+            )
+        if profile.identity and not os.path.isfile(os.path.expanduser(profile.identity)):
+            raise ClusterError(
+                f"Profile [{profile.name}]: identity file {profile.identity} does not exist.",
+                hint="Point `identity` at your private key, or remove it to use ~/.ssh/config and the ssh-agent.",
+            )
+        target = resolve_target(
+            profile.host, user=profile.user, port=profile.port, identity=profile.identity, ssh_config=ssh_config
+        )
+        return cls.open(target, accept_new=profile.host_key_policy == "accept-new", connect_timeout=connect_timeout)
+
+    @classmethod
+    def open(cls, target: SSHTarget, *, accept_new: bool = False, connect_timeout: float = 20.0) -> SSHRemote:
+        """Connect to a resolved target, through its ProxyJump hops if any."""
+        hops = [*target.proxy_jump, target]
+        clients: list[paramiko.SSHClient] = []
+        log.debug("ssh connect %s%s", target.address, "".join(f" via {h.address}" for h in target.proxy_jump))
+        try:
+            sock = _open_socket(hops[0], connect_timeout)
+            for i, hop in enumerate(hops):
+                via = hops[i - 1].address if i else None
+                clients.append(_connect_hop(hop, sock, accept_new=accept_new, timeout=connect_timeout, via=via))
+                if i + 1 < len(hops):
+                    nxt = hops[i + 1]
+                    transport = clients[-1].get_transport()
+                    assert transport is not None
+                    try:
+                        sock = transport.open_channel(
+                            "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=connect_timeout
+                        )
+                    except (paramiko.SSHException, OSError) as exc:
+                        raise ClusterError(
+                            f"Bastion {hop.address} could not open a connection to {nxt.hostname}:{nxt.port}: {exc}.",
+                            hint="Check the ProxyJump and HostName lines in ~/.ssh/config.",
+                        ) from None
+        except BaseException:
+            for client in reversed(clients):
+                client.close()
+            raise
+        return cls(target=target, _clients=clients)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def description(self) -> str:
+        """`user@host:port` (and the alias the user wrote, if any)."""
+        t = self.target
+        return t.address if t.name == t.hostname else f"{t.name} ({t.address})"
+
+    @property
+    def _client(self) -> paramiko.SSHClient:
+        return self._clients[-1]
+
+    def _transport(self) -> paramiko.Transport:
+        transport = self._client.get_transport() if self._clients else None
+        if transport is None or not transport.is_active():
+            raise ClusterError(
+                f"The SSH connection to {self.description} is closed.",
+                hint="Check the network and run the command again.",
+            )
+        return transport
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        stdin: str | bytes | None = None,
+    ) -> RunResult:
+        """Run a command to completion; `check` raises ClusterError on a non-zero exit."""
+        cmd = command_line(argv)
+        result = self._exec(cmd, stdin=stdin, hold_stdin=False, timeout=timeout, on_line=None)
+        return check_result(result, cmd, self.description) if check else result
+
+    def stream(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        on_line: LineCallback,
+        timeout: float | None = None,
+        hold_stdin: bool = False,
+    ) -> RunResult:
+        """Run a command, calling `on_line(stream, line)` for each output line as it arrives."""
+        return self._exec(command_line(argv), stdin=None, hold_stdin=hold_stdin, timeout=timeout, on_line=on_line)
+
+    def _exec(
+        self,
+        cmd: str,
+        *,
+        stdin: str | bytes | None,
+        hold_stdin: bool,
+        timeout: float | None,
+        on_line: LineCallback | None,
+    ) -> RunResult:
+        log.debug("[%s] $ %s", self.description, cmd)
+        try:
+            chan = self._transport().open_session(timeout=30)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ClusterError(f"Cannot start a command on {self.description}: {exc}.") from None
+        sink = on_line or (lambda _s, _l: None)
+        out, err = _LineBuffer("stdout", sink), _LineBuffer("stderr", sink)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            chan.exec_command(cmd)
+            if stdin is not None:
+                chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
+            if not hold_stdin:
+                chan.shutdown_write()
+            while True:
+                got = False
+                while chan.recv_ready():
+                    out.feed(chan.recv(65536))
+                    got = True
+                while chan.recv_stderr_ready():
+                    err.feed(chan.recv_stderr(65536))
+                    got = True
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not got:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ClusterError(f"Command timed out after {timeout:g} s on {self.description}: {_short(cmd)}")
+                if not got:
+                    select.select([chan], [], [], 0.5)
+            # drain what arrived with the exit status
+            while chan.recv_ready():
+                out.feed(chan.recv(65536))
+            while chan.recv_stderr_ready():
+                err.feed(chan.recv_stderr(65536))
+            status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ClusterError(
+                f"Lost the SSH connection to {self.description} while running: {_short(cmd)} ({exc}).",
+                hint="Run the command again; nothing half-done is kept.",
+            ) from None
+        finally:
+            chan.close()
+        if status == -1:
+            raise ClusterError(
+                f"Lost the SSH connection to {self.description} while running: {_short(cmd)}.",
+                hint="Run the command again; nothing half-done is kept.",
+            )
+        return RunResult(status, out.finish(), err.finish())
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._transport()
+            self._sftp = self._client.open_sftp()
+        return self._sftp
+
+    def put(self, local: Path, remote: str) -> None:
+        """Upload a file: to a temporary name beside `remote`, then renamed into place."""
+        log.debug("[%s] put %s -> %s", self.description, local, remote)
+        directory, name = os.path.split(remote)
+        if directory:
+            self.run(["mkdir", "-p", directory])
+        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+        sftp = self._sftp_client()
+        try:
+            sftp.put(str(local), tmp)
+            sftp.chmod(tmp, os.stat(local).st_mode & 0o777)
+            sftp.posix_rename(tmp, remote)
+        except OSError as exc:
+            self._remove_quietly(tmp)
+            raise ClusterError(f"Cannot upload {local} to {self.description}:{remote}: {exc}.") from None
+
+    def get(self, remote: str, local: Path) -> None:
+        """Download a file to a temporary name beside `local`, then rename it into place."""
+        log.debug("[%s] get %s -> %s", self.description, remote, local)
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            self._sftp_client().get(remote, str(tmp))
+            os.replace(tmp, local)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise ClusterError(f"Cannot download {self.description}:{remote}: {exc}.") from None
+
+    def read_text(self, path: str) -> str:
+        """The content of a remote text file."""
+        log.debug("[%s] read %s", self.description, path)
+        try:
+            with self._sftp_client().open(path, "r") as f:
+                return f.read().decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise ClusterError(f"Cannot read {self.description}:{path}: {exc}.") from None
+
+    def write_text_atomic(self, path: str, text: str, *, mode: int = 0o644) -> None:
+        """Write a remote file to a temporary name beside it, then rename it into place."""
+        log.debug("[%s] write %s", self.description, path)
+        directory, name = os.path.split(path)
+        if directory:
+            self.run(["mkdir", "-p", directory])
+        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+        sftp = self._sftp_client()
+        try:
+            with sftp.open(tmp, "w") as f:
+                f.write(text.encode("utf-8"))
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
+        except OSError as exc:
+            self._remove_quietly(tmp)
+            raise ClusterError(f"Cannot write {self.description}:{path}: {exc}.") from None
+
+    def _remove_quietly(self, path: str) -> None:
+        try:
+            self._sftp_client().remove(path)
+        except OSError:
+            pass  # it may never have been created
+
+    def exists(self, path: str) -> bool:
+        """Whether a remote path exists."""
+        log.debug("[%s] exists %s", self.description, path)
+        try:
+            self._sftp_client().lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise ClusterError(f"Cannot check {self.description}:{path}: {exc}.") from None
+        return True
+
+    def close(self) -> None:
+        """Close the SFTP session and every hop of the connection."""
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        for client in reversed(self._clients):
+            client.close()
+        self._clients = []

@@ -1,0 +1,89 @@
+"""The test cluster keeps its promises: nodes, GPUs, pyxis and enroot stand-ins, the CI user's python."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.integration.conftest import REPO, Infra
+
+
+def ssh(infra: Infra, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a command on the "login node" as the CI user with the ssh CLI, as nemo-run would."""
+    return subprocess.run(
+        [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-F",
+            infra.ssh_config,
+            "-o",
+            f"UserKnownHostsFile={infra.ssh_known_hosts}",
+            infra.ssh_alias,
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_three_nodes_with_eight_gpus_each(infra: Infra):
+    out = ssh(
+        infra,
+        f"srun -A {infra.slurm_account} -N{infra.slurm_nodes} --ntasks-per-node=1 "
+        f"--gpus-per-node={infra.gpus_per_node} bash -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'",
+    )
+    assert out.returncode == 0, out.stderr
+    lines = sorted(out.stdout.split("\n")[:-1])
+    assert lines == [f"node{i} 0,1,2,3,4,5,6,7" for i in range(infra.slurm_nodes)]
+
+
+def test_fake_pyxis_checks_the_image_and_mounts(infra: Infra, remote_job_dir):
+    sqsh = f"{remote_job_dir}/img.sqsh"
+    made = ssh(
+        infra,
+        f"mkdir -p {remote_job_dir}/src && echo hi > {remote_job_dir}/src/f && "
+        f"enroot import -o {sqsh} docker://ubuntu:{uuid.uuid4().hex[:8]}",
+    )
+    assert made.returncode == 0, made.stderr
+    ok = ssh(
+        infra,
+        f"srun -A {infra.slurm_account} --container-image={sqsh} "
+        f"--container-mounts={remote_job_dir}/src:/mnt/data --container-workdir=/mnt/data "
+        "bash -c 'echo $FAKE_PYXIS_IMAGE; pwd; cat f'",
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split("\n")[:3] == [sqsh, "/mnt/data", "hi"]
+    Path(f"{remote_job_dir}/not.sqsh").write_text("not squashfs")
+    bad = ssh(infra, f"srun -A {infra.slurm_account} --container-image={remote_job_dir}/not.sqsh true")
+    assert bad.returncode != 0
+    assert "is not a squashfs file" in bad.stderr
+
+
+def test_ci_user_runs_the_project_python_in_a_job(infra: Infra):
+    python = Path(sys.executable)
+    out = ssh(
+        infra,
+        f"cd {REPO} && srun -A {infra.slurm_account} {python} -c 'import ckpteval, paramiko; print(ckpteval.__name__)'",
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ckpteval"
+
+
+def test_jobs_show_in_accounting(infra: Infra):
+    out = ssh(infra, f"sbatch --parsable -A {infra.slurm_account} -o /dev/null --wrap 'srun true'")
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip()
+    deadline = time.monotonic() + 60
+    state = ""
+    while time.monotonic() < deadline and state != "COMPLETED":
+        state = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        time.sleep(0.5)
+    assert state == "COMPLETED"
