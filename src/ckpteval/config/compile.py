@@ -75,6 +75,9 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
         f"task '{n}' is not in the config's task list; -t added it with the global settings"
         for n in composed.added_tasks
     ]
+    notes.extend(
+        f"run.model {a.ref.qualified} -> {a.path} (W&B artifact {a.version}, {a.rule})" for a in composed.artifacts
+    )
     notes.extend(_settle_backend(data))
     _check_deployment_keys(data)
     config = from_mapping(EvalConfig, data, where="config")
