@@ -197,6 +197,20 @@ def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Pa
         )
     _check_tasks(config, tasks)
     _check_deployment(config, cwd=cwd)
+    _check_export(config)
+
+
+def _check_export(config: EvalConfig) -> None:
+    """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
+    import os
+
+    wandb = config.export.wandb
+    if wandb.enabled and not wandb.project and not os.environ.get("WANDB_PROJECT"):
+        raise ConfigError(
+            "export.wandb is enabled but no W&B project is set.",
+            hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
+            "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
+        )
 
 
 def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
