@@ -19,12 +19,12 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     """One task's outcome from its state file and the harness output under `task_dir/output`."""
-    from ckpteval.tasks.results import read_task_result
-
     state_file = task_dir / "state"
     state = state_file.read_text().strip() if state_file.exists() else ""
     done = (task_dir / ".done").exists()
     if done:
+        from ckpteval.tasks.results import read_task_result
+
         try:
             result = read_task_result(task_dir / "output")
         except EvaluationError as exc:
