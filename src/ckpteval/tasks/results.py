@@ -252,9 +252,13 @@ def failure_error(task_output_dir: str | Path, log_path: str | Path) -> Evaluati
     tail = _tail(text)
     tail_hint = f"Last lines of {log}:\n{tail}" if tail else f"No log at {log}."
     for line in reversed(lines):
-        if "ckpteval: no offline copy of dataset" in line:
-            message = line[line.index("ckpteval: ") + len("ckpteval: ") :].strip()
-            return EvaluationError(message[0].upper() + message[1:], hint=tail_hint)
+        if offline_data.MISSING_PREFIX in line:
+            text = line[line.index(offline_data.MISSING_PREFIX) + len("ckpteval: ") :].strip()
+            message, _, how_to = text.partition(offline_data.MISSING_HOW_TO)
+            return EvaluationError(
+                message.strip()[0].upper() + message.strip()[1:],
+                hint=f"{offline_data.MISSING_HOW_TO}{how_to}" if how_to else tail_hint,
+            )
     api_errors = [m.group(1).strip() for line in lines if (m := _API_ERROR.search(line))]
     proxy_errors = [m.group(1).strip() for line in lines if (m := _PROXY_ERROR.search(line))]
     exceptions = [m.group(0).strip() for line in lines if (m := _EXCEPTION.match(line.strip()))]

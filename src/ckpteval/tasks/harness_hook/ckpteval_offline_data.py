@@ -401,14 +401,18 @@ def record(entry: Record) -> None:
         os.replace(tmp, path)
 
 
+MISSING_PREFIX = "ckpteval: no offline copy of dataset"
+MISSING_HOW_TO = "To run it offline:"
+
+
 def missing_message(path: str, name: str | None) -> str:
     """The error for a dataset with no offline copy (shown in the task log and by ckpteval)."""
-    label = f"{path}" + (f" ({name})" if name else "")
+    label = path + (f" ({name})" if name else "")
     folder = path.replace("/", "__") + (f"/{name}" if name else "")
+    call = f"datasets.load_dataset({path!r}" + (f", {name!r}" if name else "") + ")"
     return (
-        f"ckpteval: no offline copy of dataset {label}, and the Hugging Face Hub is not reachable, so this task "
-        "cannot run here (it is never scored on made-up data). Either pre-download the dataset into the HF cache "
-        f"on a machine with access (HF_HOME=..., datasets.load_dataset({path!r}, {name!r})) and run with "
-        f"HF_HOME pointing at it, or save it with DatasetDict.save_to_disk into <dir>/{folder} and set the "
-        "task's dataset_dir (CKPTEVAL_DATASET_DIR) to <dir>."
+        f"{MISSING_PREFIX} {label}, and the Hugging Face Hub is not reachable: this task cannot run here "
+        f"(it is never scored on made-up data). {MISSING_HOW_TO} on a machine with hub access, either run "
+        f"{call} with HF_HOME=<dir> and run the task with HF_HOME=<dir>, or save the dataset with "
+        f"DatasetDict.save_to_disk('<dir>/{folder}') and set the task's dataset_dir to <dir>."
     )

@@ -1,8 +1,8 @@
 """ckpteval's start-up hook for the task client's Python processes (nemo-evaluator, lm-eval).
 
 ckpteval puts this directory first on PYTHONPATH for the task client only. At interpreter start-up it
-installs `ckpteval_hook` when offline data may be needed (CKPTEVAL_OFFLINE_DATA=auto|on, or a local
-dataset copy in CKPTEVAL_DATASET_DIR). Installing imports nothing heavy: the hook acts when the harness
+installs `ckpteval_hook` when it may be needed (CKPTEVAL_OFFLINE_DATA=auto|on, a local dataset copy in
+CKPTEVAL_DATASET_DIR, or CKPTEVAL_SANDBOX_CODE_EVAL=1). Installing imports nothing heavy: the hook acts when the harness
 imports `datasets` or `evaluate`. Then it runs the `sitecustomize` this file shadows (e.g. Debian's), if any.
 """
 
@@ -12,8 +12,11 @@ from __future__ import annotations
 def _install() -> None:
     import os
 
-    if os.environ.get("CKPTEVAL_OFFLINE_DATA", "off").strip().lower() in ("auto", "on") or os.environ.get(
-        "CKPTEVAL_DATASET_DIR"
+    env = os.environ
+    if (
+        env.get("CKPTEVAL_OFFLINE_DATA", "off").strip().lower() in ("auto", "on")
+        or env.get("CKPTEVAL_DATASET_DIR")
+        or env.get("CKPTEVAL_SANDBOX_CODE_EVAL", "").strip().lower() in ("1", "true", "yes", "on")
     ):
         import ckpteval_hook
 
