@@ -46,7 +46,9 @@ def test_command_passes_the_run_config_path_verbatim(fake_env: Path) -> None:
 
 def test_hook_dir_is_prepended_to_the_existing_pythonpath(fake_env: Path) -> None:
     command = client_command("/r.yml", executable=str(fake_env / "nemo-evaluator"), hook_dir="/hooks/a b")
-    assert run(command, {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/image/site"})["pythonpath"] == "/hooks/a b:/image/site"
+    assert (
+        run(command, {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/image/site"})["pythonpath"] == "/hooks/a b:/image/site"
+    )
     assert run(command, {"PATH": "/usr/bin:/bin"})["pythonpath"] == "/hooks/a b"
 
 

@@ -250,7 +250,12 @@ print(ckpteval_hook.offline_active(), os.environ["CKPTEVAL_OFFLINE_DATA"])
 
 def test_auto_mode_stays_inactive_when_the_hub_answers(tmp_path: Path, reachable_hub: str) -> None:
     done = run_hooked(
-        DECIDE, tmp_path, CKPTEVAL_OFFLINE_DATA="auto", HF_HUB_OFFLINE="", HF_DATASETS_OFFLINE="", HF_ENDPOINT=reachable_hub
+        DECIDE,
+        tmp_path,
+        CKPTEVAL_OFFLINE_DATA="auto",
+        HF_HUB_OFFLINE="",
+        HF_DATASETS_OFFLINE="",
+        HF_ENDPOINT=reachable_hub,
     )
     assert done.stdout.split() == ["False", "off"], done.stderr  # decided once, inherited by child processes
 
@@ -258,7 +263,9 @@ def test_auto_mode_stays_inactive_when_the_hub_answers(tmp_path: Path, reachable
 def test_auto_mode_detects_an_unreachable_hub_quickly(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{_free_port()}"
     code = "import time; t = time.time()\n" + DECIDE + "print(time.time() - t)"
-    done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="auto", HF_HUB_OFFLINE="", HF_DATASETS_OFFLINE="", HF_ENDPOINT=dead)
+    done = run_hooked(
+        code, tmp_path, CKPTEVAL_OFFLINE_DATA="auto", HF_HUB_OFFLINE="", HF_DATASETS_OFFLINE="", HF_ENDPOINT=dead
+    )
     lines = done.stdout.split()
     assert lines[:2] == ["True", "on"], done.stderr
     assert float(lines[2]) < 3.5
@@ -278,7 +285,9 @@ def test_code_eval_is_replaced_by_the_sandboxed_one(tmp_path: Path) -> None:
     assert offline.stdout.split() == ["SandboxedCodeEval", "hub:exact_match"], offline.stderr
     online = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", PYTHONPATH=pythonpath)
     assert online.stdout.split() == ["str", "hub:exact_match"], online.stderr  # the hub metric, untouched
-    forced = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", CKPTEVAL_SANDBOX_CODE_EVAL="1", PYTHONPATH=pythonpath)
+    forced = run_hooked(
+        code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", CKPTEVAL_SANDBOX_CODE_EVAL="1", PYTHONPATH=pythonpath
+    )
     assert forced.stdout.split()[0] == "SandboxedCodeEval"
 
 

@@ -18,7 +18,11 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("mmlu_offline", Progress(57, 57)), ("hellaswag_offline", Progress(20, 20)), ("humaneval_offline", Progress(5, 5))],
+    [
+        ("mmlu_offline", Progress(57, 57)),
+        ("hellaswag_offline", Progress(20, 20)),
+        ("humaneval_offline", Progress(5, 5)),
+    ],
 )
 def test_finished_real_runs(name: str, expected: Progress) -> None:
     assert read_progress(GOLDEN / name / "artifacts") == expected

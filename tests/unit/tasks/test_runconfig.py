@@ -106,7 +106,9 @@ def test_default_adapter_chain_caches_tracks_progress_and_caps_logging() -> None
     assert chain["request_logging"]["max_requests"] == 2 and chain["response_logging"]["max_responses"] == 2
     progress = chain["progress_tracking"]
     assert progress["output_dir"] == "/out/artifacts" and progress["progress_tracking_interval_seconds"] == 0.5
-    assert progress["progress_tracking_url"] == "http://127.0.0.1:8000/v1/health" and progress["request_method"] == "GET"
+    assert (
+        progress["progress_tracking_url"] == "http://127.0.0.1:8000/v1/health" and progress["request_method"] == "GET"
+    )
 
 
 def test_nemo_evaluator_builds_the_interceptors_we_configure() -> None:
@@ -137,7 +139,9 @@ def test_user_adapter_chain_replaces_ours_and_other_keys_merge() -> None:
     )
     assert rc["target"]["api_endpoint"]["adapter_config"] == own_chain
     legacy = {"use_reasoning": True}
-    rc = build_run_config(spec, {"target": {"api_endpoint": {"adapter_config": legacy}}}, endpoint=ENDPOINT, output_dir="/o")
+    rc = build_run_config(
+        spec, {"target": {"api_endpoint": {"adapter_config": legacy}}}, endpoint=ENDPOINT, output_dir="/o"
+    )
     assert rc["target"]["api_endpoint"]["adapter_config"] == legacy
     rc = build_run_config(
         spec,
