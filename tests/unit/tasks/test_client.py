@@ -15,7 +15,7 @@ from ckpteval.tasks.client import client_command, client_env, hook_dir
 FAKE = """#!/usr/bin/env python3
 import json, os, shutil, sys
 print(json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH"),
-                  "lm_eval": shutil.which("lm-eval")}))
+                  "lm_eval": shutil.which("lm-eval"), "adapter_port": os.environ.get("ADAPTER_PORT")}))
 """
 
 
@@ -52,9 +52,17 @@ def test_hook_dir_is_prepended_to_the_existing_pythonpath(fake_env: Path) -> Non
     assert run(command, {"PATH": "/usr/bin:/bin"})["pythonpath"] == "/hooks/a b"
 
 
+def test_each_client_gets_its_own_proxy_port(fake_env: Path) -> None:
+    command = client_command("/r.yml", executable=str(fake_env / "nemo-evaluator"))
+    ports = {run(command, {"PATH": "/usr/bin:/bin"})["adapter_port"] for _ in range(5)}
+    assert len(ports) == 5 and all(1024 < int(str(p)) < 65536 for p in ports)
+    # an explicit choice is respected
+    assert run(command, {"PATH": "/usr/bin:/bin", "ADAPTER_PORT": "4000"})["adapter_port"] == "4000"
+
+
 def test_bare_executable_is_looked_up_on_path(fake_env: Path) -> None:
     command = client_command("/r.yml")
-    assert command == "nemo-evaluator run_eval --run_config /r.yml"
+    assert command.endswith(" nemo-evaluator run_eval --run_config /r.yml")
     assert run(command, {"PATH": f"{fake_env}:/usr/bin:/bin"})["argv"] == ["run_eval", "--run_config", "/r.yml"]
 
 
