@@ -16,9 +16,7 @@ from typing import Literal
 OfflineMode = Literal["auto", "on", "off"]
 
 HOOK_DIR = Path(__file__).resolve().parent / "harness_hook"
-_FREE_PORT = (
-    "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'"
-)
+_FREE_PORT = "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'"
 
 
 def hook_dir() -> str:

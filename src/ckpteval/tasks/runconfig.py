@@ -194,6 +194,17 @@ def build_run_config(
     return run_config
 
 
+def harness_command(run_config: dict[str, Any]) -> str:
+    """The harness command line nemo-evaluator will run for `run_config` (its own rendering; for previews).
+
+    Imports nemo-evaluator (about 3 s). The URL in it is the endpoint's: at run time nemo-evaluator swaps
+    in its interceptor proxy's address.
+    """
+    from nemo_evaluator.core.input import validate_configuration
+
+    return str(validate_configuration(copy.deepcopy(run_config)).render_command()).strip()
+
+
 def write_run_config(run_config: dict[str, Any], path: str | Path) -> Path:
     """Write `run_config` as YAML to `path` (a temporary file renamed into place; never half-written)."""
     import yaml

@@ -42,14 +42,16 @@ def start_task(
     params: dict[str, Any],
     model_id: str = "megatron-model",
     offline_data: str = "auto",
+    adapter_config: dict[str, Any] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Write the run config and start the client exactly as the job script does (bash, env, log)."""
     paths = TaskPaths(task_dir)
     spec = load_catalog().get(task)
     endpoint = EndpointSpec(url=url, model_id=model_id, type="completions")
-    run_config = build_run_config(
-        spec, {"config": {"params": params}}, endpoint=endpoint, output_dir=str(paths.output_dir)
-    )
+    user: dict[str, Any] = {"config": {"params": params}}
+    if adapter_config is not None:
+        user["target"] = {"api_endpoint": {"adapter_config": adapter_config}}
+    run_config = build_run_config(spec, user, endpoint=endpoint, output_dir=str(paths.output_dir))
     write_run_config(run_config, paths.run_config)
     command = client_command(str(paths.run_config), executable=NEMO_EVALUATOR, hook_dir=hook_dir())
     env = {

@@ -19,6 +19,7 @@ from ckpteval.tasks.runconfig import (
     TaskPaths,
     build_run_config,
     default_adapter_config,
+    harness_command,
     write_run_config,
 )
 
@@ -42,9 +43,7 @@ def launcher_config_ef(task: str, user: dict[str, Any], output_dir: str) -> dict
 
 def rendered_command(run_config: dict[str, Any]) -> str:
     """The harness command line nemo-evaluator renders (its own code, in-process)."""
-    from nemo_evaluator.core.input import validate_configuration
-
-    return str(validate_configuration(copy.deepcopy(run_config)).render_command())
+    return harness_command(run_config)
 
 
 @pytest.mark.parametrize("task", ["adlr_mmlu", "hellaswag", "gsm8k", "adlr_humaneval_greedy", "piqa"])
