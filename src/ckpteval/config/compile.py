@@ -143,6 +143,22 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _drop_unset_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Remove params left null: null means "the task's own default" (the catalog's, e.g. hellaswag's
+    temperature), so a global `temperature: null` must not override it."""
+
+    def prune(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: prune(v) for k, v in node.items() if v is not None}
+        return node
+
+    params = (cfg.get("config") or {}).get("params")
+    if isinstance(params, dict):
+        cfg = copy.deepcopy(cfg)
+        cfg["config"]["params"] = prune(params)
+    return cfg
+
+
 def _dir_name(name: str, taken: set[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     candidate, n = base, 1
@@ -161,7 +177,7 @@ def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) ->
     out = []
     for index, (task, raw) in enumerate(zip(config.evaluation.tasks, raw_tasks, strict=True)):
         spec = catalog.get(task.name)
-        merged = deep_merge(global_cfg, raw.get("nemo_evaluator_config") or {})
+        merged = _drop_unset_params(deep_merge(global_cfg, raw.get("nemo_evaluator_config") or {}))
         # validate the merged shape too (a task-level typo is caught with its path)
         from_mapping(
             NemoEvaluatorConfig, merged, where="config", path=f"evaluation.tasks[{index}].nemo_evaluator_config"

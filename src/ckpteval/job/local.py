@@ -94,7 +94,7 @@ class LocalLaunch:
         from ckpteval.results.collect import collect_results
         from ckpteval.results.store import write_results
         from ckpteval.results.table import print_table
-        from ckpteval.tasks.results import progress_reader
+        from ckpteval.tasks.progress import progress_reader
 
         self.save(record)
         (self.job_dir / "logs").mkdir(exist_ok=True)

@@ -115,3 +115,41 @@ def read_progress(task_output_dir: str | Path) -> Progress:
     if total is not None:
         done = min(done, total)  # a request answered after the client timed out is counted twice
     return Progress(done=done, total=total)
+
+
+def progress_from_texts(progress: str | None, offline_report: str | None, run_config: str | None) -> Progress:
+    """`read_progress` from file contents (a job followed over SSH has texts, not paths)."""
+    import yaml
+
+    try:
+        done = int((progress or "").strip() or 0)
+    except ValueError:
+        done = 0
+    offline: bool | None
+    if offline_report is not None:
+        try:
+            records = json.loads(offline_report).get("datasets", [])
+        except ValueError:
+            records = []
+        offline = any(isinstance(r, dict) and r.get("served_from") == "package" for r in records)
+    else:
+        offline = False if progress is not None else None
+    total = None
+    if offline is not None and run_config:
+        try:
+            params = ((yaml.safe_load(run_config) or {}).get("config") or {}).get("params") or {}
+        except yaml.YAMLError:
+            params = {}
+        total = expected_requests(params, offline=offline)
+    if total is not None:
+        done = min(done, total)
+    return Progress(done=done, total=total)
+
+
+def progress_reader(view: Any, task_dir: str) -> tuple[int, int | None]:
+    """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote)."""
+    out = f"{task_dir}/output"
+    p = progress_from_texts(view.read_text(f"{out}/{PROGRESS_FILE}"),
+                            view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
+                            view.read_text(f"{out}/run_config.yml"))
+    return p.done, p.total
