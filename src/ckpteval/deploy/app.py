@@ -40,12 +40,22 @@ Handler = Callable[[Any], Awaitable[Any]]
 class OpenAIServer:
     """The request handlers, bound to one scheduler and tokenizer."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer: ServedTokenizer, *, served_model_name: str, max_context: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tokenizer: ServedTokenizer,
+        *,
+        served_model_name: str,
+        max_context: int,
+        vocab_size: int,
+    ) -> None:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.model_name = served_model_name
         self.max_context = max_context
-        self.parser = RequestParser(tokenizer, served_model_name=served_model_name, max_context=max_context, vocab_size=vocab_size)
+        self.parser = RequestParser(
+            tokenizer, served_model_name=served_model_name, max_context=max_context, vocab_size=vocab_size
+        )
         self.created = int(time.time())
 
     def _score(self, tokens: list[int], top_k: int) -> asyncio.Future[ScoredRow]:
@@ -68,7 +78,7 @@ class OpenAIServer:
         choices: list[CompletionChoice]
         if request.is_scoring:
             scored = await asyncio.gather(*(self._score(p, top_k) for p in prompts))
-            choices = [scoring_choice(request, i, s, self.tokenizer) for i, s in zip(indices, scored)]
+            choices = [scoring_choice(request, i, s, self.tokenizer) for i, s in zip(indices, scored, strict=True)]
         else:
             generations = asyncio.gather(*(self._generate(p, request.params) for p in prompts))
             wants_scores = request.echo and request.logprobs is not None
@@ -76,7 +86,8 @@ class OpenAIServer:
             generated = await generations
             prompt_scores = await scores if scores is not None else [None] * len(prompts)
             choices = [
-                generation_choice(request, i, g, s, self.tokenizer) for i, g, s in zip(indices, generated, prompt_scores)
+                generation_choice(request, i, g, s, self.tokenizer)
+                for i, g, s in zip(indices, generated, prompt_scores, strict=True)
             ]
         return completion_response(self.model_name, choices, n=request.n)
 
@@ -89,7 +100,13 @@ class OpenAIServer:
         return {
             "object": "list",
             "data": [
-                {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "ckpteval", "max_model_len": self.max_context}
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "ckpteval",
+                    "max_model_len": self.max_context,
+                }
             ],
         }
 
@@ -161,7 +178,13 @@ class AsgiApp:
             return
         status, payload = await self._handle(scope, receive)
         data = orjson.dumps(payload)
-        await send({"type": "http.response.start", "status": status, "headers": [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     async def _handle(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
@@ -185,7 +208,7 @@ class AsgiApp:
             return exc.status, exc.body()
         except _Disconnected:
             return 499, {}
-        except Exception as exc:  # noqa: BLE001 - the HTTP boundary: report it, keep serving
+        except Exception as exc:
             log.exception("request to %s failed", scope["path"])
             return 500, ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error").body()
 

@@ -97,7 +97,9 @@ class ModelArchitecture:
         if ffn is None:  # Megatron-LM's own default (validate_args)
             ffn = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden
         groups = get("num_query_groups") if get("group_query_attention", False) else None
-        position = get("position_embedding_type") or ("rope" if get("use_rotary_position_embeddings") else "learned_absolute")
+        position = get("position_embedding_type") or (
+            "rope" if get("use_rotary_position_embeddings") else "learned_absolute"
+        )
         if position not in _POSITION_TYPES:
             raise DeploymentError(
                 f"{where}: position_embedding_type={position!r} is not supported by the builtin server "
@@ -118,7 +120,7 @@ class ModelArchitecture:
             ffn_hidden_size=int(ffn),
             kv_channels=int(get("kv_channels") or hidden // heads),
             num_query_groups=int(groups or heads),
-            padded_vocab_size=int(vocab),
+            padded_vocab_size=int(vocab),  # type: ignore[arg-type]  # checked above
             max_position_embeddings=int(max_pos),
             position_embedding_type=position,
             rotary_base=float(get("rotary_base", 10000) or 10000),

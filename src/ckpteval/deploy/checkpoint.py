@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
-from ckpteval.deploy.layout import COMMON_STATE_FILE, TOKENIZER_DIR, CheckpointLayout, is_tokenizer_dir, locate_checkpoint
+from ckpteval.deploy.layout import (
+    COMMON_STATE_FILE,
+    TOKENIZER_DIR,
+    CheckpointLayout,
+    is_tokenizer_dir,
+    locate_checkpoint,
+)
 from ckpteval.errors import DeploymentError
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
@@ -118,6 +124,6 @@ def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | 
     raise DeploymentError(
         f"The checkpoint has no tokenizer: {layout.root / TOKENIZER_DIR} is missing"
         + (f" and its tokenizer_model {model!r} is not a local directory." if model else "."),
-        hint=f"Save the model's Hugging Face tokenizer there (tokenizer.save_pretrained('{layout.root / TOKENIZER_DIR}')) "
-        "or pass --tokenizer DIR.",
+        hint="Save the model's Hugging Face tokenizer there "
+        f"(tokenizer.save_pretrained('{layout.root / TOKENIZER_DIR}')) or pass --tokenizer DIR.",
     )

@@ -54,7 +54,7 @@ def apply_cpu_patches() -> None:
     # Row 2: RoPE, the attention score buffer and KV-cache allocation ask for the current CUDA device.
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     # Row 3: the torch_dist writer synchronises the device before copying tensors to write.
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *a, **k: None
     # Row 5: megatron's text-generation controller moves tensors with `.cuda()`; on a CPU-only
     # machine that call could only fail, so keeping the tensor where it is changes nothing else.
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]

@@ -189,7 +189,9 @@ class GenerationBatch:
             start, width = ctx.sequence_len_offset, self.next_input.shape[1]
             keys = self.key_padding[:, None, None, : start + width]
             mask = keys | runner.causal_mask(width) if start == 0 else keys
-            positions = (torch.arange(start, start + width, device=runner.device)[None, :] - self.pads[:, None]).clamp_(min=0)
+            positions = (torch.arange(start, start + width, device=runner.device)[None, :] - self.pads[:, None]).clamp_(
+                min=0
+            )
             logits = runner.model(
                 input_ids=self.next_input,
                 position_ids=positions,
@@ -207,12 +209,12 @@ class GenerationBatch:
 
             finished: dict[int, Generation] = {}
             keep: list[int] = []
-            for slot, (row, token) in enumerate(zip(self.rows, token_list)):
+            for slot, (row, token) in enumerate(zip(self.rows, token_list, strict=True)):
                 if logprobs is not None and want_logprobs[slot]:
                     k = max(1, row.params.logprobs or 0)
                     values, ids = logprobs[slot].topk(k)
                     row.logprobs.append(float(logprobs[slot, token]))
-                    row.top.append(list(zip(ids.tolist(), values.tolist())))
+                    row.top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
                 result = self._advance(row, token, full=start + width >= self.capacity)
                 if result is None:
                     keep.append(slot)

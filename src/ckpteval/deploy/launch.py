@@ -94,8 +94,10 @@ def wait_until_healthy(
             last_problem = str(getattr(exc, "reason", exc))
         if time.monotonic() >= deadline:
             raise DeploymentError(
-                f"The model server at {target} was not healthy after {timeout:.0f} s ({last_problem})." + _log_tail(log_path),
-                hint="Loading a large checkpoint can take long: raise the deployment's health timeout, or read the server log.",
+                f"The model server at {target} was not healthy after {timeout:.0f} s ({last_problem})."
+                + _log_tail(log_path),
+                hint="Loading a large checkpoint can take long: raise the deployment's health timeout, "
+                "or read the server log.",
             )
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 1.5, 2.0)

@@ -88,7 +88,9 @@ def locate_checkpoint(path: str | Path) -> CheckpointLayout:
 def _read_tracker(root: Path) -> int | None:
     tracker = root / TRACKER_FILE
     if not tracker.is_file():
-        found = sorted(p.name for p in root.iterdir() if p.is_dir() and (_ITER_DIR.match(p.name) or p.name == "release"))
+        found = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and (_ITER_DIR.match(p.name) or p.name == "release")
+        )
         hint = (
             f"It has {', '.join(found[-3:])}: pass one of those directories instead."
             if found
@@ -101,9 +103,7 @@ def _read_tracker(root: Path) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise DeploymentError(
-            f"{tracker} should hold an iteration number or 'release', not {text[:40]!r}."
-        ) from None
+        raise DeploymentError(f"{tracker} should hold an iteration number or 'release', not {text[:40]!r}.") from None
 
 
 def _check_torch_dist(iter_dir: Path) -> None:

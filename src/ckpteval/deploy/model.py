@@ -70,11 +70,13 @@ def build_gpt_model(
     )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=arch.qk_layernorm, normalization=arch.normalization),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
+        ),
         vocab_size=arch.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
-        position_embedding_type=arch.position_embedding_type,  # type: ignore[arg-type]
+        position_embedding_type=arch.position_embedding_type,
         rotary_percent=arch.rotary_percent,
         rotary_base=int(arch.rotary_base),
         rope_scaling=arch.use_rope_scaling,
@@ -127,7 +129,7 @@ def load_weights(model: GPTModel, iter_dir: Path) -> None:
         str(iter_dir),
         strict=StrictHandling.ASSUME_OK_UNEXPECTED,  # optimizer and rng state are not needed to serve
     )
-    result = model.load_state_dict(loaded["model"], strict=False)
+    result = model.load_state_dict(loaded["model"], strict=True)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
         raise DeploymentError(f"{iter_dir} did not provide {', '.join(missing[:5])}.")

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
 from ckpteval.deploy.layout import TOKENIZER_DIR
@@ -127,7 +128,7 @@ def architecture_from_llama_config(config: Any) -> ModelArchitecture:
         padded_vocab_size=config.vocab_size,
         max_position_embeddings=config.max_position_embeddings,
         position_embedding_type="rope",
-        rotary_base=float(rope_theta),
+        rotary_base=float(rope_theta or 10000.0),
         normalization="RMSNorm",
         norm_epsilon=float(config.rms_norm_eps),
         swiglu=True,
@@ -204,7 +205,7 @@ def _build_smollm2(out_dir: Path) -> None:
     arch = architecture_from_llama_config(hf_model.config)
     init_runtime("cpu")
     model = build_gpt_model(arch)
-    result = model.load_state_dict(llama_to_megatron(hf_model.state_dict(), arch), strict=False)
+    result = model.load_state_dict(llama_to_megatron(hf_model.state_dict(), arch), strict=True)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing or result.unexpected_keys:
         raise DeploymentError(f"SmolLM2 conversion left weights unmapped: {missing[:3] + result.unexpected_keys[:3]}")
@@ -219,6 +220,8 @@ def _build_smollm2(out_dir: Path) -> None:
     del hf_model
 
     tokenizer.save_pretrained(str(out_dir / TOKENIZER_DIR))
-    args = arch.to_args(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=SMOLLM2_HUB_ID, vocab_size=len(tokenizer))
+    args = arch.to_args(
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model=SMOLLM2_HUB_ID, vocab_size=len(tokenizer)
+    )
     save_checkpoint(model, out_dir, args=args, extra_common={"ckpteval": {"source": source_of("smollm2")}})
     _log("smollm2: checkpoint written")

@@ -65,7 +65,9 @@ def _int(body: dict[str, Any], name: str, default: int | None, *, low: int, high
     return value
 
 
-def _float(body: dict[str, Any], name: str, default: float, *, low: float, high: float, low_open: bool = False) -> float:
+def _float(
+    body: dict[str, Any], name: str, default: float, *, low: float, high: float, low_open: bool = False
+) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -113,7 +115,13 @@ class CompletionRequest:
     def is_scoring(self) -> bool:
         """echo + logprobs with at most one greedy token: one scoring forward answers it."""
         p = self.params
-        return self.echo and self.logprobs is not None and p.max_tokens <= 1 and not p.stop and (p.temperature == 0 or p.max_tokens == 0)
+        return (
+            self.echo
+            and self.logprobs is not None
+            and p.max_tokens <= 1
+            and not p.stop
+            and (p.temperature == 0 or p.max_tokens == 0)
+        )
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,9 @@ class ChatRequest:
 class RequestParser:
     """Validates request bodies against the served model (name, vocabulary, context length)."""
 
-    def __init__(self, tokenizer: ServedTokenizer, *, served_model_name: str, max_context: int, vocab_size: int) -> None:
+    def __init__(
+        self, tokenizer: ServedTokenizer, *, served_model_name: str, max_context: int, vocab_size: int
+    ) -> None:
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
         self.max_context = max_context
@@ -145,9 +155,16 @@ class RequestParser:
                 code="model_not_found",
             )
 
-    def _common(self, body: dict[str, Any], *, default_max_tokens: int | None, longest_prompt: int, max_tokens_field: str = "max_tokens") -> SamplingParams:
+    def _common(
+        self,
+        body: dict[str, Any],
+        *,
+        default_max_tokens: int | None,
+        longest_prompt: int,
+        max_tokens_field: str = "max_tokens",
+    ) -> SamplingParams:
         if _bool(body, "stream", False):
-            raise _bad("Streaming is not supported by this server; send \"stream\": false.", "stream")
+            raise _bad('Streaming is not supported by this server; send "stream": false.', "stream")
         room = self.max_context - longest_prompt
         max_tokens = _int(body, max_tokens_field, None, low=0, high=self.max_context)
         if max_tokens is None:
@@ -190,10 +207,17 @@ class RequestParser:
         else:
             logprobs = _int(body, "logprobs", None, low=0, high=MAX_LOGPROBS)
         echo = _bool(body, "echo", False)
-        params = self._common(body, default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS, longest_prompt=max(map(len, prompts)))
+        params = self._common(
+            body, default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS, longest_prompt=max(map(len, prompts))
+        )
         params = SamplingParams(**{**params.__dict__, "logprobs": logprobs})
         request = CompletionRequest(
-            prompts=prompts, prompt_texts=texts, echo=echo, logprobs=logprobs, n=_int(body, "n", 1, low=1, high=MAX_N) or 1, params=params
+            prompts=prompts,
+            prompt_texts=texts,
+            echo=echo,
+            logprobs=logprobs,
+            n=_int(body, "n", 1, low=1, high=MAX_N) or 1,
+            params=params,
         )
         for prompt in prompts:
             self._check_length(len(prompt), params.max_tokens, scoring=request.is_scoring, param="prompt")
@@ -207,7 +231,9 @@ class RequestParser:
         elif isinstance(raw, list) and raw:
             items = raw
         else:
-            raise _bad("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt")
+            raise _bad(
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt"
+            )
         prompts, texts = [], []
         for item in items:
             if isinstance(item, str):
@@ -234,16 +260,20 @@ class RequestParser:
             raise _bad("The served checkpoint's tokenizer has no chat template; use /v1/completions.", "messages")
         try:
             text = self.tokenizer.render_chat(conversation)
-        except Exception as exc:  # noqa: BLE001 - jinja raises many types for a template that rejects input
+        except Exception as exc:
             raise _bad(f"The chat template rejected the messages: {exc}", "messages") from None
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        params = self._common(body, default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, longest_prompt=len(prompt), max_tokens_field=field)
+        params = self._common(
+            body, default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, longest_prompt=len(prompt), max_tokens_field=field
+        )
         logprobs = _bool(body, "logprobs", False)
         top = _int(body, "top_logprobs", 0, low=0, high=MAX_LOGPROBS) or 0
         params = SamplingParams(**{**params.__dict__, "logprobs": top if logprobs else None})
         self._check_length(len(prompt), params.max_tokens, scoring=False, param="messages")
-        return ChatRequest(prompt=prompt, n=_int(body, "n", 1, low=1, high=MAX_N) or 1, logprobs=logprobs, params=params)
+        return ChatRequest(
+            prompt=prompt, n=_int(body, "n", 1, low=1, high=MAX_N) or 1, logprobs=logprobs, params=params
+        )
 
     @staticmethod
     def _message(message: Any, index: int) -> dict[str, str]:
@@ -254,7 +284,9 @@ class RequestParser:
         if content is None:
             content = ""
         elif isinstance(content, list):  # OpenAI content parts: keep the text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise _bad(f"{where}.content may only hold text parts.", "messages")
             content = "".join(p["text"] for p in content)
         elif not isinstance(content, str):
@@ -275,7 +307,9 @@ def _offsets(pieces: list[str], start: int) -> list[int]:
     return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
 
 
-def scoring_choice(request: CompletionRequest, index: int, scored: ScoredRow, tokenizer: ServedTokenizer) -> CompletionChoice:
+def scoring_choice(
+    request: CompletionRequest, index: int, scored: ScoredRow, tokenizer: ServedTokenizer
+) -> CompletionChoice:
     """The choice for an echo + logprobs request answered by one scoring forward.
 
     With max_tokens=1 the greedy next token is appended (lm-eval drops that last entry).
@@ -286,7 +320,10 @@ def scoring_choice(request: CompletionRequest, index: int, scored: ScoredRow, to
     tokens = [pieces[t] for t in prompt]
     token_logprobs: list[float | None] = [None, *scored.token_logprobs]
     top: list[dict[str, float] | None] = [None]
-    top.extend({pieces[t]: v for t, v in zip(ids, values)} for ids, values in zip(scored.top_ids[:-1], scored.top_logprobs[:-1]))
+    top.extend(
+        {pieces[t]: v for t, v in zip(ids, values, strict=True)}
+        for ids, values in zip(scored.top_ids[:-1], scored.top_logprobs[:-1], strict=True)
+    )
     text = request.prompt_texts[prompt_index]
     finish = "length"
     generated = 0
@@ -294,13 +331,18 @@ def scoring_choice(request: CompletionRequest, index: int, scored: ScoredRow, to
         token, value = scored.top_ids[-1][0], scored.top_logprobs[-1][0]
         tokens.append(pieces[token])
         token_logprobs.append(value)
-        top.append({pieces[t]: v for t, v in zip(scored.top_ids[-1], scored.top_logprobs[-1])})
+        top.append({pieces[t]: v for t, v in zip(scored.top_ids[-1], scored.top_logprobs[-1], strict=True)})
         generated = 1
         if token in tokenizer.stop_token_ids:
             finish = "stop"
         else:
             text += tokenizer.decode([token])
-    logprobs = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": _offsets(tokens, 0)}
+    logprobs = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": _offsets(tokens, 0),
+    }
     body = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     return CompletionChoice(body, len(prompt), generated)
 
@@ -327,14 +369,24 @@ def generation_choice(
             token_logprobs = [None, *prompt_scores.token_logprobs]
             top = [None]
             top.extend(
-                {pieces[t]: v for t, v in zip(ids, values)}
-                for ids, values in zip(prompt_scores.top_ids[:-1], prompt_scores.top_logprobs[:-1])
+                {pieces[t]: v for t, v in zip(ids, values, strict=True)}
+                for ids, values in zip(prompt_scores.top_ids[:-1], prompt_scores.top_logprobs[:-1], strict=True)
             )
         tokens.extend(pieces[t] for t in generation.token_ids)
         token_logprobs.extend(generation.token_logprobs or [])
         top.extend({pieces[t]: v for t, v in alternatives} for alternatives in (generation.top or []))
-        logprobs = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": _offsets(tokens, 0)}
-    body = {"index": index, "text": prefix + generation.text, "logprobs": logprobs, "finish_reason": generation.finish_reason}
+        logprobs = {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": _offsets(tokens, 0),
+        }
+    body = {
+        "index": index,
+        "text": prefix + generation.text,
+        "logprobs": logprobs,
+        "finish_reason": generation.finish_reason,
+    }
     return CompletionChoice(body, len(prompt), generation.num_generated)
 
 
@@ -348,28 +400,37 @@ def completion_response(model: str, choices: list[CompletionChoice], *, n: int) 
         "created": int(time.time()),
         "model": model,
         "choices": [c.body for c in choices],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
 def _chat_logprobs(generation: Generation, tokenizer: ServedTokenizer, top_n: int) -> dict[str, Any]:
     pieces = tokenizer.pieces
     content = []
-    for token, value, alternatives in zip(generation.token_ids, generation.token_logprobs or [], generation.top or []):
+    for token, value, alternatives in zip(
+        generation.token_ids, generation.token_logprobs or [], generation.top or [], strict=True
+    ):
         content.append(
             {
                 "token": pieces[token],
                 "logprob": value,
                 "bytes": list(pieces[token].encode()),
                 "top_logprobs": [
-                    {"token": pieces[t], "logprob": v, "bytes": list(pieces[t].encode())} for t, v in alternatives[:top_n]
+                    {"token": pieces[t], "logprob": v, "bytes": list(pieces[t].encode())}
+                    for t, v in alternatives[:top_n]
                 ],
             }
         )
     return {"content": content}
 
 
-def chat_response(model: str, request: ChatRequest, generations: list[Generation], tokenizer: ServedTokenizer) -> dict[str, Any]:
+def chat_response(
+    model: str, request: ChatRequest, generations: list[Generation], tokenizer: ServedTokenizer
+) -> dict[str, Any]:
     """The /v1/chat/completions response body."""
     choices = []
     for i, generation in enumerate(generations):
@@ -389,5 +450,9 @@ def chat_response(model: str, request: ChatRequest, generations: list[Generation
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": len(request.prompt), "completion_tokens": completion_tokens, "total_tokens": len(request.prompt) + completion_tokens},
+        "usage": {
+            "prompt_tokens": len(request.prompt),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(request.prompt) + completion_tokens,
+        },
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ckpteval.errors import DeploymentError
 
@@ -55,7 +55,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def resolve_device(choice: str) -> str:
-    """"auto" -> "cuda:0" when a GPU is visible, else "cpu"; "cuda" without a GPU is an error."""
+    """ "auto" -> "cuda:0" when a GPU is visible, else "cpu"; "cuda" without a GPU is an error."""
     import torch
 
     if choice == "auto":
@@ -121,7 +121,7 @@ def shutdown_runtime() -> None:
         dist.destroy_process_group()
 
 
-def torch_dtype(name: str):  # type: ignore[no-untyped-def]
+def torch_dtype(name: str) -> Any:
     """The torch dtype object for a dtype name."""
     import torch
 

@@ -108,7 +108,10 @@ class Scheduler:
 
     def submit(self, job: ScoreJob | GenerateJob) -> None:
         with self._cond:
-            (self._scores if isinstance(job, ScoreJob) else self._generations).append(job)
+            if isinstance(job, ScoreJob):
+                self._scores.append(job)
+            else:
+                self._generations.append(job)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -123,7 +126,9 @@ class Scheduler:
             if self._scores:
                 self._run_scores()
             if batch is None and self._generations:
-                jobs = self._take(self._generations, self._generation_gather, tokens=lambda j: len(j.prompt) + j.params.max_tokens)
+                jobs = self._take(
+                    self._generations, self._generation_gather, tokens=lambda j: len(j.prompt) + j.params.max_tokens
+                )
                 batch = self._start_generation(jobs)
             if batch is not None:
                 batch = self._step_generation(batch, jobs)
@@ -155,7 +160,7 @@ class Scheduler:
         started = time.perf_counter()
         try:
             rows = self.runner.score([j.tokens for j in jobs], top_k=max(j.top_k for j in jobs))
-        except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the server
+        except Exception as exc:
             for job in jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
             return
@@ -164,9 +169,13 @@ class Scheduler:
         self.stats.score_forwards += 1
         self.stats.score_rows += len(jobs)
         self.stats.max_score_batch = max(self.stats.max_score_batch, len(jobs))
-        for job, row in zip(jobs, rows):
+        for job, row in zip(jobs, rows, strict=True):
             if job.top_k < len(row.top_ids[0]):  # trim to what this request asked for
-                row = ScoredRow(row.token_logprobs, [t[: job.top_k] for t in row.top_ids], [t[: job.top_k] for t in row.top_logprobs])
+                row = ScoredRow(
+                    row.token_logprobs,
+                    [t[: job.top_k] for t in row.top_ids],
+                    [t[: job.top_k] for t in row.top_logprobs],
+                )
             job.loop.call_soon_threadsafe(_deliver, job.future, row, None)
 
     def _start_generation(self, jobs: list[GenerateJob]) -> GenerationBatch | None:
@@ -175,7 +184,7 @@ class Scheduler:
         self._generation_started = time.perf_counter()
         try:
             batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs])
-        except Exception as exc:  # noqa: BLE001 - see _run_scores
+        except Exception as exc:
             for job in jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
             return None
@@ -187,7 +196,7 @@ class Scheduler:
     def _step_generation(self, batch: GenerationBatch, jobs: list[GenerateJob]) -> GenerationBatch | None:
         try:
             finished = batch.step()
-        except Exception as exc:  # noqa: BLE001 - see _run_scores
+        except Exception as exc:
             for job in jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
             return None
@@ -200,7 +209,9 @@ class Scheduler:
             self._generation_gather.last_size = len(jobs)
             # the gather window scales with one step, not the whole batch: steps are what a late
             # request would wait behind
-            self._generation_gather.last_seconds = (time.perf_counter() - self._generation_started) / max(1, batch.steps)
+            self._generation_gather.last_seconds = (time.perf_counter() - self._generation_started) / max(
+                1, batch.steps
+            )
             return None
         return batch
 

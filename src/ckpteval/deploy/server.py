@@ -74,7 +74,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load_model(checkpoint: Path, *, device: str = "auto", dtype: str = "auto", tokenizer: Path | None = None) -> LoadedModel:
+def load_model(
+    checkpoint: Path, *, device: str = "auto", dtype: str = "auto", tokenizer: Path | None = None
+) -> LoadedModel:
     """Read the checkpoint, set up the runtime and return a ready `ModelRunner` (slow: imports megatron)."""
     from ckpteval.deploy.checkpoint import load_checkpoint_info
     from ckpteval.deploy.engine import ModelRunner
@@ -88,11 +90,15 @@ def load_model(checkpoint: Path, *, device: str = "auto", dtype: str = "auto", t
     model = build_gpt_model(info.architecture, dtype=runtime.dtype)
     load_weights(model, info.iter_dir)
     model = model.to(runtime.device)
-    runner = ModelRunner(model, served_tokenizer, device=runtime.device, max_context=info.architecture.max_position_embeddings)
+    runner = ModelRunner(
+        model, served_tokenizer, device=runtime.device, max_context=info.architecture.max_position_embeddings
+    )
     return LoadedModel(runner=runner, info=info, device=runtime.device, dtype=runtime.dtype)
 
 
-def build_app(loaded: LoadedModel, *, served_model_name: str = DEFAULT_MODEL_NAME, max_batch_size: int | None = None) -> tuple[Any, Any]:
+def build_app(
+    loaded: LoadedModel, *, served_model_name: str = DEFAULT_MODEL_NAME, max_batch_size: int | None = None
+) -> tuple[Any, Any]:
     """(ASGI app, started Scheduler) for a loaded model. Stop the scheduler when done."""
     from ckpteval.deploy.app import AsgiApp, OpenAIServer
     from ckpteval.deploy.scheduler import Scheduler
@@ -137,7 +143,9 @@ def serve(options: ServeOptions) -> None:
         started = time.perf_counter()
         _say(f"Loading {options.checkpoint} ...")
         loaded = load_model(options.checkpoint, device=options.device, dtype=options.dtype, tokenizer=options.tokenizer)
-        app, scheduler = build_app(loaded, served_model_name=options.served_model_name, max_batch_size=options.max_batch_size)
+        app, scheduler = build_app(
+            loaded, served_model_name=options.served_model_name, max_batch_size=options.max_batch_size
+        )
         arch = loaded.info.architecture
         config = uvicorn.Config(
             app,
@@ -150,8 +158,9 @@ def serve(options: ServeOptions) -> None:
         server = uvicorn.Server(config)
         url = f"http://{options.host}:{options.port}"
         _say(
-            f"Serving '{options.served_model_name}' ({_millions(loaded.runner.model)} parameters, {arch.num_layers} layers, "
-            f"context {arch.max_position_embeddings}) on {url} [{loaded.device}, {loaded.dtype}], "
+            f"Serving '{options.served_model_name}' ({_millions(loaded.runner.model)} parameters, "
+            f"{arch.num_layers} layers, context {arch.max_position_embeddings}) on {url} "
+            f"[{loaded.device}, {loaded.dtype}], "
             f"ready in {time.perf_counter() - started:.1f} s. Ctrl-C stops it."
         )
         previous = signal.signal(signal.SIGTERM, _raise_terminated) if _in_main_thread() else None

@@ -30,7 +30,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 def write_byte_tokenizer(directory: Path) -> None:
@@ -68,7 +68,7 @@ class ServedTokenizer:
         raw = self.hf.convert_ids_to_tokens(list(range(self.vocab_size)))
         # A token holding part of a UTF-8 character decodes to U+FFFD on its own; show its vocabulary
         # string instead ("Ã", "<0xE2>") so distinct tokens stay distinct keys in top_logprobs.
-        self.pieces: list[str] = [d if "\ufffd" not in d else str(r) for d, r in zip(decoded, raw)]
+        self.pieces: list[str] = [d if "\ufffd" not in d else str(r) for d, r in zip(decoded, raw, strict=True)]
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.stop_token_ids = frozenset(i for i in (self.eos_token_id,) if i is not None)
 
