@@ -208,7 +208,7 @@ class AsgiApp:
             return exc.status, exc.body()
         except _Disconnected:
             return 499, {}
-        except Exception as exc:
+        except Exception as exc:  # the HTTP boundary: log it, answer 500, keep serving
             log.exception("request to %s failed", scope["path"])
             return 500, ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error").body()
 

@@ -239,11 +239,16 @@ class GenerationBatch:
             return self._finish(row, "stop", eos=True)
         row.out.append(token)
         if params.stop:
-            text = tokenizer.decode(row.out)
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                row.text = text[:cut]
-                return self._finish(row, "stop", text_done=True)
+            # A stop sequence that just completed ends in this token, so it lies within the last few
+            # tokens (a character takes at most 4); decode only those, and the whole text on a hit.
+            window = 4 * max(len(s) for s in params.stop) + 4
+            tail = tokenizer.decode(row.out[-window:])
+            if any(s in tail for s in params.stop):
+                text = tokenizer.decode(row.out)
+                cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    row.text = text[:cut]
+                    return self._finish(row, "stop", text_done=True)
         if len(row.out) >= params.max_tokens or full:
             return self._finish(row, "length")
         return None

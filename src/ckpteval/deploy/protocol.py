@@ -260,7 +260,7 @@ class RequestParser:
             raise _bad("The served checkpoint's tokenizer has no chat template; use /v1/completions.", "messages")
         try:
             text = self.tokenizer.render_chat(conversation)
-        except Exception as exc:
+        except Exception as exc:  # jinja raises many types for a template that rejects the input
             raise _bad(f"The chat template rejected the messages: {exc}", "messages") from None
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"

@@ -1,9 +1,10 @@
 """The model thread: batches concurrent requests and hands results back to the event loop.
 
 HTTP handlers (on the asyncio loop) submit jobs; one thread owns the model and runs, in turn, a
-scoring forward over the waiting score jobs and one step of the running generation batch, so
-loglikelihood requests are never stuck behind a long generation. A new generation batch starts
-when the previous one is done.
+scoring forward over the waiting score jobs and one step of each running generation batch, so
+loglikelihood requests are never stuck behind a long generation. Generation requests that arrive
+while a batch runs start a batch of their own (up to `max_batch_size` rows in all), so they do not
+wait for the slowest row of the earlier one.
 
 Batching is adaptive, with no fixed wait: the thread takes what is queued. When fewer jobs are
 waiting than the previous batch held (clients are still sending their next request), it waits a
@@ -70,6 +71,13 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
 
 
 @dataclass
+class _RunningBatch:
+    batch: GenerationBatch
+    jobs: list[GenerateJob]
+    started: float
+
+
+@dataclass
 class _Gather:
     last_size: int = 1
     last_seconds: float = 0.0
@@ -81,7 +89,9 @@ class Scheduler:
 
     runner: ModelRunner
     max_batch_size: int = 16
-    max_batch_tokens: int = 8192  # bounds the [rows, length, vocab] logits of one scoring forward
+    max_batch_tokens: int = 4096  # bounds the [rows, length, vocab] logits of one scoring forward
+    max_generation_tokens: int = 65536  # bounds a generation batch's KV cache (rows x (prompt + new tokens))
+    max_generation_batches: int = 4  # batches stepped in turn: new requests need not wait for stragglers
     gather_fraction: float = 0.1
     max_gather_seconds: float = 0.05
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -115,28 +125,31 @@ class Scheduler:
             self._cond.notify()
 
     def _run(self) -> None:
-        batch: GenerationBatch | None = None
-        jobs: list[GenerateJob] = []
+        batches: list[_RunningBatch] = []
         while True:
             with self._cond:
-                while not (self._stopping or self._scores or self._generations or batch is not None):
+                while not (self._stopping or self._scores or self._generations or batches):
                     self._cond.wait()
                 if self._stopping:
                     break
             if self._scores:
                 self._run_scores()
-            if batch is None and self._generations:
-                jobs = self._take(
-                    self._generations, self._generation_gather, tokens=lambda j: len(j.prompt) + j.params.max_tokens
-                )
-                batch = self._start_generation(jobs)
-            if batch is not None:
-                batch = self._step_generation(batch, jobs)
-        self._fail_waiting(RuntimeError("the server is shutting down"), running=jobs if batch is not None else [])
+            active_rows = sum(len(b.batch.rows) for b in batches)
+            if self._generations and active_rows < self.max_batch_size and len(batches) < self.max_generation_batches:
+                # With a batch already running, start the next one from what is queued, without waiting.
+                started = self._start_generation(wait=not batches, limit=self.max_batch_size - active_rows)
+                if started is not None:
+                    batches.append(started)
+            batches = [b for b in batches if self._step_generation(b)]
+        self._fail_waiting(RuntimeError("the server is shutting down"), running=[j for b in batches for j in b.jobs])
 
-    def _take(self, queue: deque[Any], gather: _Gather, *, tokens: Any) -> list[Any]:
-        want = min(self.max_batch_size, gather.last_size)
-        deadline = time.monotonic() + min(self.max_gather_seconds, self.gather_fraction * gather.last_seconds)
+    def _take(
+        self, queue: deque[Any], gather: _Gather, *, cost: Any, budget: int, limit: int, wait: bool = True
+    ) -> list[Any]:
+        """Up to `limit` queued jobs whose padded cost (rows x longest) stays within `budget`."""
+        want = min(limit, gather.last_size)
+        window = min(self.max_gather_seconds, self.gather_fraction * gather.last_seconds) if wait else 0.0
+        deadline = time.monotonic() + window
         with self._cond:
             while len(queue) < want and not self._stopping:
                 remaining = deadline - time.monotonic()
@@ -145,22 +158,28 @@ class Scheduler:
                 self._cond.wait(remaining)
             taken: list[Any] = []
             longest = 0
-            while queue and len(taken) < self.max_batch_size:
-                longest_if = max(longest, tokens(queue[0]))
-                if taken and longest_if * (len(taken) + 1) > self.max_batch_tokens:
+            while queue and len(taken) < limit:
+                longest_if = max(longest, cost(queue[0]))
+                if taken and longest_if * (len(taken) + 1) > budget:
                     break
                 taken.append(queue.popleft())
                 longest = longest_if
         return taken
 
     def _run_scores(self) -> None:
-        jobs: list[ScoreJob] = self._take(self._scores, self._score_gather, tokens=lambda j: len(j.tokens))
+        jobs: list[ScoreJob] = self._take(
+            self._scores,
+            self._score_gather,
+            cost=lambda j: len(j.tokens),
+            budget=self.max_batch_tokens,
+            limit=self.max_batch_size,
+        )
         if not jobs:
             return
         started = time.perf_counter()
         try:
             rows = self.runner.score([j.tokens for j in jobs], top_k=max(j.top_k for j in jobs))
-        except Exception as exc:
+        except Exception as exc:  # a failed forward fails its requests, not the server
             for job in jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
             return
@@ -178,42 +197,48 @@ class Scheduler:
                 )
             job.loop.call_soon_threadsafe(_deliver, job.future, row, None)
 
-    def _start_generation(self, jobs: list[GenerateJob]) -> GenerationBatch | None:
+    def _start_generation(self, *, wait: bool, limit: int) -> _RunningBatch | None:
+        jobs: list[GenerateJob] = self._take(
+            self._generations,
+            self._generation_gather,
+            cost=lambda j: len(j.prompt) + j.params.max_tokens,
+            budget=self.max_generation_tokens,
+            limit=limit,
+            wait=wait,
+        )
         if not jobs:
             return None
-        self._generation_started = time.perf_counter()
         try:
             batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs])
-        except Exception as exc:
+        except Exception as exc:  # a failed batch fails its requests, not the server
             for job in jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
             return None
         self.stats.generation_batches += 1
         self.stats.generation_rows += len(jobs)
         self.stats.max_generation_batch = max(self.stats.max_generation_batch, len(jobs))
-        return batch
+        return _RunningBatch(batch, jobs, time.perf_counter())
 
-    def _step_generation(self, batch: GenerationBatch, jobs: list[GenerateJob]) -> GenerationBatch | None:
+    def _step_generation(self, running: _RunningBatch) -> bool:
+        """One step of a running batch; False when it is finished (or failed)."""
         try:
-            finished = batch.step()
-        except Exception as exc:
-            for job in jobs:
+            finished = running.batch.step()
+        except Exception as exc:  # a failed step fails its requests, not the server
+            for job in running.jobs:
                 job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
-            return None
+            return False
         self.stats.generation_steps += 1
         for index, result in finished.items():
             self.stats.generated_tokens += result.num_generated
-            job = jobs[index]
+            job = running.jobs[index]
             job.loop.call_soon_threadsafe(_deliver, job.future, result, None)
-        if batch.done:
-            self._generation_gather.last_size = len(jobs)
-            # the gather window scales with one step, not the whole batch: steps are what a late
-            # request would wait behind
-            self._generation_gather.last_seconds = (time.perf_counter() - self._generation_started) / max(
-                1, batch.steps
-            )
-            return None
-        return batch
+        if running.batch.done:
+            self._generation_gather.last_size = len(running.jobs)
+            # the window scales with one step, not the whole batch: a step is what a late request waits behind
+            elapsed = time.perf_counter() - running.started
+            self._generation_gather.last_seconds = elapsed / max(1, running.batch.steps)
+            return False
+        return True
 
     def _fail_waiting(self, error: BaseException, *, running: list[GenerateJob]) -> None:
         with self._cond:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -200,3 +201,16 @@ def test_concurrent_generations_of_different_lengths(tiny_server: RunningServer,
         expected = greedy_directly(tiny_loaded.runner.model, tokenizer.encode(prompt), n, tokenizer.stop_token_ids)
         assert text == tokenizer.decode(expected)
     assert after["generation_batches"] - before["generation_batches"] < 8
+
+
+def test_a_short_generation_does_not_wait_for_a_long_one(tiny_server: RunningServer) -> None:
+    steps_before = tiny_server.get("/v1/stats")[1]["generation_steps"]
+    with ThreadPoolExecutor(2) as pool:
+        body = {"prompt": "long", "max_tokens": 1500, "temperature": 0, "stop": ["\x00\x01\x02"]}
+        long = pool.submit(completion, tiny_server, **body)
+        while tiny_server.get("/v1/stats")[1]["generation_steps"] < steps_before + 5:  # the long batch is running
+            time.sleep(0.01)
+        short = completion(tiny_server, prompt="short", max_tokens=2, temperature=0)
+        assert not long.done()  # the short request came back while the long one is still generating
+        assert short["choices"][0]["text"] is not None
+        assert long.result()["usage"]["completion_tokens"] > 100
