@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckpteval.deploy import serve_command, wait_until_healthy
+from ckpteval.deploy import LocalServer, start_local_server
 
 SERVER_START_TIMEOUT = 300.0  # megatron's import alone takes ~20 s on a busy 2-core machine
 
@@ -42,11 +39,17 @@ def request_json(method: str, url: str, body: Any = None, *, timeout: float = 12
 
 @dataclass
 class RunningServer:
-    """A `python -m ckpteval.deploy serve` subprocess."""
+    """A `python -m ckpteval.deploy serve` subprocess, with JSON helpers."""
 
-    process: subprocess.Popen[bytes]
-    url: str  # http://127.0.0.1:PORT
-    log_path: Path
+    handle: LocalServer
+
+    @property
+    def url(self) -> str:
+        return self.handle.url
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.handle.process
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
         return request_json("POST", self.url + path, body)
@@ -55,36 +58,24 @@ class RunningServer:
         return request_json("GET", self.url + path)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.handle.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+    def stop(self) -> int:
+        return self.handle.stop()
 
 
-def start_server(checkpoint: Path, log_dir: Path, *extra: str, name: str = "megatron-model") -> RunningServer:
-    """Start a server on a free port and wait until /v1/health answers."""
+def start_server(checkpoint: Path, log_dir: Path, *, name: str = "megatron-model") -> RunningServer:
+    """Start a server on a free port (as the builtin deployment does) and wait until it is healthy."""
     port = free_port()
-    command = serve_command(
-        python=sys.executable, checkpoint=str(checkpoint), port=port, served_model_name=name, device="cpu"
+    handle = start_local_server(
+        checkpoint=checkpoint,
+        port=port,
+        log_path=log_dir / f"server-{port}.log",
+        served_model_name=name,
+        device="cpu",
+        timeout=SERVER_START_TIMEOUT,
     )
-    log_path = log_dir / f"server-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([*command, *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = RunningServer(process=process, url=f"http://127.0.0.1:{port}", log_path=log_path)
-    try:
-        wait_until_healthy(server.url, timeout=SERVER_START_TIMEOUT, process=process, log_path=log_path)
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
+    return RunningServer(handle)
 
 
 def score_directly(model: Any, tokens: list[int]) -> list[float]:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 from ckpteval.errors import DeploymentError
 
@@ -113,3 +118,71 @@ def _log_tail(log_path: Path | None, lines: int = 15) -> str:
         return ""
     text = "".join(tail).rstrip()
     return f"\nLast lines of {log_path}:\n{text}" if text else ""
+
+
+@dataclass
+class LocalServer:
+    """A server subprocess on this machine (see `start_local_server`); a context manager that stops it."""
+
+    process: subprocess.Popen[bytes]
+    url: str  # http://host:port, without /v1
+    log_path: Path
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (in-flight requests finish), SIGKILL after `timeout`; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_local_server(
+    *,
+    checkpoint: str | Path,
+    port: int,
+    log_path: Path,
+    served_model_name: str,
+    host: str = "127.0.0.1",
+    device: str = "auto",
+    max_batch_size: int | None = None,
+    prepare: str | None = None,
+    timeout: float = 600.0,
+    python: str = sys.executable,
+) -> LocalServer:
+    """Start the server as a subprocess logging to `log_path` and wait until it is healthy.
+
+    Raises DeploymentError (with the log's tail) if it exits or is not healthy within `timeout`;
+    the process is killed then.
+    """
+    command = serve_command(
+        python=python,
+        checkpoint=str(checkpoint),
+        port=port,
+        host=host,
+        served_model_name=served_model_name,
+        device=device,
+        max_batch_size=max_batch_size,
+        prepare=prepare,
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = LocalServer(process=process, url=f"http://{host}:{port}", log_path=log_path)
+    try:
+        wait_until_healthy(server.url, timeout=timeout, process=process, log_path=log_path)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return server

@@ -89,7 +89,7 @@ def load_model(
     served_tokenizer = ServedTokenizer(info.tokenizer_dir)
     model = build_gpt_model(info.architecture, dtype=runtime.dtype)
     load_weights(model, info.iter_dir)
-    model = model.to(runtime.device)
+    model = model.to(runtime.device).requires_grad_(False)
     runner = ModelRunner(
         model, served_tokenizer, device=runtime.device, max_context=info.architecture.max_position_embeddings
     )

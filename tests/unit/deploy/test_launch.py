@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.deploy import health_url, serve_command, wait_until_healthy
+from ckpteval.deploy import health_url, serve_command, start_local_server, wait_until_healthy
 from ckpteval.errors import DeploymentError
 from tests.deploy_support import RunningServer, free_port
 
@@ -69,3 +69,14 @@ def test_timeout(tmp_path: Path) -> None:
     with pytest.raises(DeploymentError, match="not healthy after 1 s"):
         wait_until_healthy(f"http://127.0.0.1:{free_port()}", timeout=1)
     assert time.monotonic() - started < 5
+
+
+def test_start_local_server_reports_why_it_died(tmp_path: Path) -> None:
+    log_path = tmp_path / "logs" / "server.log"
+    with pytest.raises(DeploymentError) as info:
+        start_local_server(
+            checkpoint=tmp_path / "missing", port=free_port(), log_path=log_path, served_model_name="m", timeout=120
+        )
+    assert "exited with code 1" in info.value.message
+    assert f"Checkpoint {tmp_path / 'missing'} does not exist" in info.value.message  # the server's own words
+    assert "Traceback" not in log_path.read_text()
