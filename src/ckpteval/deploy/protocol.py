@@ -226,7 +226,7 @@ class RequestParser:
     def _prompts(self, raw: Any) -> tuple[list[list[int]], list[str]]:
         if isinstance(raw, str):
             items: list[Any] = [raw]
-        elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        elif isinstance(raw, list) and raw and _all_ints(raw):
             items = [raw]  # one prompt given as token ids
         elif isinstance(raw, list) and raw:
             items = raw
@@ -239,9 +239,9 @@ class RequestParser:
             if isinstance(item, str):
                 prompts.append(self.tokenizer.encode(item))
                 texts.append(item)
-            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                bad = next((t for t in item if not 0 <= t < self.vocab_size), None)
-                if bad is not None:
+            elif isinstance(item, list) and _all_ints(item):
+                if item and (min(item) < 0 or max(item) >= self.vocab_size):
+                    bad = next(t for t in item if not 0 <= t < self.vocab_size)
                     raise _bad(f"Token id {bad} is outside the vocabulary (0..{self.vocab_size - 1}).", "prompt")
                 prompts.append(list(item))
                 texts.append(self.tokenizer.decode(item, skip_special_tokens=False))
@@ -303,6 +303,17 @@ class CompletionChoice:
     completion_tokens: int
 
 
+def _all_ints(values: list[Any]) -> bool:
+    # type() rather than isinstance(): JSON true/false are bools, which are ints to isinstance
+    return all(type(v) is int for v in values)
+
+
+def _top_dicts(pieces: list[str], ids: list[list[int]], values: list[list[float]]) -> list[dict[str, float]]:
+    if ids and len(ids[0]) == 1:  # logprobs=1, what lm-eval asks for: skip the inner zip
+        return [{pieces[i[0]]: v[0]} for i, v in zip(ids, values, strict=True)]
+    return [{pieces[t]: v for t, v in zip(i, vs, strict=True)} for i, vs in zip(ids, values, strict=True)]
+
+
 def _offsets(pieces: list[str], start: int) -> list[int]:
     return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
 
@@ -320,10 +331,7 @@ def scoring_choice(
     tokens = [pieces[t] for t in prompt]
     token_logprobs: list[float | None] = [None, *scored.token_logprobs]
     top: list[dict[str, float] | None] = [None]
-    top.extend(
-        {pieces[t]: v for t, v in zip(ids, values, strict=True)}
-        for ids, values in zip(scored.top_ids[:-1], scored.top_logprobs[:-1], strict=True)
-    )
+    top.extend(_top_dicts(pieces, scored.top_ids[:-1], scored.top_logprobs[:-1]))
     text = request.prompt_texts[prompt_index]
     finish = "length"
     generated = 0
@@ -331,7 +339,7 @@ def scoring_choice(
         token, value = scored.top_ids[-1][0], scored.top_logprobs[-1][0]
         tokens.append(pieces[token])
         token_logprobs.append(value)
-        top.append({pieces[t]: v for t, v in zip(scored.top_ids[-1], scored.top_logprobs[-1], strict=True)})
+        top.extend(_top_dicts(pieces, scored.top_ids[-1:], scored.top_logprobs[-1:]))
         generated = 1
         if token in tokenizer.stop_token_ids:
             finish = "stop"
@@ -368,10 +376,7 @@ def generation_choice(
             tokens = [pieces[t] for t in prompt]
             token_logprobs = [None, *prompt_scores.token_logprobs]
             top = [None]
-            top.extend(
-                {pieces[t]: v for t, v in zip(ids, values, strict=True)}
-                for ids, values in zip(prompt_scores.top_ids[:-1], prompt_scores.top_logprobs[:-1], strict=True)
-            )
+            top.extend(_top_dicts(pieces, prompt_scores.top_ids[:-1], prompt_scores.top_logprobs[:-1]))
         tokens.extend(pieces[t] for t in generation.token_ids)
         token_logprobs.extend(generation.token_logprobs or [])
         top.extend({pieces[t]: v for t, v in alternatives} for alternatives in (generation.top or []))

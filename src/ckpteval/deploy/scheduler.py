@@ -70,6 +70,20 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_result(result)
 
 
+def _deliver_all(results: list[tuple[ScoreJob, ScoredRow]]) -> None:
+    """One wake-up of each event loop for a whole batch, not one per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for job, row in results:
+        by_loop.setdefault(job.loop, []).append((job.future, row))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_deliver_each, items)
+
+
+def _deliver_each(items: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    for future, result in items:
+        _deliver(future, result, None)
+
+
 @dataclass
 class _RunningBatch:
     batch: GenerationBatch
@@ -188,6 +202,7 @@ class Scheduler:
         self.stats.score_forwards += 1
         self.stats.score_rows += len(jobs)
         self.stats.max_score_batch = max(self.stats.max_score_batch, len(jobs))
+        results = []
         for job, row in zip(jobs, rows, strict=True):
             if job.top_k < len(row.top_ids[0]):  # trim to what this request asked for
                 row = ScoredRow(
@@ -195,7 +210,8 @@ class Scheduler:
                     [t[: job.top_k] for t in row.top_ids],
                     [t[: job.top_k] for t in row.top_logprobs],
                 )
-            job.loop.call_soon_threadsafe(_deliver, job.future, row, None)
+            results.append((job, row))
+        _deliver_all(results)
 
     def _start_generation(self, *, wait: bool, limit: int) -> _RunningBatch | None:
         jobs: list[GenerateJob] = self._take(

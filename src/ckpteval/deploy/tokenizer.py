@@ -69,6 +69,7 @@ class ServedTokenizer:
         # A token holding part of a UTF-8 character decodes to U+FFFD on its own; show its vocabulary
         # string instead ("Ã", "<0xE2>") so distinct tokens stay distinct keys in top_logprobs.
         self.pieces: list[str] = [d if "\ufffd" not in d else str(r) for d, r in zip(decoded, raw, strict=True)]
+        self._backend = getattr(self.hf, "_tokenizer", None)  # tokenizers.Tokenizer of a fast tokenizer
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.stop_token_ids = frozenset(i for i in (self.eos_token_id,) if i is not None)
 
@@ -82,7 +83,10 @@ class ServedTokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         """Text of `ids`; ids outside the tokenizer's vocabulary are dropped."""
-        ids = [i for i in ids if 0 <= i < self.vocab_size]
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            ids = [i for i in ids if 0 <= i < self.vocab_size]
+        if self._backend is not None:  # the Rust tokenizer directly: what hf.decode does, minus its checks
+            return str(self._backend.decode(ids, skip_special_tokens=skip_special_tokens))
         return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
