@@ -94,6 +94,28 @@ def http_rate(port: int, bodies: list[bytes], concurrency: int, path: str) -> tu
     return counts[0] / elapsed, counts[1] / elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and (optionally) the server process during a block."""
+
+    def __init__(self, server_pid: int | None = None) -> None:
+        self.server_pid = server_pid
+        self.seconds = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._start = time.process_time() + (cpu_seconds(self.server_pid) if self.server_pid else 0.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = time.process_time() + (cpu_seconds(self.server_pid) if self.server_pid else 0.0)
+        self.seconds = end - self._start
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(current, peak) resident memory of a process, MiB."""
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -101,7 +123,7 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def loglikelihood_table(runner: Any, port: int, requests: list[list[int]], rounds: int) -> list[str]:
+def loglikelihood_table(runner: Any, port: int, server_pid: int, requests: list[list[int]], rounds: int) -> list[str]:
     bodies = [
         json.dumps({"model": "bench", "prompt": r, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0})
         for r in requests
@@ -109,11 +131,16 @@ def loglikelihood_table(runner: Any, port: int, requests: list[list[int]], round
     encoded = [b.encode() for b in bodies]
     columns = ("limit B=1", "limit B=16", "server c=1", "server c=16")
     table: dict[str, list[float]] = {c: [] for c in columns}
+    cpu_ms: dict[str, list[float]] = {"limit": [], "server": []}  # CPU ms per request, B=16 / 16 clients
     for _ in range(rounds):
         table["limit B=1"].append(limit_rows_per_second(runner, requests, 1))
-        table["limit B=16"].append(limit_rows_per_second(runner, requests, 16))
-        for c in LL_CONCURRENCY:
-            table[f"server c={c}"].append(http_rate(port, encoded, c, "/v1/completions")[0])
+        with CpuMeter() as meter:
+            table["limit B=16"].append(limit_rows_per_second(runner, requests, 16))
+        cpu_ms["limit"].append(meter.seconds * 1e3 / (len(requests) + 16))  # + the warm-up batch
+        table["server c=1"].append(http_rate(port, encoded, 1, "/v1/completions")[0])
+        with CpuMeter(server_pid) as meter:  # the server's threads plus this process's client
+            table["server c=16"].append(http_rate(port, encoded, 16, "/v1/completions")[0])
+        cpu_ms["server"].append(meter.seconds * 1e3 / len(requests))
     out = [
         "| round | in-process B=1 (rows/s) | in-process B=16 = limit (rows/s) | server, 1 client (req/s) "
         "| server, 16 clients (req/s) | 16 clients / limit |",
@@ -124,6 +151,13 @@ def loglikelihood_table(runner: Any, port: int, requests: list[list[int]], round
         out.append(f"| {r + 1} | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
     a, b, c, d = (statistics.median(table[k]) for k in columns)
     out.append(f"| median | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
+    limit_cpu, server_cpu = statistics.median(cpu_ms["limit"]), statistics.median(cpu_ms["server"])
+    out += [
+        "",
+        f"CPU time per request (median; less sensitive to other load than wall time): in-process B=16 "
+        f"{limit_cpu:.1f} ms, server with 16 clients {server_cpu:.1f} ms (server process + client): "
+        f"limit / server = **{limit_cpu / server_cpu:.2f}**.",
+    ]
     return out
 
 
@@ -181,7 +215,7 @@ def bench_model(name: str, *, rounds: int, count: int, new_tokens: int) -> list[
             f"Loglikelihood: {len(requests)} HellaSwag context+ending prompts, {min(lengths)}-{max(lengths)} tokens "
             f"(mean {statistics.mean(lengths):.0f}), longest first; each measurement sends all of them once.",
             "",
-            *loglikelihood_table(runner, port, requests, rounds),
+            *loglikelihood_table(runner, port, server.process.pid, requests, rounds),
             "",
             *generation_table(runner, port, new_tokens),
             "",

@@ -214,3 +214,22 @@ def test_a_short_generation_does_not_wait_for_a_long_one(tiny_server: RunningSer
         assert not long.done()  # the short request came back while the long one is still generating
         assert short["choices"][0]["text"] is not None
         assert long.result()["usage"]["completion_tokens"] > 100
+
+
+def test_echo_logprobs_with_several_generated_tokens(tiny_server: RunningServer, tiny_loaded: Any) -> None:
+    tokenizer = tiny_loaded.runner.tokenizer
+    prompt = tokenizer.encode("Echo and generate")
+    choice = completion(tiny_server, prompt=prompt, max_tokens=4, temperature=0, logprobs=1, echo=True)["choices"][0]
+    logprobs = choice["logprobs"]
+    generated = [tokenizer.pieces.index(p) for p in logprobs["tokens"][len(prompt) :]]
+    assert logprobs["tokens"][: len(prompt)] == [tokenizer.pieces[t] for t in prompt]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = score_directly(tiny_loaded.runner.model, prompt + generated)
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected, abs=1e-4)
+    assert choice["text"] == "Echo and generate" + tokenizer.decode(generated)
+
+
+def test_a_one_token_prompt(tiny_server: RunningServer) -> None:
+    choice = completion(tiny_server, prompt=[65], max_tokens=1, logprobs=1, echo=True, temperature=0)["choices"][0]
+    assert choice["logprobs"]["tokens"][0] == "A" and len(choice["logprobs"]["tokens"]) == 2
+    assert choice["logprobs"]["token_logprobs"][0] is None and choice["logprobs"]["token_logprobs"][1] < 0
