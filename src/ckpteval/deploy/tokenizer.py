@@ -46,6 +46,17 @@ def write_byte_tokenizer(directory: Path) -> None:
     tokenizer.save_pretrained(str(directory))
 
 
+def _piece(decoded: str, raw: str) -> str:
+    """The text shown for one token: what it decodes to, as it would read inside a text."""
+    if "\ufffd" in decoded:
+        # part of a UTF-8 character: its vocabulary string ("Ã", "<0xE2>") keeps distinct tokens
+        # distinct keys in top_logprobs
+        return raw
+    if raw.startswith("\u2581") and not decoded.startswith(" "):  # SentencePiece drops a lone token's space
+        return " " + decoded
+    return decoded
+
+
 class ServedTokenizer:
     """A checkpoint's tokenizer with what the server needs per request precomputed.
 
@@ -66,9 +77,7 @@ class ServedTokenizer:
             [[i] for i in range(self.vocab_size)], skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         raw = self.hf.convert_ids_to_tokens(list(range(self.vocab_size)))
-        # A token holding part of a UTF-8 character decodes to U+FFFD on its own; show its vocabulary
-        # string instead ("Ã", "<0xE2>") so distinct tokens stay distinct keys in top_logprobs.
-        self.pieces: list[str] = [d if "\ufffd" not in d else str(r) for d, r in zip(decoded, raw, strict=True)]
+        self.pieces: list[str] = [_piece(d, str(r)) for d, r in zip(decoded, raw, strict=True)]
         self._backend = getattr(self.hf, "_tokenizer", None)  # tokenizers.Tokenizer of a fast tokenizer
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.stop_token_ids = frozenset(i for i in (self.eos_token_id,) if i is not None)
