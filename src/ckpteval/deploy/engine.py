@@ -101,7 +101,9 @@ class ModelRunner:
             logits = logits.float()
             # log p = logit - logsumexp; the same subtraction for the target and the top-k, so a
             # greedy token's logprob equals the top value exactly (lm-eval's is_greedy compares them).
-            norm = logits.logsumexp(-1, keepdim=True)
+            # row by row: logsumexp's temporary is as large as its input, and [rows, length, vocab]
+            # logits are the largest tensor of a scoring forward
+            norm = torch.cat([row.logsumexp(-1, keepdim=True)[None] for row in logits])
             target = logits[:, :-1].gather(-1, ids[:, 1:, None]).sub_(norm[:, :-1]).squeeze(-1)
             top_values, top_ids = logits.topk(top_k, dim=-1)
             top_values.sub_(norm)
