@@ -1,5 +1,6 @@
 """SmolLM2 fixtures: the checkpoint is prepared once and cached across sessions (~35-70 s the first time)
-under $CKPTEVAL_TEST_CACHE or pytest's cache directory; the server and the in-process models once per session."""
+in $CKPTEVAL_TEST_CACHE or the user's cache (where `evaluate -c tiny` finds it too); the server and the
+in-process models once per session."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
-def smollm2_checkpoint(request: pytest.FixtureRequest) -> Path:
-    from ckpteval.deploy import prepare_checkpoint
+def smollm2_checkpoint() -> Path:
+    from ckpteval.deploy import default_checkpoint_dir, ensure_prepared
 
-    cache = Path(os.environ.get("CKPTEVAL_TEST_CACHE") or request.config.cache.mkdir("ckpteval"))
-    return prepare_checkpoint("smollm2", cache / "smollm2")
+    cache = os.environ.get("CKPTEVAL_TEST_CACHE")
+    return ensure_prepared("smollm2", Path(cache) / "smollm2" if cache else default_checkpoint_dir("smollm2"))
 
 
 @pytest.fixture(scope="session")
