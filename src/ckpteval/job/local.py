@@ -66,7 +66,14 @@ class LocalLaunch:
         """The job script (nothing to squash here)."""
         from ckpteval.config.preview import PreviewPanel
 
-        return [PreviewPanel(title=f"job script ({self.job_dir}/job.sh)", body=self.files["job.sh"], language="bash")]
+        return [
+            PreviewPanel(
+                title=f"job script {self.job_dir}/job.sh",
+                body=self.files["job.sh"],
+                language="bash",
+                full_only_in_dry_run=True,
+            )
+        ]
 
     def record(self) -> InvocationRecord:
         return InvocationRecord(
