@@ -140,7 +140,6 @@ class ModelRunner:
 @dataclass
 class _Row:
     index: int
-    prompt_len: int
     params: SamplingParams
     generator: Any = None
     out: list[int] = field(default_factory=list)
@@ -165,12 +164,12 @@ class GenerationBatch:
         # positions (slot - padding) stay within the context.
         capacity = longest + new_tokens
         self.rows = []
-        for i, (prompt, params) in enumerate(requests):
+        for i, (_, params) in enumerate(requests):
             generator = None
             if params.temperature > 0:
                 generator = torch.Generator(device=device)
                 generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
-            self.rows.append(_Row(index=i, prompt_len=len(prompt), params=params, generator=generator))
+            self.rows.append(_Row(index=i, params=params, generator=generator))
         batch = len(requests)
         self.pads = torch.tensor([longest - len(p) for p, _ in requests], device=device)
         self.key_padding = torch.arange(capacity, device=device)[None, :] < self.pads[:, None]  # True = masked
