@@ -37,6 +37,9 @@ class PreviewPanel:
     title: str
     body: str
     language: str = "text"
+    # Long, mechanical panels (the job script) are shown in full by --dry-run only; a real run names
+    # them in one line, so the config and the progress stay on screen.
+    full_only_in_dry_run: bool = False
 
 
 def render_preview(
@@ -81,5 +84,8 @@ def render_preview(
         )
     )
     for panel in panels:
+        if panel.full_only_in_dry_run and not dry_run:
+            console.print(f"[bold green]{panel.title}[/] [dim](shown in full by --dry-run)[/]")
+            continue
         body: Any = Syntax(redact(panel.body), panel.language, theme="ansi_dark", background_color="default")
         console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))

@@ -20,6 +20,7 @@ from ckpteval.job.files import job_files, write_job_files
 from ckpteval.job.follow import follow
 from ckpteval.job.invocation import InvocationRecord, now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
+from ckpteval.results.model import InvocationResults
 
 
 class LocalJobView:
@@ -65,7 +66,14 @@ class LocalLaunch:
         """The job script (nothing to squash here)."""
         from ckpteval.config.preview import PreviewPanel
 
-        return [PreviewPanel(title=f"job script ({self.job_dir}/job.sh)", body=self.files["job.sh"], language="bash")]
+        return [
+            PreviewPanel(
+                title=f"job script {self.job_dir}/job.sh",
+                body=self.files["job.sh"],
+                language="bash",
+                full_only_in_dry_run=True,
+            )
+        ]
 
     def record(self) -> InvocationRecord:
         return InvocationRecord(
@@ -93,7 +101,7 @@ class LocalLaunch:
         from ckpteval.results.collect import collect_results
         from ckpteval.results.store import write_results
         from ckpteval.results.table import print_table
-        from ckpteval.tasks.results import progress_reader
+        from ckpteval.tasks.progress import progress_reader
 
         self.save(record)
         (self.job_dir / "logs").mkdir(exist_ok=True)
@@ -127,11 +135,24 @@ class LocalLaunch:
         )
         write_results(self.job_dir, results)
         print_table([results])
+        self.export(results, record)
         if proc.returncode == 3:
             _print_log_tail(self.job_dir / "logs" / "job.log")
         if interrupted:
             return 130
         return 0 if proc.returncode == 0 else 1
+
+    def export(self, results: InvocationResults, record: InvocationRecord) -> None:
+        """Export the results where the config says (W&B, MLflow); a failed export never fails the run."""
+        from ckpteval.export.invocation import enabled_destinations, export_invocation
+
+        if enabled_destinations(self.compiled.config.export):
+            export_invocation(
+                results,
+                self.job_dir,
+                self.compiled.config.export,
+                task_dirs=record.extra.get("task_dirs") or {},
+            )
 
 
 def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]

@@ -98,6 +98,7 @@ def test_golden(launcher: str):
     plan = make_plan(
         Path("/jobs/abcd1234"),
         port=8000,
+        deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
         tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml")],
     )
     if launcher == "slurm":
