@@ -44,6 +44,8 @@ sys.path.insert(0, str(REPO))
 from tests.e2e.conftest import free_port, model_server_command, serve  # noqa: E402
 from tests.e2e.tasks.conftest import run_task  # noqa: E402
 
+from ckpteval.tasks.runconfig import NO_PROXY_ADAPTER_CONFIG  # noqa: E402
+
 
 def byte_tokenizer(path: Path) -> str:
     """An HF tokenizer whose ids are the UTF-8 bytes (what the tiny model's server uses)."""
@@ -149,15 +151,18 @@ CHAINS: dict[str, dict[str, Any] | None] = {
     "caching + endpoint only": {
         "interceptors": [{"name": "caching", "config": {"reuse_cached_responses": True}}, {"name": "endpoint"}]
     },
-    "no proxy": {"interceptors": [{"name": "endpoint", "enabled": False}]},
+    "no proxy": NO_PROXY_ADAPTER_CONFIG,
 }
 
 
-def measure(url: str, model_id: str, work: Path, params: dict[str, Any], parallelism: int) -> dict[str, float]:
+def measure(
+    url: str, model_id: str, work: Path, params: dict[str, Any], chains: dict[str, dict[str, Any] | None]
+) -> dict[str, float]:
     """One round against one server: capacity, then each chain, then capacity again."""
+    parallelism = int(params["parallelism"])
     out: dict[str, float] = {}
     bodies: list[bytes] = []
-    for name, chain in CHAINS.items():
+    for name, chain in chains.items():
         if chain is not None and "interceptors" in chain and chain["interceptors"][0]["name"] == "caching":
             chain = copy.deepcopy(chain)
             chain["interceptors"][0]["config"]["cache_dir"] = str(work / name / "artifacts" / "cache")
@@ -177,40 +182,46 @@ def measure(url: str, model_id: str, work: Path, params: dict[str, Any], paralle
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["tiny", "smol"], default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parallelism", type=int, default=10)
     parser.add_argument("--fewshot", type=int, default=0)
     parser.add_argument("--limit", type=int, default=80)
+    parser.add_argument("--chains", default=",".join(CHAINS), help="comma-separated subset of: " + ", ".join(CHAINS))
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the instant fake endpoint")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, outputs)")
     args = parser.parse_args()
+    chains = {name: CHAINS[name] for name in args.chains.split(",")}
     work = Path(tempfile.mkdtemp(prefix="ckpteval-bench-"))
-    results: dict[str, list[dict[str, float]]] = {"tiny Megatron model": [], "instant fake endpoint": []}
+    model_label = {"tiny": "tiny Megatron model", "smol": "SmolLM2-135M (Megatron)"}[args.model]
+    results: dict[str, list[dict[str, float]]] = {model_label: []}
+    if not args.no_ceiling:
+        results["instant fake endpoint"] = []
+    port, fake_port = free_port(), free_port()
+    fake = subprocess.Popen([sys.executable, str(FAKE_ENDPOINT), "--port", str(fake_port)])
     try:
-        tokenizer = byte_tokenizer(work / "byte_tokenizer")
-        extra = {"tokenizer": tokenizer, "tokenizer_backend": "huggingface", "num_fewshot": args.fewshot}
-        params = {"limit_samples": args.limit, "parallelism": args.parallelism, "request_timeout": 600, "extra": extra}
-        port = free_port()
-        fake_port = free_port()
-        fake = subprocess.Popen([sys.executable, str(FAKE_ENDPOINT), "--port", str(fake_port)])
-        try:
-            with serve(model_server_command("tiny", port), port, work / "server.log") as model:
-                for r in range(args.rounds):
-                    for label, url in (
-                        ("tiny Megatron model", model.url),
-                        ("instant fake endpoint", f"http://127.0.0.1:{fake_port}/v1/completions"),
-                    ):
-                        row = measure(url, model.model_id, work / f"r{r}" / label.split()[0], params, args.parallelism)
-                        results[label].append(row)
-                        print(label, json.dumps(row), flush=True)
-        finally:
-            fake.kill()
-            fake.wait()
+        with serve(model_server_command(args.model, port), port, work / "server.log") as model:
+            tokenizer = model.tokenizer or byte_tokenizer(work / "byte_tokenizer")
+            extra = {"tokenizer": tokenizer, "tokenizer_backend": "huggingface", "num_fewshot": args.fewshot}
+            params = {"limit_samples": args.limit, "parallelism": args.parallelism, "request_timeout": 3600}
+            params["extra"] = extra
+            targets = {model_label: model.url, "instant fake endpoint": f"http://127.0.0.1:{fake_port}/v1/completions"}
+            for r in range(args.rounds):
+                for label in results:
+                    row = measure(targets[label], model.model_id, work / f"r{r}" / label.split()[0], params, chains)
+                    results[label].append(row)
+                    print(label, json.dumps(row), flush=True)
     finally:
+        fake.kill()
+        fake.wait()
         if args.keep:
             print(f"work directory: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\nparallelism {args.parallelism}, few-shot {args.fewshot}, {args.rounds} rounds; medians, requests/s")
+    print(
+        f"\nhellaswag, {args.fewshot}-shot, parallelism {args.parallelism}, {args.rounds} rounds; "
+        "medians, requests/s; ratio = median / median capacity"
+    )
     for label, rows in results.items():
         print(f"\n{label} ({int(rows[0]['requests'])} requests per run)")
         capacity_median = statistics.median(r["capacity"] for r in rows)
@@ -218,7 +229,7 @@ def main() -> None:
             if key == "requests":
                 continue
             value = statistics.median(r[key] for r in rows)
-            print(f"  {key:40s} {value:8.1f}   ratio to capacity {value / capacity_median:5.2f}")
+            print(f"  {key:40s} {value:8.2f}   ratio {value / capacity_median:5.2f}")
 
 
 if __name__ == "__main__":
