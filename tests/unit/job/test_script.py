@@ -99,6 +99,7 @@ def test_golden(launcher: str):
         Path("/jobs/abcd1234"),
         port=8000,
         tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml")],
+        deploy_cmd="exec python3 server.py 8000",  # not sys.executable: the golden file is the same everywhere
     )
     if launcher == "slurm":
         plan = JobPlan(
