@@ -31,9 +31,12 @@ def status_command(
         return
     if invocation:
         s = statuses[0]
+        from rich.markup import escape
+
+        where = s.record.executor + (f" job {s.slurm_job}" if s.slurm_job else "")
         console.print(
-            f"[bold]{s.record.id}[/]  {s.state}  ({s.record.executor}, profile {s.record.profile})"
-            + (f"  [dim]{s.detail}[/]" if s.detail else "")
+            f"[bold]{s.record.id}[/]  {s.state}  ({where}, profile {s.record.profile})"
+            + (f"  [dim]{escape(s.detail)}[/]" if s.detail else "")
         )
         table = Table(header_style="bold")
         for col in ("task", "state", "progress"):
@@ -43,6 +46,9 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
         console.print(table)
+        if s.log_tail:
+            console.print("[red]last lines of the job's log:[/]")
+            console.print(escape(s.log_tail), highlight=False)
         return
     table = Table(header_style="bold")
     for col in ("invocation", "created", "where", "state", "tasks"):
@@ -69,6 +75,8 @@ def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
         "invocation": s.record.id,
         "state": s.state,
         "detail": s.detail,
+        "slurm_job": s.slurm_job,
+        "log_tail": s.log_tail,
         "executor": s.record.executor,
         "profile": s.record.profile,
         "created": s.record.created,

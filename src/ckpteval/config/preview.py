@@ -37,6 +37,7 @@ class PreviewPanel:
     title: str
     body: str
     language: str = "text"
+    renderable: Any = None  # a ready rich renderable (e.g. the squash plan table), shown instead of `body`
 
 
 def render_preview(
@@ -81,5 +82,8 @@ def render_preview(
         )
     )
     for panel in panels:
+        if panel.renderable is not None:
+            console.print(panel.renderable)
+            continue
         body: Any = Syntax(redact(panel.body), panel.language, theme="ansi_dark", background_color="default")
         console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))
