@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ckpteval.cluster.remote import Remote
+    from ckpteval.cluster.slurm import ClusterFacts
 
 
 def remote_job_dir(compiled: CompiledConfig, invocation: str) -> str:
@@ -232,20 +233,27 @@ class SlurmLaunch:
             record.save()
             for name in ("config.yaml", "job.yaml", "job.sh"):
                 write_text_atomic(record.path / name, files[name])
-            submit_job(record, self.spec, self.profile, console=console)
+            submit_job(record, self.spec, self.profile, console=console, facts=facts)
             if self.compiled.mode == "batch":
                 print_submitted(record, console)
                 return 0
             return attach(record, session, console)
 
 
-def submit_job(record: InvocationRecord, spec: SbatchSpec, profile: Profile, *, console: Console) -> None:
+def submit_job(
+    record: InvocationRecord,
+    spec: SbatchSpec,
+    profile: Profile,
+    *,
+    console: Console,
+    facts: ClusterFacts | None = None,
+) -> None:
     """Submit the job through nemo-run and note its Slurm job id in the record (saved)."""
     from ckpteval.cluster.nemorun import submit
 
     console.print(f"[dim]submitting with nemo-run (job {spec.job_name}) ...[/]")
     try:
-        submission = submit(spec, profile, log_path=record.path / "nemo-run.log")
+        submission = submit(spec, profile, log_path=record.path / "nemo-run.log", facts=facts)
     except ClusterError as exc:
         record.extra["submit_error"] = exc.message
         record.save()
@@ -255,6 +263,7 @@ def submit_job(record: InvocationRecord, spec: SbatchSpec, profile: Profile, *, 
     record.extra["nemo_run_dir"] = submission.nemo_run_dir
     record.extra.setdefault("slurm_job_ids", []).append(submission.job_id)
     record.extra.pop("submit_error", None)
+    record.extra.pop("final", None)  # a new job: its status is asked again
     record.save()
     if submission.sbatch_script:
         write_text_atomic(record.path / "sbatch.sh", submission.sbatch_script)

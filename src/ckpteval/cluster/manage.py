@@ -19,7 +19,7 @@ from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import TERMINAL, SlurmJobState, cancel_job, job_state
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError, EvaluationError
-from ckpteval.job.follow import JobSnapshot, take_snapshot
+from ckpteval.job.follow import JobSnapshot, TaskSnapshot, take_snapshot
 from ckpteval.job.invocation import InvocationRecord
 from ckpteval.job.manage import InvocationStatus, _task_dirs
 from ckpteval.results.model import InvocationResults
@@ -117,9 +117,45 @@ def _submit_failed(record: InvocationRecord) -> InvocationStatus | None:
     return InvocationStatus(record=record, state="failed", snapshot=None, detail=f"not submitted: {error}")
 
 
+def _remembered(record: InvocationRecord) -> InvocationStatus | None:
+    """The final status saved when the latest job was last seen ended (no connection needed)."""
+    final = record.extra.get("final")
+    if not isinstance(final, dict) or final.get("job") != record.slurm_job_id:
+        return None
+    tasks = tuple(TaskSnapshot(**t) for t in final["tasks"])
+    snapshot = JobSnapshot(deployment=final["deployment"], tasks=tasks, finished=final["finished"])
+    return InvocationStatus(
+        record=record,
+        state=final["state"],
+        snapshot=snapshot,
+        detail=final["detail"],
+        slurm_job=record.slurm_job_id,
+        log_tail=final["log_tail"],
+    )
+
+
+def _remember(status: InvocationStatus) -> None:
+    record, snapshot = status.record, status.snapshot
+    assert snapshot is not None
+    record.extra["final"] = {
+        "job": record.slurm_job_id,
+        "state": status.state,
+        "detail": status.detail,
+        "log_tail": status.log_tail,
+        "deployment": snapshot.deployment,
+        "finished": snapshot.finished,
+        "tasks": [dataclasses.asdict(t) for t in snapshot.tasks],
+    }
+    record.save()
+
+
 def slurm_status(record: InvocationRecord) -> InvocationStatus:
-    """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection."""
-    failed = _submit_failed(record)
+    """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection.
+
+    Once the latest job has ended its status is kept in the record, so listing old invocations does
+    not connect to their clusters again.
+    """
+    failed = _submit_failed(record) or _remembered(record)
     if failed:
         return failed
     with open_session(record) as session:
@@ -127,7 +163,7 @@ def slurm_status(record: InvocationRecord) -> InvocationStatus:
         snapshot = take_snapshot(RemoteJobView(session, record.job_dir), _task_dirs(record), _progress_reader())
         state, detail = combine_state(slurm, snapshot)
         tail = log_tail(session, record) if state == "failed" else ""
-    return InvocationStatus(
+    status = InvocationStatus(
         record=record,
         state=state,
         snapshot=settle_tasks(snapshot, slurm.active),
@@ -135,6 +171,9 @@ def slurm_status(record: InvocationRecord) -> InvocationStatus:
         slurm_job=slurm.job_id,
         log_tail=tail,
     )
+    if state in ("succeeded", "failed", "cancelled"):
+        _remember(status)
+    return status
 
 
 def slurm_cancel(record: InvocationRecord) -> str:

@@ -30,6 +30,7 @@ from ckpteval.errors import ClusterError
 from ckpteval.job.invocation import state_dir
 
 if TYPE_CHECKING:
+    from ckpteval.cluster.slurm import ClusterFacts
     from ckpteval.config.profiles import Profile
 
 
@@ -107,8 +108,11 @@ def _no_stdin() -> Iterator[None]:
         sys.stdin = saved
 
 
-def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path) -> Submission:
-    """Submit the job with nemo-run (detached) and return its Slurm job id; ClusterError if it fails."""
+def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path, facts: ClusterFacts | None = None) -> Submission:
+    """Submit the job with nemo-run (detached) and return its Slurm job id; ClusterError if it fails.
+
+    `facts` (partitions, accounts) make the hint for a refused job more specific.
+    """
     check_local_tools(profile)
     nemo_run = import_nemo_run()
     from invoke.exceptions import UnexpectedExit
@@ -157,7 +161,7 @@ def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path) -> Submission:
         command = str(getattr(result, "command", ""))
         stderr = str(getattr(result, "stderr", "") or getattr(result, "stdout", ""))
         if command.startswith("sbatch"):
-            text, hint = explain_sbatch_error(stderr, None)
+            text, hint = explain_sbatch_error(stderr, facts)
             raise ClusterError(f"Slurm refused the job (sbatch):\n{text}", hint=hint) from None
         if command.startswith("rsync") or "rsync" in stderr:
             raise ClusterError(

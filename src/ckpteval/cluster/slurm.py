@@ -160,13 +160,13 @@ def explain_sbatch_error(stderr: str, facts: ClusterFacts | None) -> tuple[str, 
     text = "\n".join(lines[-5:]) or "sbatch gave no reason"
     low = stderr.lower()
     hint = None
-    if "partition" in low:
-        hint = "Check `partition` in the env.toml profile." + (
-            f" Partitions: {', '.join(facts.partitions)}." if facts and facts.partitions else ""
-        )
-    elif "account" in low:
+    if "account" in low:  # "Invalid account or account/partition combination specified"
         hint = "Check `account` in the env.toml profile." + (
             f" Your accounts: {', '.join(facts.accounts)}." if facts and facts.accounts else ""
+        )
+    elif "partition" in low:
+        hint = "Check `partition` in the env.toml profile." + (
+            f" Partitions: {', '.join(facts.partitions)}." if facts and facts.partitions else ""
         )
     elif "time limit" in low:
         hint = "Lower `time` in the env.toml profile to what the partition allows (`sinfo -o '%P %l'`)."
