@@ -35,11 +35,6 @@ from tests.integration.slurm_jobs import (
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CKPTEVAL_STATE_DIR", str(tmp_path / "state"))
-
-
 def status_of(record):  # type: ignore[no-untyped-def]
     return manage.slurm_status(load_record(record.id))
 

@@ -189,7 +189,7 @@ class SlurmLaunch:
             executor="slurm",
             job_dir=self.job_dir,
             tasks=[t.name for t in self.plan.tasks],
-            command_line=["evaluate", *self.compiled.request.overrides],
+            command_line=["evaluate", *(self.compiled.secrets.redact(o) for o in self.compiled.request.overrides)],
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
             extra={
                 "task_dirs": {t.name: t.dir for t in self.plan.tasks},

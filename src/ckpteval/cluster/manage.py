@@ -242,9 +242,9 @@ def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: b
         path = write_results(local, results)
         text = path.read_text(encoding="utf-8")
         session.call(lambda r: r.write_text_atomic(posixpath.join(record.job_dir, RESULTS_FILE), text))
-        if record.local_results_dir != str(local):
-            record.local_results_dir = str(local)
-            record.save()
+        record.local_results_dir = str(local)
+        record.extra["results_of_job"] = record.slurm_job_id  # a resubmitted job makes them stale
+        record.save()
     return results
 
 
@@ -253,7 +253,7 @@ def slurm_results(record: InvocationRecord) -> InvocationResults:
     from ckpteval.results.store import RESULTS_FILE, read_results
 
     local = local_job_copy(record) / RESULTS_FILE
-    if local.is_file():
+    if local.is_file() and record.extra.get("results_of_job") == record.slurm_job_id:
         return read_results(local)
     if not record.slurm_job_id:
         raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")

@@ -53,9 +53,15 @@ def import_nemo_run() -> Any:
     """`import nemo_run`, with NEMORUN_HOME pointing at ckpteval's directory for it."""
     home = nemorun_home()
     home.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("NEMORUN_HOME", str(home))
-    import nemo_run
-
+    saved = os.environ.get("NEMORUN_HOME")
+    os.environ["NEMORUN_HOME"] = str(home)  # read once, at import; not left for processes we start later
+    try:
+        import nemo_run
+    finally:
+        if saved is None:
+            os.environ.pop("NEMORUN_HOME", None)
+        else:
+            os.environ["NEMORUN_HOME"] = saved
     return nemo_run
 
 
