@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
@@ -19,7 +19,7 @@ from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import TERMINAL, SlurmJobState, cancel_job, job_state
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError, EvaluationError
-from ckpteval.job.follow import JobSnapshot, TaskSnapshot, take_snapshot
+from ckpteval.job.follow import JobSnapshot, ProgressReader, TaskSnapshot, take_snapshot
 from ckpteval.job.invocation import InvocationRecord
 from ckpteval.job.manage import InvocationStatus, _task_dirs
 from ckpteval.results.model import InvocationResults
@@ -36,7 +36,7 @@ def record_profile(record: InvocationRecord) -> Profile:
     return Profile(**{k: v for k, v in saved.items() if k in known})
 
 
-def open_session(record: InvocationRecord, *, on_reconnect=None) -> ClusterSession:  # type: ignore[no-untyped-def]
+def open_session(record: InvocationRecord, *, on_reconnect: Callable[[str], None] | None = None) -> ClusterSession:
     """A connection to the invocation's cluster, reopened if it drops."""
     return ClusterSession(record_profile(record), on_reconnect=on_reconnect)
 
@@ -89,7 +89,7 @@ def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:
     return JobSnapshot(deployment=deployment, tasks=tasks, finished=snapshot.finished)
 
 
-def _progress_reader():  # type: ignore[no-untyped-def]
+def _progress_reader() -> ProgressReader:
     from ckpteval.tasks.results import progress_reader
 
     return progress_reader
