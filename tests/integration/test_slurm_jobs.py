@@ -291,15 +291,25 @@ def _kill_server_side_of(session) -> list[int]:  # type: ignore[no-untyped-def]
     return pids
 
 
-def test_on_the_login_node_a_local_tunnel_submits_and_reads_without_ssh(ci_profile, tmp_path: Path):
-    """tunnel = "local": nemo-run's LocalTunnel submits with this machine's sbatch, files are read directly."""
+def test_on_the_login_node_a_local_tunnel_submits_and_reads_without_ssh(
+    ci_profile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """tunnel = "local": nemo-run's LocalTunnel submits with this machine's sbatch (which exports our
+    environment to the job, credentials taken out), and files are read directly."""
+    monkeypatch.setenv("WANDB_API_KEY", "local-secret-0123456789")
     profile = ci_profile(
         tunnel="local", host=None, port=None, user=None, identity=None, remote_job_dir=str(tmp_path / "rjd")
     )
-    sub = submit_plan(profile, lambda d: (http_deployment(d, free_port()), shell_tasks(d, [("a", "echo local-ok")])))
+    sub = submit_plan(
+        profile,
+        lambda d: (
+            http_deployment(d, free_port()),
+            shell_tasks(d, [("a", 'echo "local-ok key=${WANDB_API_KEY:-unset}"')]),
+        ),
+    )
     status = wait_for(
         lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert status.state == "succeeded", status.log_tail
-    assert "local-ok" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
+    assert "local-ok key=unset" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
     assert (tmp_path / "rjd" / "evaluations" / sub.record.id / "state" / "finished").read_text() == "0\n"

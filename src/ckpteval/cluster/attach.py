@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ckpteval.cluster.session import ClusterSession
 
 POLL_SLURM_S = 3.0
+UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
 
 
 def print_submitted(record: InvocationRecord, console: Console, *, resumed: bool = False) -> None:
@@ -57,6 +58,7 @@ class _SlurmWatch:
         self.console = console
         self.state: SlurmJobState | None = None
         self._asked = 0.0
+        self._unknown_since: float | None = None
 
     def refresh(self, *, force: bool = False) -> SlurmJobState:
         if force or self.state is None or time.monotonic() - self._asked >= POLL_SLURM_S:
@@ -70,8 +72,13 @@ class _SlurmWatch:
 
     def running(self) -> bool:
         state = self.refresh()
-        # UNKNOWN right after submission or sbatch/sacct lag: keep watching
-        return state.active or state.state == "UNKNOWN"
+        if state.state != "UNKNOWN":
+            self._unknown_since = None
+            return state.active
+        # right after submission, or while sacct lags: keep watching, for a while
+        now = time.monotonic()
+        self._unknown_since = self._unknown_since or now
+        return now - self._unknown_since < UNKNOWN_GRACE_S
 
 
 def follow_job(record: InvocationRecord, session: ClusterSession, console: Console) -> SlurmJobState:

@@ -105,6 +105,19 @@ def _no_password(*_args: Any) -> Any:
 
 
 @contextlib.contextmanager
+def _without_credentials() -> Iterator[None]:
+    """sbatch exports the submitting environment to the job: with a LocalTunnel that is ours, so the
+    credential variables (WANDB_API_KEY, HF_TOKEN, ...) are taken out while it runs."""
+    from ckpteval.config.secrets import CREDENTIAL_ENV_VARS
+
+    saved = {name: os.environ.pop(name) for name in CREDENTIAL_ENV_VARS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
 def _no_stdin() -> Iterator[None]:
     saved = sys.stdin
     sys.stdin = io.StringIO("")
@@ -135,6 +148,7 @@ def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path, facts: Cluster
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with (
+            _without_credentials(),
             _no_stdin(),  # invoke forwards stdin to the commands it runs; they need none
             contextlib.redirect_stdout(buffer),
             contextlib.redirect_stderr(buffer),
