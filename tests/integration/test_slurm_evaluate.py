@@ -175,3 +175,50 @@ def test_the_real_cli_process_prints_no_traceback_for_an_unreachable_cluster(job
     assert proc.returncode == 1
     assert "Cannot reach 127.0.0.1:" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_run_attached_follows_the_job_and_prints_the_scores(job_profile):
+    result = cli(*tiny_args(job_profile(nodes=1), "--run", "CI"))
+    assert result.exit_code == 0, result.output
+    output = result.output
+    (record,) = list_records()
+    assert f"following invocation {record.id}" in output
+    assert "│ [ckpteval" in output and "deployment healthy" in output  # the job's log, streamed
+    assert f"Slurm job {record.slurm_job_id}: running" in output
+    assert f"scores — invocation {record.id}" in output and "pass_at_1" in output
+    saved = json.loads((record.path / "job" / "results.json").read_text())
+    assert saved["status"] == "succeeded"
+    assert cli("status", record.id, "--json").stdout.count('"succeeded"') >= 2  # the invocation and its task
+
+
+def test_ctrl_c_while_following_leaves_the_job_running_without_a_terminal(job_profile):
+    import signal
+
+    env = job_profile(nodes=1)
+    proc = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "evaluate"), *tiny_args(env, "--run", "CI")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+
+    def following() -> bool:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        lines.append(line)
+        return "following invocation" in line
+
+    try:
+        wait_for(following, timeout=180, interval=0, what="the CLI to follow the job")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    (record,) = list_records()
+    assert proc.returncode == 130
+    assert f"left invocation {record.id} running on the cluster" in err
+    assert f"evaluate cancel {record.id}" in err and "Traceback" not in err
+    assert json.loads(cli("status", record.id, "--json").stdout)[0]["state"] in ("pending", "running")
+    assert cli("cancel", record.id).stdout.startswith(f"cancelled invocation {record.id}")
