@@ -194,30 +194,29 @@ def test_run_attached_follows_the_job_and_prints_the_scores(job_profile):
 
 def test_ctrl_c_while_following_leaves_the_job_running_without_a_terminal(job_profile):
     import signal
+    import threading
 
     env = job_profile(nodes=1)
     proc = subprocess.Popen(
         [str(REPO / ".venv" / "bin" / "evaluate"), *tiny_args(env, "--run", "CI")],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     lines: list[str] = []
-
-    def following() -> bool:
-        line = proc.stderr.readline()  # type: ignore[union-attr]
-        lines.append(line)
-        return "following invocation" in line
-
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     try:
-        wait_for(following, timeout=180, interval=0, what="the CLI to follow the job")
+        wait_for(lambda: any("following invocation" in ln for ln in lines), timeout=180, what="the CLI to follow")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
     finally:
         proc.kill()
+    err = "".join(lines)
     (record,) = list_records()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert f"left invocation {record.id} running on the cluster" in err
     assert f"evaluate cancel {record.id}" in err and "Traceback" not in err
     assert json.loads(cli("status", record.id, "--json").stdout)[0]["state"] in ("pending", "running")
