@@ -104,7 +104,7 @@ def follow_job(record: InvocationRecord, session: ClusterSession, console: Conso
         _task_dirs(record),
         is_running=watch.running,
         progress=_progress_reader(),
-        interval=1.0,
+        interval=2.0,  # each redraw is a few SFTP reads: cheap, but not free for a busy login node
         on_tick=print_log,
         console=console,
     )
