@@ -1,14 +1,14 @@
 """Benchmark: GPU-time of one invocation with 3 tasks (one job, the model deployed once) against 3 one-task
 invocations (3 jobs, the model deployed in each: what nemo-evaluator-launcher does, one job per task).
 
-Against the test cluster (tests/infra/setup.sh): `evaluate -c tiny --batch` with the builtin server
-preparing and serving the tiny Megatron checkpoint inside the job, and real task clients (nemo-evaluator +
-lm-eval, offline data) in their squashed images. Side by side in the same run, one job at a time (the
+Against the test cluster (tests/infra/setup.sh): `evaluate -c tiny --batch`, i.e. the builtin server
+serving SmolLM2-135M-Instruct (a Megatron checkpoint prepared once in the remote cache) inside the job, and
+real task clients (nemo-evaluator + lm-eval, offline data) in their squashed images. Side by side in the same run, one job at a time (the
 machine has 2 cores: concurrent jobs would slow each other and blur the comparison). Accounting comes
 from sacct: ElapsedRaw x NNodes (node-seconds) and ElapsedRaw x allocated GPUs (gres/gpu in AllocTRES);
 the deployment's start-up is read from the job's log (start -> healthy).
 
-Run: uv run python benchmarks/slurm_gpu_hours.py [--limit 6] [--rounds 1]   (prints a markdown table)
+Run: uv run python benchmarks/slurm_gpu_hours.py [--limit 2] [--rounds 1]   (prints a markdown table)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = Path("/tmp/ci-infra/infra.json")
-TASKS = ("adlr_mmlu", "gsm8k", "adlr_humaneval_greedy")
+TASKS = ("hellaswag", "gsm8k", "adlr_humaneval_greedy")
 EVALUATE = str(REPO / ".venv" / "bin" / "evaluate")
 
 
@@ -90,8 +90,6 @@ def submit(env: Path, tasks: tuple[str, ...], limit: int, port: int) -> str:
         "bench",
         "--env-file",
         str(env),
-        "deployment.prepare=tiny",
-        "run.model=${execution.cache_dir}/checkpoints/tiny",
         f"deployment.port={port}",
         f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}",
         "evaluation.nemo_evaluator_config.config.params.max_new_tokens=64",
@@ -146,7 +144,7 @@ def usage(invocation: str, tasks: tuple[str, ...], state: str) -> JobUsage:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--limit", type=int, default=6, help="samples per task")
+    parser.add_argument("--limit", type=int, default=2, help="samples per task")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     info = json.loads(INFRA.read_text())
@@ -154,7 +152,7 @@ def main() -> None:
     for _ in range(args.rounds):
         remote_job_dir = f"{info['user_home']}/ckpteval-bench/{uuid.uuid4().hex[:10]}"
         env = write_env(info, remote_job_dir)
-        # warm-up, not measured: prepares the tiny checkpoint in the remote cache and squashes the images
+        # warm-up, not measured: prepares the checkpoint in the remote cache and squashes the images
         warm = submit(env, TASKS[:1], 1, free_port())
         wait(warm)
         one = submit(env, TASKS, args.limit, free_port())
