@@ -85,5 +85,8 @@ def render_preview(
         if panel.renderable is not None:
             console.print(panel.renderable)
             continue
-        body: Any = Syntax(redact(panel.body), panel.language, theme="ansi_dark", background_color="default")
+        # scripts have long command lines: wrap them rather than crop them at the panel's edge
+        body: Any = Syntax(
+            redact(panel.body), panel.language, theme="ansi_dark", background_color="default", word_wrap=True
+        )
         console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))
