@@ -17,8 +17,10 @@ def status_command(
     from ckpteval.job import manage
     from ckpteval.job.invocation import list_records, load_record
 
-    records = [load_record(invocation)] if invocation else list_records()[:limit]
-    statuses = [manage.status(r) for r in records]
+    if invocation:
+        statuses = [manage.status(load_record(invocation))]
+    else:  # one unreachable cluster must not hide the other invocations
+        statuses = [_status_or_unknown(manage, r) for r in list_records()[:limit]]
     if json_output:
         print(json.dumps([_as_json(s) for s in statuses], indent=2))
         return
@@ -63,6 +65,15 @@ def status_command(
             ", ".join(s.record.tasks),
         )
     console.print(table)
+
+
+def _status_or_unknown(manage, record):  # type: ignore[no-untyped-def]
+    from ckpteval.errors import CkptevalError
+
+    try:
+        return manage.status(record)
+    except CkptevalError as exc:
+        return manage.InvocationStatus(record=record, state="unknown", snapshot=None, detail=exc.message)
 
 
 def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
