@@ -193,7 +193,7 @@ class SlurmLaunch:
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
             extra={
                 "task_dirs": {t.name: t.dir for t in self.plan.tasks},
-                "connection": dataclasses.asdict(self.profile),
+                "connection": self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
                 "sbatch": dataclasses.asdict(self.spec),
                 "model": getattr(self.compiled.config.deployment, "checkpoint_path", None),
                 "label": self.compiled.config.run.name,
