@@ -20,7 +20,6 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -83,7 +82,9 @@ remote_job_dir = "{remote_job_dir}"
 python = "{venv}/python"
 env_vars = {{ PATH = "{venv}:/usr/local/bin:/usr/bin:/bin", HF_HUB_OFFLINE = "1", HF_DATASETS_OFFLINE = "1" }}
 """
-    path = Path(tempfile.mkdtemp(prefix="ckpteval-bench-")) / "env.toml"
+    # not under /tmp: a long run must not lose its env.toml to a tmp cleaner
+    path = Path.home() / ".cache" / "ckpteval-bench" / uuid.uuid4().hex[:10] / "env.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
