@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("cancel", "cancel_command", "Stop a running invocation; finished tasks keep their results."),
     "resume": ("resume", "resume_command", "Resubmit a stopped Slurm invocation; finished tasks are skipped."),
     "results": ("results", "results_command", "Scores of invocations, side by side; --json for machines."),
+    "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
+    "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
+    "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),
 }
 
 

@@ -75,6 +75,9 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
         f"task '{n}' is not in the config's task list; -t added it with the global settings"
         for n in composed.added_tasks
     ]
+    notes.extend(
+        f"run.model {a.ref.qualified} -> {a.path} (W&B artifact {a.version}, {a.rule})" for a in composed.artifacts
+    )
     notes.extend(_settle_backend(data))
     _check_deployment_keys(data)
     config = from_mapping(EvalConfig, data, where="config")
@@ -140,6 +143,22 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _drop_unset_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Remove params left null: null means "the task's own default" (the catalog's, e.g. hellaswag's
+    temperature), so a global `temperature: null` must not override it."""
+
+    def prune(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: prune(v) for k, v in node.items() if v is not None}
+        return node
+
+    params = (cfg.get("config") or {}).get("params")
+    if isinstance(params, dict):
+        cfg = copy.deepcopy(cfg)
+        cfg["config"]["params"] = prune(params)
+    return cfg
+
+
 def _dir_name(name: str, taken: set[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     candidate, n = base, 1
@@ -158,7 +177,7 @@ def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) ->
     out = []
     for index, (task, raw) in enumerate(zip(config.evaluation.tasks, raw_tasks, strict=True)):
         spec = catalog.get(task.name)
-        merged = deep_merge(global_cfg, raw.get("nemo_evaluator_config") or {})
+        merged = _drop_unset_params(deep_merge(global_cfg, raw.get("nemo_evaluator_config") or {}))
         # validate the merged shape too (a task-level typo is caught with its path)
         from_mapping(
             NemoEvaluatorConfig, merged, where="config", path=f"evaluation.tasks[{index}].nemo_evaluator_config"
@@ -194,6 +213,20 @@ def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Pa
         )
     _check_tasks(config, tasks)
     _check_deployment(config, cwd=cwd)
+    _check_export(config)
+
+
+def _check_export(config: EvalConfig) -> None:
+    """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
+    import os
+
+    wandb = config.export.wandb
+    if wandb.enabled and not wandb.project and not os.environ.get("WANDB_PROJECT"):
+        raise ConfigError(
+            "export.wandb is enabled but no W&B project is set.",
+            hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
+            "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
+        )
 
 
 def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:

@@ -66,6 +66,7 @@ class ComposedConfig:
     config_files: tuple[Path, ...]
     secrets: SecretValues
     added_tasks: tuple[str, ...] = ()
+    artifacts: tuple[Any, ...] = ()  # ResolvedArtifact: W&B model artifacts ${art:...} resolved
 
 
 def config_search_path(env: EnvFile) -> tuple[Path, ...]:
@@ -168,13 +169,14 @@ def compose(request: CompileRequest) -> ComposedConfig:
     cfg = _hydra_compose(search_path, layers.overrides)
     added = apply_task_filter(cfg, layers.task_filter)
 
-    from ckpteval.config.resolvers import collecting_secrets, register_resolvers, stop_collecting
+    from ckpteval.config.resolvers import collecting_secrets, register_resolvers, resolved_artifacts, stop_collecting
 
     register_resolvers()
     secrets = collect_environment_secrets()
     token = collecting_secrets(secrets)
     try:
         data = _resolve(cfg)
+        artifacts = tuple(resolved_artifacts())
     finally:
         stop_collecting(token)
     if not isinstance(data, dict):
@@ -188,6 +190,7 @@ def compose(request: CompileRequest) -> ComposedConfig:
         config_files=tuple(files),
         secrets=secrets,
         added_tasks=added,
+        artifacts=artifacts,
     )
 
 

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import contextvars
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.secrets import SecretValues
 from ckpteval.errors import ConfigError
 
-_secrets: contextvars.ContextVar[SecretValues | None] = contextvars.ContextVar("ckpteval_secrets", default=None)
+if TYPE_CHECKING:
+    from ckpteval.export.artifacts import ResolvedArtifact
+
+
+@dataclass
+class _Scope:
+    """What one config resolution collects: secret values, and the artifacts it resolved (each once:
+    `${art:model,path}` may be reached from several keys, and each resolution is a network call)."""
+
+    secrets: SecretValues
+    artifacts: dict[tuple[str, str | None, str | None], ResolvedArtifact] = field(default_factory=dict)
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("ckpteval_resolution", default=None)
 _registered = False
 
 
@@ -48,10 +62,25 @@ def _art(name: str, attribute: str, *, _root_: Any) -> str:
         raise ConfigError(f"${{art:{name},{attribute}}}: only the `path` attribute exists.")
     value = str(value)
     if looks_like_artifact(value):
-        from ckpteval.export.artifacts import resolve_model_artifact
-
-        return resolve_model_artifact(value, wandb_settings=run.get("wandb"))
+        return _model_artifact(value, run.get("wandb")).path
     return os.path.expanduser(value)
+
+
+def _model_artifact(value: str, wandb_node: Any) -> ResolvedArtifact:
+    from ckpteval.export.artifacts import resolve_model_artifact
+
+    settings = {
+        "entity": wandb_node.get("entity") if wandb_node is not None else None,
+        "project": wandb_node.get("project") if wandb_node is not None else None,
+    }
+    scope = _scope.get()
+    cache_key = (value, settings["entity"], settings["project"])
+    if scope is not None and cache_key in scope.artifacts:
+        return scope.artifacts[cache_key]
+    resolved = resolve_model_artifact(value, wandb_settings=settings)
+    if scope is not None:
+        scope.artifacts[cache_key] = resolved
+    return resolved
 
 
 def _secret(name: str) -> str:
@@ -61,9 +90,9 @@ def _secret(name: str) -> str:
             f"${{secret:{name}}}: environment variable {name} is not set.",
             hint=f"export {name}=... before running, or remove the reference.",
         )
-    registry = _secrets.get()
-    if registry is not None:
-        registry.add(value)
+    scope = _scope.get()
+    if scope is not None:
+        scope.secrets.add(value)
     return value
 
 
@@ -84,11 +113,18 @@ def register_resolvers() -> None:
     _registered = True
 
 
-def collecting_secrets(registry: SecretValues) -> contextvars.Token[SecretValues | None]:
-    """Make `${secret:...}` resolutions add to `registry` until the token is reset."""
-    return _secrets.set(registry)
+def collecting_secrets(registry: SecretValues) -> contextvars.Token[_Scope | None]:
+    """Make `${secret:...}` resolutions add to `registry` (and artifact resolutions be remembered)
+    until the token is reset."""
+    return _scope.set(_Scope(secrets=registry))
 
 
-def stop_collecting(token: contextvars.Token[SecretValues | None]) -> None:
+def resolved_artifacts() -> list[ResolvedArtifact]:
+    """The model artifacts resolved since `collecting_secrets` (for the dry run's notes)."""
+    scope = _scope.get()
+    return list(scope.artifacts.values()) if scope is not None else []
+
+
+def stop_collecting(token: contextvars.Token[_Scope | None]) -> None:
     """Undo `collecting_secrets`."""
-    _secrets.reset(token)
+    _scope.reset(token)

@@ -212,9 +212,12 @@ class WandbExport:
     entity: str | None = None
     project: str | None = None
     log_mode: Literal["multi_task", "per_task"] = "multi_task"
-    name: str | None = None
+    name: str | None = None  # run name; default run.name, else eval-<invocation>
+    group: str | None = None  # default: the invocation id
+    description: str | None = None  # the run's notes
     tags: list[str] = field(default_factory=list)
     job_type: str = "evaluation"
+    timeout: int = 60  # seconds W&B may take to accept a run before the export gives up
 
 
 @dataclass(frozen=True, kw_only=True)

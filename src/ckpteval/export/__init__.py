@@ -1,0 +1,12 @@
+"""Results to W&B and MLflow, and W&B model artifacts to checkpoint paths (see docs/export.md).
+
+- `invocation`: `export_invocation` (after a run, and `evaluate export`), `export_recorded`
+- `content`: what every destination gets (metrics `<task>/<metric>`, config, files)
+- `to_wandb`, `to_mlflow`: the two destinations
+- `credentials`: the W&B key (environment or `wandb login`) and the owner-only key file for jobs
+- `job`: the pieces a detached cluster job needs (`stage_wandb_key`, `export_step_command`);
+  `python -m ckpteval.export` is the step itself
+- `artifacts`: `${art:model,path}` for `run.model=name:alias`
+
+Nothing here imports wandb or mlflow at module level: they load only when an export or a lookup runs.
+"""

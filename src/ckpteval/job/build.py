@@ -50,7 +50,7 @@ def local_toolchain() -> Toolchain:
     """This machine: the interpreter running ckpteval and the nemo-evaluator beside it."""
     import sys
 
-    from ckpteval.tasks.harness import hook_dir
+    from ckpteval.tasks.client import hook_dir
 
     bin_dir = Path(sys.executable).parent
     return Toolchain(python=sys.executable, evaluator=str(bin_dir / "nemo-evaluator"), hook_dir=str(hook_dir()))
@@ -226,7 +226,8 @@ def _task_plan(
     launcher: Launcher,
     mounts: tuple[str, ...],
 ) -> TaskPlan:
-    from ckpteval.tasks.harness import EndpointSpec, build_run_config, client_command, client_env
+    from ckpteval.tasks.client import client_command, client_env
+    from ckpteval.tasks.runconfig import EndpointSpec, build_run_config
 
     config = compiled.config
     api = config.target.api_endpoint
@@ -235,7 +236,10 @@ def _task_plan(
     else:
         route = config.deployment.endpoints
         url = base_url + (route.chat if task.endpoint_type == "chat" else route.completions)
+    routes = getattr(config.deployment, "endpoints", None)
+    health = f"{base_url}{routes.health}" if base_url and routes else None
     endpoint = EndpointSpec(
+        health_url=health,
         url=url,
         model_id=api.model_id,
         type=task.endpoint_type,  # type: ignore[arg-type]
@@ -243,10 +247,9 @@ def _task_plan(
     )
     task_dir = f"{job_dir}/tasks/{task.dir_name}"
     run_config = build_run_config(task.spec, task.evaluator_config, endpoint=endpoint, output_dir=f"{task_dir}/output")
-    env = {**client_env(offline_data=config.evaluation.offline_data, hook_dir=toolchain.hook_dir), **task.env_vars}
-    if task.dataset_dir:
-        env["NEMO_EVALUATOR_DATASET_DIR"] = task.dataset_dir
-    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator)
+    env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
+    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator,
+                             hook_dir=toolchain.hook_dir)
     image = task.container if launcher == "slurm" else None
     return TaskPlan(
         name=task.name,

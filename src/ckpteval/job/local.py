@@ -20,6 +20,7 @@ from ckpteval.job.files import job_files, write_job_files
 from ckpteval.job.follow import follow
 from ckpteval.job.invocation import InvocationRecord, now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
+from ckpteval.results.model import InvocationResults
 
 
 class LocalJobView:
@@ -93,7 +94,7 @@ class LocalLaunch:
         from ckpteval.results.collect import collect_results
         from ckpteval.results.store import write_results
         from ckpteval.results.table import print_table
-        from ckpteval.tasks.results import progress_reader
+        from ckpteval.tasks.progress import progress_reader
 
         self.save(record)
         (self.job_dir / "logs").mkdir(exist_ok=True)
@@ -127,11 +128,24 @@ class LocalLaunch:
         )
         write_results(self.job_dir, results)
         print_table([results])
+        self.export(results, record)
         if proc.returncode == 3:
             _print_log_tail(self.job_dir / "logs" / "job.log")
         if interrupted:
             return 130
         return 0 if proc.returncode == 0 else 1
+
+    def export(self, results: InvocationResults, record: InvocationRecord) -> None:
+        """Export the results where the config says (W&B, MLflow); a failed export never fails the run."""
+        from ckpteval.export.invocation import enabled_destinations, export_invocation
+
+        if enabled_destinations(self.compiled.config.export):
+            export_invocation(
+                results,
+                self.job_dir,
+                self.compiled.config.export,
+                task_dirs=record.extra.get("task_dirs") or {},
+            )
 
 
 def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]

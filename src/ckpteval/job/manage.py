@@ -63,7 +63,7 @@ def status(record: InvocationRecord) -> InvocationStatus:
 
         return slurm_status(record)
     from ckpteval.job.local import LocalJobView
-    from ckpteval.tasks.results import progress_reader
+    from ckpteval.tasks.progress import progress_reader
 
     view = LocalJobView(Path(record.job_dir))
     snapshot = take_snapshot(view, _task_dirs(record), progress_reader)

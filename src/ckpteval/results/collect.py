@@ -19,39 +19,42 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     """One task's outcome from its state file and the harness output under `task_dir/output`."""
-    from ckpteval.tasks.results import read_task_result
-
     state_file = task_dir / "state"
     state = state_file.read_text().strip() if state_file.exists() else ""
     done = (task_dir / ".done").exists()
     if done:
+        from ckpteval.tasks.results import read_task_result
+
         try:
             result = read_task_result(task_dir / "output")
         except EvaluationError as exc:
             return TaskOutcome(name=name, status="failed", error=exc.message)
         metrics = {k: Metric(value=m.value, stderr=m.stderr, n_samples=m.n_samples) for k, m in result.metrics.items()}
         data = None
-        if result.provenance is not None:
-            p = result.provenance
+        if result.offline is not None:
+            o = result.offline
             data = DataSource(
-                offline=p.offline,
-                source=p.source,
-                split=p.split,
-                few_shot_source=p.few_shot_source,
-                n_available=p.n_available,
-                note=p.note,
+                offline=True,
+                source=", ".join(o.sources),
+                split=o.eval_split,
+                few_shot_source=o.few_shot_source,
+                n_available=o.n_available,
+                note=o.note,
             )
         return TaskOutcome(
             name=name,
             status="succeeded",
-            harness=result.harness,
+            harness=result.harness_task,
             metrics=metrics,
             n_samples=result.n_samples,
             data=data,
-            duration_s=result.duration_s,
+            duration_s=result.timings.runtime_s,
         )
     if state.startswith("failed"):
-        return TaskOutcome(name=name, status="failed", error=_tail(task_dir / "client.log") or state)
+        from ckpteval.tasks.results import failure_error
+
+        error = failure_error(task_dir / "output", task_dir / "client.log").message
+        return TaskOutcome(name=name, status="failed", error=error or _tail(task_dir / "client.log") or state)
     if state == "running":
         return TaskOutcome(name=name, status="cancelled", error="the job stopped while this task ran")
     return TaskOutcome(name=name, status="pending")

@@ -110,6 +110,13 @@ CASES = [
         "log-likelihood tasks need the model's tokenizer",
         "deployment.tokenizer",
     ),
+    (
+        "wandb-without-project",
+        ["-c", "tiny", "-d", "export.wandb.enabled=true"],
+        None,
+        "export.wandb is enabled but no W&B project is set",
+        "env.toml [wandb]",
+    ),
     ("none-without-url", ["-c", "tiny", "-d", "deployment=none"], None, "no URL is set", "target.api_endpoint.url="),
     (
         "tp-on-builtin",

@@ -98,8 +98,8 @@ def test_golden(launcher: str):
     plan = make_plan(
         Path("/jobs/abcd1234"),
         port=8000,
+        deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
         tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml")],
-        deploy_cmd="exec python3 server.py 8000",  # not sys.executable: the golden file is the same everywhere
     )
     if launcher == "slurm":
         plan = JobPlan(

@@ -29,7 +29,7 @@ rm -f state/finished state/deployment  # a resubmitted job starts over; finished
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 say 'starting the deployment (megatron/builtin)'
-setsid bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python3 server.py 8000' > logs/deployment.log 2>&1 &
+setsid bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python3 -m ckpteval.deploy serve --port 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
 deadline=$((SECONDS + 30))

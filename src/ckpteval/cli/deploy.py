@@ -1,0 +1,63 @@
+"""`evaluate deploy`: serve a Megatron checkpoint behind an OpenAI-compatible API on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def deploy_command(
+    checkpoint: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint", help="The checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* directory."
+        ),
+    ],
+    port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (0.0.0.0 for every interface).")
+    ] = "127.0.0.1",
+    served_model_name: Annotated[
+        str, typer.Option("--served-model-name", help="The model name clients must send (or omit).")
+    ] = "megatron-model",
+    device: Annotated[
+        str, typer.Option("--device", help="auto (a GPU when there is one), cpu, cuda or cuda:N.")
+    ] = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option("--dtype", help="auto (float32 on CPU, the training dtype on GPU), float32, bfloat16, float16."),
+    ] = "auto",
+    max_batch_size: Annotated[
+        int | None, typer.Option("--max-batch-size", help="Most requests run in one forward pass. [default: 16]")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option("--tokenizer", help="A Hugging Face tokenizer directory. Default: CHECKPOINT/tokenizer."),
+    ] = None,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
+) -> None:
+    """Serve a Megatron checkpoint with megatron-core: /v1/completions, /v1/chat/completions, /v1/models, /v1/health.
+
+    Runs on one GPU, or on the CPU when there is none. Ctrl-C stops it.
+
+      evaluate prepare smollm2 --output ckpts/smollm2
+      evaluate deploy --checkpoint ckpts/smollm2 --port 8000
+      curl localhost:8000/v1/completions -d '{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}'
+    """
+    from ckpteval.deploy.server import ServeOptions, serve
+
+    serve(
+        ServeOptions(
+            checkpoint=checkpoint,
+            port=port,
+            host=host,
+            served_model_name=served_model_name,
+            device=device,
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            tokenizer=tokenizer,
+            access_log=access_log,
+        )
+    )

@@ -1,0 +1,98 @@
+"""`python -m ckpteval.deploy`: the entry point job scripts run (no `evaluate` console script needed).
+
+    python -m ckpteval.deploy serve --checkpoint DIR --port 8000 [--prepare smollm2] ...
+    python -m ckpteval.deploy prepare smollm2|tiny [--output DIR] [--force]
+    python -m ckpteval.deploy build-packaged NAME DIR      (internal: the child `prepare` starts)
+
+Errors are printed as one line (plus a hint) with a non-zero exit code, like the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ckpteval.errors import CkptevalError
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ckpteval.deploy.prepare import PACKAGED_MODELS
+    from ckpteval.deploy.server import DEFAULT_MODEL_NAME
+
+    parser = argparse.ArgumentParser(prog="python -m ckpteval.deploy")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="Serve a Megatron checkpoint behind an OpenAI-compatible API.")
+    serve.add_argument("--checkpoint", required=True, type=Path)
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME)
+    serve.add_argument("--device", default="auto")
+    serve.add_argument("--dtype", default="auto")
+    serve.add_argument("--max-batch-size", type=int, default=None)
+    serve.add_argument("--tokenizer", type=Path, default=None)
+    serve.add_argument(
+        "--prepare",
+        choices=PACKAGED_MODELS,
+        default=None,
+        help="prepare this packaged model into --checkpoint first if missing",
+    )
+    serve.add_argument("--access-log", action="store_true")
+
+    prepare = commands.add_parser("prepare", help="Write a packaged model as a Megatron checkpoint.")
+    prepare.add_argument("name", choices=PACKAGED_MODELS)
+    prepare.add_argument("--output", type=Path, default=None)
+    prepare.add_argument("--force", action="store_true")
+
+    build = commands.add_parser("build-packaged")
+    build.add_argument("name", choices=PACKAGED_MODELS)
+    build.add_argument("directory", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return the process exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from ckpteval.deploy.server import ServeOptions, serve
+
+            if args.prepare:
+                from ckpteval.deploy.prepare import ensure_prepared
+
+                ensure_prepared(args.prepare, args.checkpoint)
+            serve(
+                ServeOptions(
+                    checkpoint=args.checkpoint,
+                    port=args.port,
+                    host=args.host,
+                    served_model_name=args.served_model_name,
+                    device=args.device,
+                    dtype=args.dtype,
+                    max_batch_size=args.max_batch_size,
+                    tokenizer=args.tokenizer,
+                    access_log=args.access_log,
+                )
+            )
+        elif args.command == "prepare":
+            from ckpteval.deploy.prepare import default_checkpoint_dir, prepare_checkpoint
+
+            path = prepare_checkpoint(args.name, args.output or default_checkpoint_dir(args.name), force=args.force)
+            print(path)
+        else:
+            from ckpteval.deploy.packaged import build_packaged
+
+            build_packaged(args.name, args.directory)
+    except CkptevalError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(exc.hint, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

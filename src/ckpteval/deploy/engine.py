@@ -1,0 +1,302 @@
+"""The model's two kinds of work: scoring token sequences and generating with a KV cache.
+
+Scoring runs one causal forward over right-padded rows and returns, for every position, the
+log-probability of the next token and the top-k alternatives (what `echo` + `logprobs` needs).
+
+Generation batches rows of different prompt lengths by left-padding them into one megatron
+`StaticInferenceContext`: the prompt forward fills the KV cache, then each step feeds one token
+per row. Padded keys are masked in every step; megatron stores keys before rotating them and
+rotates the whole cache by slot, so with rotary embeddings a left-padded row attends exactly as an
+unpadded one (attention depends only on relative positions). Rows that finish are dropped from
+the batch and their cache rows with them.
+
+Everything here runs on the one model thread (see `scheduler`); nothing is thread-safe.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ckpteval.deploy.tokenizer import ServedTokenizer
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one row is generated. temperature 0 is greedy."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # top alternatives per generated token; None: no log-probs
+
+
+@dataclass
+class ScoredRow:
+    """Log-probabilities of one scored sequence of n tokens.
+
+    token_logprobs[i] is log p(token[i+1] | tokens[:i+1]) (n-1 values); top_ids[i] / top_logprobs[i]
+    are the k most likely next tokens after position i (n positions, the last one predicts the
+    token after the sequence).
+    """
+
+    token_logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+@dataclass
+class Generation:
+    """The result of generating one row."""
+
+    token_ids: list[int]  # generated tokens, without a final end-of-sequence token
+    text: str  # their text, cut before a stop sequence
+    finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
+    num_generated: int  # tokens the model produced, counting a final EOS (usage accounting)
+    token_logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+
+
+class ModelRunner:
+    """Forward passes of one GPTModel on one device."""
+
+    def __init__(self, model: Any, tokenizer: ServedTokenizer, *, device: str, max_context: int) -> None:
+        import torch
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_context = max_context
+        self._causal: dict[int, torch.Tensor] = {}
+        # Ids the model may emit but the tokenizer cannot decode (Megatron pads the vocabulary).
+        self.vocab_limit = min(tokenizer.vocab_size, model.vocab_size)
+
+    def causal_mask(self, length: int) -> torch.Tensor:
+        """[1, 1, L, L] bool, True above the diagonal (megatron masks where True)."""
+        import torch
+
+        mask = self._causal.get(length)
+        if mask is None:
+            mask = torch.triu(torch.ones(length, length, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
+            if len(self._causal) < 64:
+                self._causal[length] = mask
+        return mask
+
+    def score(self, rows: list[list[int]], top_k: int = 1) -> list[ScoredRow]:
+        """One forward over `rows` (right-padded); log-probs of each next token and the top-k."""
+        import torch
+
+        with torch.inference_mode():
+            batch, length = len(rows), max(len(r) for r in rows)
+            ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.long, device=self.device)
+            positions = torch.arange(length, device=self.device).expand(batch, length)
+            logits = self.model(input_ids=ids, position_ids=positions, attention_mask=self.causal_mask(length))
+            logits = logits.float()
+            # log p = logit - logsumexp; the same subtraction for the target and the top-k, so a
+            # greedy token's logprob equals the top value exactly (lm-eval's is_greedy compares them).
+            # row by row: logsumexp's temporary is as large as its input, and [rows, length, vocab]
+            # logits are the largest tensor of a scoring forward
+            norm = torch.cat([row.logsumexp(-1, keepdim=True)[None] for row in logits])
+            target = logits[:, :-1].gather(-1, ids[:, 1:, None]).sub_(norm[:, :-1]).squeeze(-1)
+            top_values, top_ids = logits.topk(top_k, dim=-1)
+            top_values.sub_(norm)
+            target_l, top_ids_l, top_values_l = target.tolist(), top_ids.tolist(), top_values.tolist()
+        return [
+            ScoredRow(
+                token_logprobs=target_l[i][: len(r) - 1],
+                top_ids=top_ids_l[i][: len(r)],
+                top_logprobs=top_values_l[i][: len(r)],
+            )
+            for i, r in enumerate(rows)
+        ]
+
+    def generate(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
+        """Generate every request to completion (a convenience over `GenerationBatch`)."""
+        batch = GenerationBatch(self, requests)
+        results: dict[int, Generation] = {}
+        while not batch.done:
+            results.update(batch.step())
+        return [results[i] for i in range(len(requests))]
+
+    def generate_without_cache(self, prompt: list[int], params: SamplingParams) -> Generation:
+        """Greedy generation recomputing the whole prefix every step (the baseline the cache is measured against)."""
+        out: list[int] = []
+        for _ in range(params.max_tokens):
+            scored = self.score([prompt + out], top_k=1)[0]
+            token = scored.top_ids[-1][0]
+            if token in self.tokenizer.stop_token_ids:
+                return Generation(out, self.tokenizer.decode(out), "stop", len(out) + 1)
+            out.append(token)
+        return Generation(out, self.tokenizer.decode(out), "length", len(out))
+
+
+@dataclass
+class _Row:
+    index: int
+    prompt_len: int
+    params: SamplingParams
+    generator: Any = None
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+
+
+class GenerationBatch:
+    """Rows generated together with one KV cache; `step()` advances every row by one token."""
+
+    def __init__(self, runner: ModelRunner, requests: list[tuple[list[int], SamplingParams]]) -> None:
+        import torch
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        self.runner = runner
+        device = runner.device
+        longest = max(len(prompt) for prompt, _ in requests)
+        new_tokens = max(p.max_tokens for _, p in requests)
+        # Not capped at the model's context: each row's own prompt + max_tokens was checked against
+        # it; a short row left-padded beside a long one only uses later cache slots, and its
+        # positions (slot - padding) stay within the context.
+        capacity = longest + new_tokens
+        self.rows = []
+        for i, (prompt, params) in enumerate(requests):
+            generator = None
+            if params.temperature > 0:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
+            self.rows.append(_Row(index=i, prompt_len=len(prompt), params=params, generator=generator))
+        batch = len(requests)
+        self.pads = torch.tensor([longest - len(p) for p, _ in requests], device=device)
+        self.key_padding = torch.arange(capacity, device=device)[None, :] < self.pads[:, None]  # True = masked
+        self.next_input = torch.tensor(
+            [[0] * (longest - len(p)) + p for p, _ in requests], dtype=torch.long, device=device
+        )
+        self.context = StaticInferenceContext(max_batch_size=batch, max_sequence_length=capacity)
+        self.capacity = capacity
+        self.steps = 0
+        self.done = False
+
+    def step(self) -> dict[int, Generation]:
+        """Run one forward (the prompts first, then one token per row); return the rows that finished."""
+        import torch
+
+        runner, ctx = self.runner, self.context
+        with torch.inference_mode():
+            start, width = ctx.sequence_len_offset, self.next_input.shape[1]
+            keys = self.key_padding[:, None, None, : start + width]
+            mask = keys | runner.causal_mask(width) if start == 0 else keys
+            positions = (torch.arange(start, start + width, device=runner.device)[None, :] - self.pads[:, None]).clamp_(
+                min=0
+            )
+            logits = runner.model(
+                input_ids=self.next_input,
+                position_ids=positions,
+                attention_mask=mask,
+                inference_context=ctx,
+                runtime_gather_output=True,
+            )
+            ctx.increment_sequence_len_offset(width)
+            self.steps += 1
+            logits = logits[:, -1, : runner.vocab_limit].float()
+            tokens = self._sample(logits)
+            want_logprobs = [r.params.logprobs is not None for r in self.rows]
+            logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+            token_list = tokens.tolist()
+
+            finished: dict[int, Generation] = {}
+            keep: list[int] = []
+            for slot, (row, token) in enumerate(zip(self.rows, token_list, strict=True)):
+                if logprobs is not None and want_logprobs[slot]:
+                    k = max(1, row.params.logprobs or 0)
+                    values, ids = logprobs[slot].topk(k)
+                    row.logprobs.append(float(logprobs[slot, token]))
+                    row.top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+                result = self._advance(row, token, full=start + width >= self.capacity)
+                if result is None:
+                    keep.append(slot)
+                else:
+                    finished[row.index] = result
+            if not keep:
+                self.done = True
+                ctx.key_value_memory_dict.clear()
+                return finished
+            self.next_input = tokens[:, None]
+            if len(keep) < len(self.rows):
+                self._drop_rows(keep)
+        return finished
+
+    def _advance(self, row: _Row, token: int, *, full: bool) -> Generation | None:
+        tokenizer = self.runner.tokenizer
+        params = row.params
+        if token in tokenizer.stop_token_ids:
+            if row.logprobs and params.logprobs is not None:  # the EOS is not part of the returned tokens
+                row.logprobs.pop()
+                row.top.pop()
+            return self._finish(row, "stop", eos=True)
+        row.out.append(token)
+        if params.stop:
+            # A stop sequence that just completed ends in this token, so it lies within the last few
+            # tokens (a character takes at most 4); decode only those, and the whole text on a hit.
+            window = 4 * max(len(s) for s in params.stop) + 4
+            tail = tokenizer.decode(row.out[-window:])
+            if any(s in tail for s in params.stop):
+                text = tokenizer.decode(row.out)
+                cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    row.text = text[:cut]
+                    return self._finish(row, "stop", text_done=True)
+        if len(row.out) >= params.max_tokens or full:
+            return self._finish(row, "length")
+        return None
+
+    def _finish(self, row: _Row, reason: str, *, eos: bool = False, text_done: bool = False) -> Generation:
+        text = row.text if text_done else self.runner.tokenizer.decode(row.out)
+        with_logprobs = row.params.logprobs is not None
+        return Generation(
+            token_ids=row.out,
+            text=text,
+            finish_reason=reason,
+            num_generated=len(row.out) + (1 if eos else 0),
+            token_logprobs=row.logprobs if with_logprobs else None,
+            top=row.top if with_logprobs else None,
+        )
+
+    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        tokens = logits.argmax(dim=-1)
+        for slot, row in enumerate(self.rows):
+            p = row.params
+            if p.temperature <= 0 or p.top_k == 1:
+                continue
+            scaled = logits[slot] / p.temperature
+            if p.top_k > 1:
+                kth = scaled.topk(min(p.top_k, scaled.numel())).values[-1]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            probs = torch.softmax(scaled, dim=-1)
+            if p.top_p < 1.0:
+                sorted_probs, order = probs.sort(descending=True)
+                # keep the smallest prefix whose mass reaches top_p (always at least one token)
+                drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+                sorted_probs[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            tokens[slot] = torch.multinomial(probs, 1, generator=row.generator)[0]
+        return tokens
+
+    def _drop_rows(self, keep: list[int]) -> None:
+        import torch
+
+        index = torch.tensor(keep, device=self.runner.device)
+        self.rows = [self.rows[i] for i in keep]
+        self.pads = self.pads[index]
+        self.key_padding = self.key_padding[index]
+        self.next_input = self.next_input[index]
+        memory = self.context.key_value_memory_dict
+        for layer, (k, v) in memory.items():
+            memory[layer] = (k[:, index].contiguous(), v[:, index].contiguous())

@@ -1,0 +1,131 @@
+"""Where the pieces of a Megatron checkpoint are on disk (stdlib only, no torch).
+
+The layout is Megatron-LM's, so a user's training checkpoint and one `evaluate prepare` wrote are
+found the same way:
+
+    <root>/latest_checkpointed_iteration.txt     "1000" or "release"
+    <root>/iter_0001000/                         torch_dist: metadata.json, common.pt, .metadata, *.distcp
+    <root>/tokenizer/                            a Hugging Face tokenizer directory (ckpteval's convention;
+                                                 <root>/iter_*/tokenizer/ is accepted too)
+
+`common.pt` holds Megatron-LM's common state: `args` (the training arguments, from which the
+architecture is read), `checkpoint_version` and `iteration`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.errors import DeploymentError
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+TOKENIZER_DIR = "tokenizer"
+COMMON_STATE_FILE = "common.pt"
+DIST_METADATA_FILE = "metadata.json"
+DCP_METADATA_FILE = ".metadata"
+CHECKPOINT_FORMAT = "torch_dist"
+
+_ITER_DIR = re.compile(r"^iter_(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """The directories of one checkpoint iteration."""
+
+    root: Path
+    iter_dir: Path
+    iteration: int | None  # None for a "release" checkpoint
+    tokenizer_dir: Path | None  # None when the checkpoint has no tokenizer beside it
+
+
+def iteration_dir_name(iteration: int | None) -> str:
+    """Megatron-LM's directory name for an iteration: iter_0001000, or "release"."""
+    return "release" if iteration is None else f"iter_{iteration:07d}"
+
+
+def is_tokenizer_dir(path: Path) -> bool:
+    """Whether `path` looks like a Hugging Face tokenizer directory."""
+    return path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def locate_checkpoint(path: str | Path) -> CheckpointLayout:
+    """Find the iteration directory and tokenizer of the checkpoint at `path` (a root or an iter_* dir).
+
+    Raises DeploymentError naming the missing piece when `path` is not a readable torch_dist checkpoint.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DeploymentError(
+            f"Checkpoint {path} does not exist.",
+            hint="Pass the checkpoint root (the directory with latest_checkpointed_iteration.txt) or an "
+            "iter_NNNNNNN directory; `evaluate prepare tiny|smollm2` writes one.",
+        )
+    if not path.is_dir():
+        raise DeploymentError(f"Checkpoint {path} is a file; a Megatron checkpoint is a directory.")
+    path = path.resolve()
+
+    if _ITER_DIR.match(path.name) or path.name == "release" or (path / DIST_METADATA_FILE).is_file():
+        root, iter_dir = path.parent, path
+        match = _ITER_DIR.match(path.name)
+        iteration = int(match.group(1)) if match else None
+    else:
+        root = path
+        iteration = _read_tracker(root)
+        iter_dir = root / iteration_dir_name(iteration)
+        if not iter_dir.is_dir():
+            raise DeploymentError(
+                f"{root / TRACKER_FILE} names {iteration_dir_name(iteration)}, but {iter_dir} does not exist.",
+                hint="The checkpoint is incomplete; point --checkpoint at an iteration directory that exists.",
+            )
+    _check_torch_dist(iter_dir)
+    tokenizer_dir = next((d for d in (iter_dir / TOKENIZER_DIR, root / TOKENIZER_DIR) if is_tokenizer_dir(d)), None)
+    return CheckpointLayout(root=root, iter_dir=iter_dir, iteration=iteration, tokenizer_dir=tokenizer_dir)
+
+
+def _read_tracker(root: Path) -> int | None:
+    tracker = root / TRACKER_FILE
+    if not tracker.is_file():
+        found = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and (_ITER_DIR.match(p.name) or p.name == "release")
+        )
+        hint = (
+            f"It has {', '.join(found[-3:])}: pass one of those directories instead."
+            if found
+            else "Pass a Megatron checkpoint root or iter_NNNNNNN directory; `evaluate prepare` writes one."
+        )
+        raise DeploymentError(f"{root} is not a Megatron checkpoint: {TRACKER_FILE} is missing.", hint=hint)
+    text = tracker.read_text().strip()
+    if text == "release":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise DeploymentError(f"{tracker} should hold an iteration number or 'release', not {text[:40]!r}.") from None
+
+
+def _check_torch_dist(iter_dir: Path) -> None:
+    meta_file = iter_dir / DIST_METADATA_FILE
+    if not meta_file.is_file():
+        if any(p.name.startswith("mp_rank_") for p in iter_dir.iterdir()):
+            raise DeploymentError(
+                f"{iter_dir} is in Megatron's legacy 'torch' format (mp_rank_* files).",
+                hint="The builtin server reads torch_dist checkpoints; convert it with Megatron-LM "
+                "(--ckpt-format torch_dist, or tools/checkpoint/convert.py).",
+            )
+        raise DeploymentError(f"{iter_dir} is not a torch_dist checkpoint: {DIST_METADATA_FILE} is missing.")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DeploymentError(f"{meta_file} cannot be read: {exc}") from None
+    backend = meta.get("sharded_backend") if isinstance(meta, dict) else None
+    if backend != CHECKPOINT_FORMAT:
+        raise DeploymentError(
+            f"{iter_dir} is a {backend!r} checkpoint; the builtin server reads {CHECKPOINT_FORMAT!r} only.",
+            hint="Re-save it with Megatron-LM's --ckpt-format torch_dist.",
+        )
+    for name, what in ((COMMON_STATE_FILE, "the training args"), (DCP_METADATA_FILE, "the tensor index")):
+        if not (iter_dir / name).is_file():
+            raise DeploymentError(f"{iter_dir} is incomplete: {name} ({what}) is missing.")

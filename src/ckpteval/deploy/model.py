@@ -1,0 +1,168 @@
+"""Build a megatron-core GPTModel from an architecture, and load or save its torch_dist weights.
+
+The model uses megatron-core's local layer spec (no Transformer Engine), whose state-dict keys are
+the Transformer-Engine names Megatron-LM trains with, so a user's checkpoint loads unchanged.
+Callers run `runtime.init_runtime()` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckpteval.deploy.architecture import ModelArchitecture
+from ckpteval.deploy.checkpoint import checkpoint_tensor_shapes
+from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
+from ckpteval.deploy.runtime import torch_dtype
+from ckpteval.errors import DeploymentError
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's current common-state version
+
+
+def build_gpt_model(
+    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+) -> GPTModel:
+    """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`."""
+    import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    params_dtype = torch_dtype(dtype)
+    activation = F.silu if arch.swiglu else squared_relu if arch.squared_relu else F.gelu
+    config = TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        kv_channels=arch.kv_channels,
+        normalization=arch.normalization,
+        layernorm_epsilon=arch.norm_epsilon,
+        layernorm_zero_centered_gamma=arch.apply_layernorm_1p,
+        qk_layernorm=arch.qk_layernorm,
+        gated_linear_unit=arch.swiglu,
+        activation_func=activation,
+        add_bias_linear=arch.add_bias_linear,
+        add_qkv_bias=arch.add_qkv_bias,
+        rotary_interleaved=arch.rotary_interleaved,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # The fused kernels are CUDA extensions; the unfused paths are exact on any device.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        use_cpu_initialization=True,
+        perform_initialization=initialize,
+        init_method_std=init_std,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=dtype == "bfloat16",
+        fp16=dtype == "float16",
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
+        ),
+        vocab_size=arch.padded_vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
+        position_embedding_type=arch.position_embedding_type,
+        rotary_percent=arch.rotary_percent,
+        rotary_base=int(arch.rotary_base),
+        rope_scaling=arch.use_rope_scaling,
+        rope_scaling_factor=arch.rope_scaling_factor,
+        seq_len_interpolation_factor=arch.rotary_seq_len_interpolation_factor,
+    )
+    return model.eval()
+
+
+def _model_tensors(model: GPTModel) -> dict[str, tuple[int, ...]]:
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    return {
+        t.key: tuple(t.global_shape)
+        for t in model.sharded_state_dict(prefix="").values()
+        if isinstance(t, ShardedTensor)
+    }
+
+
+def check_matches_checkpoint(model: GPTModel, iter_dir: Path) -> None:
+    """Raise DeploymentError naming the tensors the checkpoint lacks or has with another shape."""
+    stored = checkpoint_tensor_shapes(iter_dir)
+    missing, mismatched = [], []
+    for key, shape in _model_tensors(model).items():
+        if key not in stored:
+            missing.append(key)
+        elif stored[key] != shape:
+            mismatched.append(f"{key}: checkpoint {list(stored[key])}, config {list(shape)}")
+    if missing or mismatched:
+        lines = [f"missing {k}" for k in missing[:5]] + mismatched[:5]
+        more = len(missing) + len(mismatched) - len(lines)
+        raise DeploymentError(
+            f"The weights in {iter_dir} do not match the architecture in its args: "
+            + "; ".join(lines)
+            + (f" (and {more} more)" if more > 0 else "")
+            + ".",
+            hint="The args in common.pt must describe the saved model (layers, sizes, vocab, "
+            "GQA groups, swiglu, tied embeddings).",
+        )
+
+
+def load_weights(model: GPTModel, iter_dir: Path) -> None:
+    """Fill `model` with the weights of a torch_dist iteration directory (shapes checked first)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    check_matches_checkpoint(model, iter_dir)
+    loaded = dist_checkpointing.load(
+        {"model": model.sharded_state_dict(prefix="")},
+        str(iter_dir),
+        strict=StrictHandling.ASSUME_OK_UNEXPECTED,  # optimizer and rng state are not needed to serve
+    )
+    result = model.load_state_dict(loaded["model"], strict=True)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing:
+        raise DeploymentError(f"{iter_dir} did not provide {', '.join(missing[:5])}.")
+
+
+def save_checkpoint(
+    model: GPTModel,
+    root: Path,
+    *,
+    args: argparse.Namespace,
+    iteration: int = 0,
+    extra_common: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model` as Megatron-LM does: <root>/iter_NNNNNNN (torch_dist) and the tracker file.
+
+    `args` goes into the common state under "args", like Megatron-LM's training arguments.
+    Must run under an `if __name__ == "__main__"` guard: the writer forks and spawns processes.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    iter_dir = root / iteration_dir_name(iteration)
+    iter_dir.mkdir(parents=True, exist_ok=False)
+    args.iteration = iteration
+    state = {
+        "model": model.sharded_state_dict(prefix=""),
+        "args": args,
+        "checkpoint_version": CHECKPOINT_VERSION,
+        "iteration": iteration,
+        **(extra_common or {}),
+    }
+    # One writer thread: one data file and one forked writer instead of two.
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    dist_checkpointing.save(state, str(iter_dir), sharded_strategy=strategy)
+    (root / TRACKER_FILE).write_text(str(iteration))
+    return iter_dir

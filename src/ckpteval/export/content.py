@@ -1,0 +1,159 @@
+"""What an export carries, the same for every destination: metrics, config, files.
+
+- metrics: `<task>/<metric>` (the value), `<task>/<metric>_stderr`, `<task>/n_samples`, for every task
+  that succeeded; W&B and MLflow both show `/` as a section separator.
+- config: the compiled config as saved in `<job_dir>/config.yaml` (secrets already redacted there),
+  plus a `ckpteval` block (invocation, model, label, status, task states).
+- files: `results.json`, `config.yaml`, `job.yaml`, and per task its `run_config.yml` and the harness
+  output (results and metrics files, samples) — not caches, databases, locks, logs or hidden files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import ExportError
+from ckpteval.results.model import InvocationResults
+
+CONFIG_FILE = "config.yaml"
+PROVENANCE_FILE = "job.yaml"
+RESULTS_FILE = "results.json"
+TASKS_DIR = "tasks"
+# Harness output that is bulky and can be rebuilt, or that is not a result: never exported.
+_EXCLUDED_SUFFIXES = (".db", ".lock", ".tmp", ".sqlite", ".sqlite3", ".log", ".pid")
+_MAX_FILE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ExportContent:
+    """One invocation's results, config and files, ready for any destination."""
+
+    invocation: str
+    results: InvocationResults
+    config: dict[str, Any]
+    files: dict[str, Path] = field(default_factory=dict)  # name inside the artifact -> file on disk
+    task_dirs: dict[str, str] = field(default_factory=dict)  # task name -> "tasks/<dir>" (when known)
+    job_dir: Path | None = None
+
+    def for_task(self, task: str) -> ExportContent:
+        """The part of this content that belongs to one task (for per-task W&B runs): its metrics, the
+        invocation-wide files, and that task's own files."""
+        own = self.task_dirs.get(task)
+        files = {
+            name: path
+            for name, path in self.files.items()
+            if not name.startswith(f"{TASKS_DIR}/") or own is None or name.startswith(f"{own}/")
+        }
+        results = dataclasses.replace(
+            self.results, status=self.results.tasks[task].status, tasks={task: self.results.tasks[task]}
+        )
+        return dataclasses.replace(self, results=results, files=files)
+
+
+def metric_values(results: InvocationResults) -> dict[str, float]:
+    """`<task>/<metric>`, `<task>/<metric>_stderr` and `<task>/n_samples` of every succeeded task."""
+    out: dict[str, float] = {}
+    for task, outcome in results.tasks.items():
+        if outcome.status != "succeeded":
+            continue
+        for name, metric in outcome.metrics.items():
+            if _finite(metric.value):
+                out[f"{task}/{name}"] = float(metric.value)
+            if metric.stderr is not None and _finite(metric.stderr):
+                out[f"{task}/{name}_stderr"] = float(metric.stderr)
+        if outcome.n_samples is not None:
+            out[f"{task}/n_samples"] = float(outcome.n_samples)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_config(content: ExportContent) -> dict[str, Any]:
+    """The config a run records: the compiled config plus what this invocation was and how it went."""
+    results = content.results
+    return {
+        **content.config,
+        "ckpteval": {
+            "invocation": content.invocation,
+            "status": results.status,
+            "model": results.model,
+            "label": results.label,
+            "created": results.created,
+            "tasks": {name: outcome.status for name, outcome in results.tasks.items()},
+            "job_dir": str(content.job_dir) if content.job_dir else None,
+        },
+    }
+
+
+def artifact_files(job_dir: Path) -> dict[str, Path]:
+    """The files of `job_dir` worth keeping with the results (see the module doc), by relative name."""
+    out: dict[str, Path] = {}
+    for name in (RESULTS_FILE, CONFIG_FILE, PROVENANCE_FILE):
+        if (job_dir / name).is_file():
+            out[name] = job_dir / name
+    tasks = job_dir / TASKS_DIR
+    if not tasks.is_dir():
+        return out
+    for task_dir in sorted(p for p in tasks.iterdir() if p.is_dir()):
+        run_config_file = task_dir / "run_config.yml"
+        if run_config_file.is_file():
+            out[f"{TASKS_DIR}/{task_dir.name}/run_config.yml"] = run_config_file
+        output = task_dir / "output"
+        if output.is_dir():
+            for path in sorted(output.rglob("*")):
+                rel = path.relative_to(output)
+                if path.is_file() and not path.is_symlink() and _kept(rel, path):
+                    out[f"{TASKS_DIR}/{task_dir.name}/output/{rel.as_posix()}"] = path
+    return out
+
+
+def _kept(rel: Path, path: Path) -> bool:
+    if any(part.startswith(".") or "cache" in part.lower() for part in rel.parts):
+        return False
+    if path.name.lower().endswith(_EXCLUDED_SUFFIXES):
+        return False
+    return path.stat().st_size <= _MAX_FILE_BYTES
+
+
+def read_saved_config(path: Path) -> dict[str, Any]:
+    """The compiled config a job directory (or an invocation record) saved, as plain data."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"{path} does not exist: the invocation's config was not saved.") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExportError(f"Cannot read the invocation's config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ExportError(f"{path} does not hold a config mapping.")
+    return data
+
+
+def load_content(
+    job_dir: Path,
+    results: InvocationResults,
+    *,
+    config_file: Path | None = None,
+    task_dirs: dict[str, str] | None = None,
+) -> ExportContent:
+    """The content of an invocation whose files are in `job_dir`; the config comes from `config_file`
+    (default `<job_dir>/config.yaml`). `results` are exported as given, whatever results.json says."""
+    config_path = config_file or job_dir / CONFIG_FILE
+    config = read_saved_config(config_path)
+    files = artifact_files(job_dir) if job_dir.is_dir() else {}
+    files.setdefault(CONFIG_FILE, config_path)
+    return ExportContent(
+        invocation=results.invocation,
+        results=results,
+        config=config,
+        files=files,
+        task_dirs=dict(task_dirs or {}),
+        job_dir=job_dir,
+    )

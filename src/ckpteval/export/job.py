@@ -1,0 +1,104 @@
+"""Export from inside a detached cluster job, where the CLI that submitted it is long gone.
+
+Two pieces, wired into the Slurm submission:
+
+- at submission, `stage_wandb_key(remote, job_dir)` finds the user's W&B key (environment or
+  `wandb login`) and writes it to `<job_dir>/.secrets/wandb_api_key` (dir 0700, file 0600) through
+  the Remote seam; the key is never on a command line, in the job script or in the preview;
+- in the job script, after the tasks, the line `export_step_command(...)` returns runs
+  `python -m ckpteval.export`, which collects the results from the job dir and exports them
+  (reading the key from that file). Its failure never fails the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ckpteval.export.credentials import (
+    LOGIN_HINT,
+    announce_login,
+    find_wandb_key,
+    key_file_path,
+    wandb_base_url,
+    wandb_mode,
+    write_key_file,
+)
+
+if TYPE_CHECKING:
+    from ckpteval.cluster.remote import Remote
+    from ckpteval.config.secrets import SecretValues
+
+
+def stage_wandb_key(
+    remote: Remote,
+    job_dir: str,
+    *,
+    secrets: SecretValues | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """Give the job the user's W&B key; returns the key file's path, or None when there is no key to give
+    (WANDB_MODE offline/disabled: none is needed; not logged in: one line on stderr says how to log in).
+
+    The key joins `secrets`, so anything rendered later is redacted even if the key came from the login.
+    """
+    env = os.environ if environ is None else environ
+    if wandb_mode(env) != "online":
+        return None
+    key = find_wandb_key(env)
+    if key is None:
+        import sys
+
+        print(f"W&B export will be skipped: no W&B login found. {LOGIN_HINT}", file=sys.stderr)
+        return None
+    announce_login(key)
+    if secrets is not None:
+        secrets.add(key.value)
+    return write_key_file(remote, job_dir, key)
+
+
+def without_credentials(argv: Sequence[str]) -> list[str]:
+    """`argv` run with every credential variable removed from its environment (`env -u ...`).
+
+    For `sbatch` run through a local tunnel: sbatch copies the submitting environment into the job
+    (and into Slurm's spool), and the key must reach the job only through its key file.
+    """
+    from ckpteval.config.secrets import CREDENTIAL_ENV_VARS
+
+    unset = [word for name in CREDENTIAL_ENV_VARS for word in ("-u", name)]
+    return ["env", *unset, *argv]
+
+
+def export_step_command(
+    python: str,
+    job_dir: str,
+    *,
+    invocation: str,
+    tasks: Sequence[tuple[str, str]] = (),
+    key_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The job script line that exports the finished job's results (a failure is reported, not fatal).
+
+    `tasks` are (task name, "tasks/<dir>") pairs, for collecting results when results.json is not
+    written yet. WANDB_MODE and WANDB_BASE_URL of the submitting environment (`environ`) travel as
+    arguments, so an offline submission gives an offline run; the key travels only as `key_file`.
+    """
+    env = os.environ if environ is None else environ
+    argv = [python, "-m", "ckpteval.export", "--job-dir", job_dir, "--invocation", invocation]
+    if key_file:
+        argv += ["--wandb-key-file", key_file]
+    if env.get("WANDB_MODE"):
+        argv += ["--wandb-mode", wandb_mode(env)]
+    base_url = wandb_base_url(env)
+    if base_url:
+        argv += ["--wandb-base-url", base_url]
+    for name, directory in tasks:
+        argv += ["--task", f"{name}={directory}"]
+    retry = f"[ckpteval] export failed; the results are in {job_dir}; retry with: evaluate export {invocation}"
+    return f"{shlex.join(argv)} || echo {shlex.quote(retry)}"
+
+
+__all__ = ["export_step_command", "key_file_path", "stage_wandb_key", "without_credentials"]

@@ -1,0 +1,198 @@
+"""Route a harness's hub downloads to packaged data when no hub is reachable (installed by sitecustomize).
+
+`install()` adds an import hook that patches two functions right after their modules are imported:
+- `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
+  data for (`ckpteval_offline_data.SOURCES`) returns that `DatasetDict`; anything else goes to the real
+  loader, and if that fails offline the error says what is missing and how to provide it;
+- `evaluate.load`: "code_eval" returns `ckpteval_code_eval.SandboxedCodeEval`.
+
+Whether the hook is active is decided once per process tree, lazily (at the first patched call):
+`CKPTEVAL_OFFLINE_DATA=on` always, `off` never, `auto` when the hub is not reachable (HF_HUB_OFFLINE or
+HF_DATASETS_OFFLINE set, or no HTTP answer from the hub within a few seconds). The decision is written
+back to the environment so child processes inherit it instead of probing again. A local copy named by
+`CKPTEVAL_DATASET_DIR` is used whatever the mode: the user asked for it explicitly.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+MODE_ENV = "CKPTEVAL_OFFLINE_DATA"
+SANDBOX_ENV = "CKPTEVAL_SANDBOX_CODE_EVAL"  # "1": use the sandboxed code_eval even with a hub
+_TRUE = ("1", "true", "yes", "on")
+_PROBE_TIMEOUT_S = 3.0
+
+_decision: bool | None = None
+_announced: dict[str, bool] = {}
+_decision_lock = threading.Lock()
+
+
+def hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+    """True if the Hugging Face Hub answers over HTTP (any status) within `timeout` seconds.
+
+    Offline switches count as unreachable. The probe honours HF_ENDPOINT and HTTP(S)_PROXY, and runs in
+    a thread so a hanging DNS lookup cannot stall the caller past `timeout`.
+    """
+    if any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return False
+    import urllib.error
+    import urllib.request
+
+    url = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/api/datasets?limit=1"
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+                result.append(True)
+        except urllib.error.HTTPError:
+            result.append(True)  # it answered
+        except (OSError, ValueError):
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(result and result[0])
+
+
+def offline_active() -> bool:
+    """Whether packaged data stands in for the hub in this process (decided once, inherited by children)."""
+    global _decision
+    with _decision_lock:
+        if _decision is None:
+            mode = os.environ.get(MODE_ENV, "off").strip().lower()
+            if mode == "auto":
+                _decision = not hub_reachable()
+                os.environ[MODE_ENV] = "on" if _decision else "off"
+            else:
+                _decision = mode == "on"
+        return _decision
+
+
+def _log(message: str) -> None:
+    print(f"[ckpteval offline data] {message}", file=sys.stderr, flush=True)
+
+
+def _patched_load_dataset(real: Callable[..., Any]) -> Callable[..., Any]:
+    def load_dataset(path: Any = None, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+        import ckpteval_offline_data as od
+
+        if not isinstance(path, str):
+            return real(path, name, *args, **kwargs)
+        copy = od.local_copy(path, name)
+        if copy:
+            import datasets
+
+            loaded = datasets.load_from_disk(copy)
+            splits = {k: len(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {"": len(loaded)}
+            od.record(od.Record(path, name, "local copy", copy, splits))
+            _log(f"{path} ({name}): local copy {copy}")
+            return loaded
+        if not offline_active():
+            return real(path, name, *args, **kwargs)
+        src = od.source_for(path, name)
+        if src is not None:
+            built = od.dataset_dict(src, name)
+            od.record(
+                od.Record(
+                    dataset=path,
+                    name=name,
+                    served_from="package",
+                    source=src.source(),
+                    splits={k: len(v) for k, v in built.items()},
+                    eval_split=src.eval_split,
+                    few_shot_split=src.fewshot_split,
+                    few_shot_source=src.fewshot_source,
+                    harness_few_shot=src.harness_fewshot,
+                    note=src.split_note,
+                )
+            )
+            _log(f"{path} ({name}): packaged data from {src.source()}")
+            return built
+        try:
+            return real(path, name, *args, **kwargs)
+        except OSError as exc:  # DatasetNotFoundError, OfflineModeIsEnabled, ConnectionError are OSErrors
+            od.record(od.Record(path, name, "missing", "", {}, note=f"{type(exc).__name__}: {exc}"[:500]))
+            raise OfflineDataMissing(od.missing_message(path, name)) from exc
+
+    load_dataset.__wrapped__ = real  # type: ignore[attr-defined]
+    return load_dataset
+
+
+class OfflineDataMissing(RuntimeError):
+    """No hub, no packaged data, no local copy: the task cannot run here."""
+
+
+def _patched_evaluate_load(real: Callable[..., Any]) -> Callable[..., Any]:
+    def load(path: Any, *args: Any, **kwargs: Any) -> Any:
+        wanted = path == "code_eval" or (isinstance(path, str) and path.rstrip("/").endswith("/code_eval"))
+        if wanted and (offline_active() or os.environ.get(SANDBOX_ENV, "").lower() in _TRUE):
+            import ckpteval_code_eval
+
+            if not _announced.get("code_eval"):
+                _announced["code_eval"] = True
+                _log("code_eval: ckpteval's sandboxed implementation")
+            return ckpteval_code_eval.SandboxedCodeEval()
+        return real(path, *args, **kwargs)
+
+    load.__wrapped__ = real  # type: ignore[attr-defined]
+    return load
+
+
+def _patch_datasets(module: ModuleType) -> None:
+    module.load_dataset = _patched_load_dataset(module.load_dataset)  # type: ignore[attr-defined]
+
+
+def _patch_evaluate(module: ModuleType) -> None:
+    module.load = _patched_evaluate_load(module.load)  # type: ignore[attr-defined]
+
+
+_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
+        self._inner = inner
+        self._patch = patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self._patch(module)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Finds `datasets`/`evaluate` through the other finders and wraps their loader to patch after import."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Install the import hook (idempotent); patches modules already imported right away."""
+    if any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
+        return
+    for name, patch in _PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, _PatchingFinder())

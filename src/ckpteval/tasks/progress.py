@@ -1,0 +1,155 @@
+"""How far a running task is, for the CLI's progress bar (polled about twice a second).
+
+`done` comes from nemo-evaluator's progress_tracking interceptor: the file `<output_dir>/progress` holds
+the number of requests the endpoint answered successfully (cache replays and failed attempts are not
+counted; a resumed run starts from the count the previous run left). `total` is the number of requests
+the harness will send, computed from the task, `limit_samples` and the data in use; it counts requests,
+not samples (HellaSwag sends one request per ending: 4 per sample). It is None while it cannot be known
+yet (before the harness loaded its data) and for tasks this module has no sizes for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
+
+PROGRESS_FILE = "progress"
+
+# lm-eval task -> requests per evaluated document
+_REQUESTS_PER_DOC = {"mmlu_str": 1, "hellaswag": 4, "gsm8k": 1, "adlr_humaneval_greedy": 1}
+# documents in the evaluated split on the hub (MMLU's per-subject sizes come from the packaged test set,
+# which is the complete hub test split)
+_HUB_DOCS = {"hellaswag": 10042, "gsm8k": 1319, "adlr_humaneval_greedy": 164}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Requests answered so far and, when known, how many the task sends in all."""
+
+    done: int
+    total: int | None
+
+
+@functools.cache
+def _mmlu_hub_subject_sizes() -> dict[str, int]:
+    test_and_dev = offline_data._mmlu_by_subject()
+    return {s: len(test) + len(dev) for s, (test, dev) in test_and_dev.items()}
+
+
+def _doc_counts(harness_task: str, *, offline: bool) -> list[int] | None:
+    """Documents per (sub)task the harness evaluates, before `limit`."""
+    if harness_task == "mmlu_str":
+        if offline:
+            return [len(test) for test, _ in offline_data._mmlu_by_subject().values()]
+        return list(_mmlu_hub_subject_sizes().values())
+    key = offline_data.LM_EVAL_TASK_SOURCES.get(harness_task)
+    if key is None:
+        return None
+    if offline:
+        return [offline_data.available_rows(key)]
+    return [_HUB_DOCS[harness_task]] if harness_task in _HUB_DOCS else None
+
+
+def expected_requests(params: dict[str, Any], *, offline: bool) -> int | None:
+    """Requests the harness sends for a task with these `config.params` (None when unknown)."""
+    harness_task = str(params.get("task") or "")
+    per_doc = _REQUESTS_PER_DOC.get(harness_task)
+    extra = params.get("extra") or {}
+    if per_doc is None or extra.get("downsampling_ratio") is not None:
+        return None
+    counts = _doc_counts(harness_task, offline=offline)
+    if counts is None:
+        return None
+    limit = params.get("limit_samples")
+    if limit is not None:
+        limit = float(limit)
+        counts = [min(n, math.ceil(n * limit)) if limit < 1.0 else min(n, int(limit)) for n in counts]
+    return per_doc * sum(counts)
+
+
+@functools.lru_cache(maxsize=64)
+def _total_for(output_dir: str, offline: bool, config_mtime: float) -> int | None:
+    import yaml
+
+    try:
+        rendered = yaml.safe_load((Path(output_dir) / "run_config.yml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    params = (rendered.get("config") or {}).get("params") or {}
+    return expected_requests(params, offline=offline)
+
+
+def _served_offline(output_dir: Path) -> bool | None:
+    """True/False once the harness has loaded its data (False: from the hub), None before."""
+    report = output_dir / offline_data.REPORT_FILE
+    if report.is_file():
+        try:
+            records = json.loads(report.read_text(encoding="utf-8")).get("datasets", [])
+        except (OSError, ValueError):
+            return None
+        served = Counter(r.get("served_from") for r in records if isinstance(r, dict))
+        return served["package"] > 0
+    # requests only start once the data is loaded: if some were answered, no packaged data was used
+    return False if (output_dir / PROGRESS_FILE).is_file() else None
+
+
+def read_progress(task_output_dir: str | Path) -> Progress:
+    """The task's progress now; cheap enough to call every 0.5 s (the total is computed once)."""
+    out = Path(task_output_dir)
+    try:
+        done = int((out / PROGRESS_FILE).read_text(encoding="utf-8").strip() or 0)
+    except (OSError, ValueError):
+        done = 0
+    offline = _served_offline(out)
+    total = None
+    config = out / "run_config.yml"
+    if offline is not None and config.is_file():
+        total = _total_for(str(out), offline, config.stat().st_mtime)
+    if total is not None:
+        done = min(done, total)  # a request answered after the client timed out is counted twice
+    return Progress(done=done, total=total)
+
+
+def progress_from_texts(progress: str | None, offline_report: str | None, run_config: str | None) -> Progress:
+    """`read_progress` from file contents (a job followed over SSH has texts, not paths)."""
+    import yaml
+
+    try:
+        done = int((progress or "").strip() or 0)
+    except ValueError:
+        done = 0
+    offline: bool | None
+    if offline_report is not None:
+        try:
+            records = json.loads(offline_report).get("datasets", [])
+        except ValueError:
+            records = []
+        offline = any(isinstance(r, dict) and r.get("served_from") == "package" for r in records)
+    else:
+        offline = False if progress is not None else None
+    total = None
+    if offline is not None and run_config:
+        try:
+            params = ((yaml.safe_load(run_config) or {}).get("config") or {}).get("params") or {}
+        except yaml.YAMLError:
+            params = {}
+        total = expected_requests(params, offline=offline)
+    if total is not None:
+        done = min(done, total)
+    return Progress(done=done, total=total)
+
+
+def progress_reader(view: Any, task_dir: str) -> tuple[int, int | None]:
+    """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote)."""
+    out = f"{task_dir}/output"
+    p = progress_from_texts(view.read_text(f"{out}/{PROGRESS_FILE}"),
+                            view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
+                            view.read_text(f"{out}/run_config.yml"))
+    return p.done, p.total

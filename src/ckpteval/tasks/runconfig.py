@@ -1,0 +1,222 @@
+"""The run config `nemo-evaluator run_eval --run_config FILE` reads for one task.
+
+It has the shape nemo-evaluator-launcher writes as `config_ef.yaml` inside the eval-factory container
+(`config.type`, `config.output_dir`, `config.params`, `target.api_endpoint`), so the same file runs the
+same harness command here (nemo-evaluator + nvidia-lm-eval installed) and on a cluster (in the task's
+container). nemo-evaluator merges its own task defaults under it and renders the harness command.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from ckpteval.errors import ConfigError
+from ckpteval.tasks.catalog import TaskSpec
+
+# Our run config is written beside the output dir, never inside it: nemo-evaluator writes its own
+# fully rendered `run_config.yml` into the output dir when the task starts.
+OUTPUT_SUBDIR = "artifacts"
+RUN_CONFIG_FILE = "run_config.yml"
+LOG_FILE = "client.log"
+
+# How often the progress file is refreshed while requests complete.
+PROGRESS_INTERVAL_S = 0.5
+# Requests/responses written to the log (the launcher's legacy default is 2); the rest go to the cache.
+LOGGED_REQUESTS = 2
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """The endpoint a task client talks to.
+
+    `url` is the full URL of the completions or chat route; `api_key_name` names an environment variable
+    holding the key (never the key itself). `health_url` is where the progress heartbeat goes (a GET every
+    0.5 s while the task runs); it defaults to `<scheme>://<host>:<port>/v1/health` of `url`.
+    """
+
+    url: str
+    model_id: str
+    type: Literal["completions", "chat"]
+    api_key_name: str | None = None
+    health_url: str | None = None
+
+    def heartbeat_url(self) -> str:
+        """The URL the progress interceptor pings (GET)."""
+        if self.health_url:
+            return self.health_url
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}/v1/health"
+
+
+@dataclass(frozen=True)
+class TaskPaths:
+    """Where one task's files live, under its task directory (`tasks/<name>` in a job)."""
+
+    task_dir: Path
+
+    @property
+    def output_dir(self) -> Path:
+        """nemo-evaluator's `config.output_dir` (the launcher's `artifacts/`)."""
+        return self.task_dir / OUTPUT_SUBDIR
+
+    @property
+    def run_config(self) -> Path:
+        """Our run config, the `--run_config` argument."""
+        return self.task_dir / RUN_CONFIG_FILE
+
+    @property
+    def log(self) -> Path:
+        """The client's combined stdout/stderr (written by the job script)."""
+        return self.task_dir / LOG_FILE
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` merged onto a copy of `base`; nested dicts merge, anything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def default_adapter_config(output_dir: str, endpoint: EndpointSpec) -> dict[str, Any]:
+    """nemo-evaluator's interceptor chain for a ckpteval task.
+
+    - caching: every successful response is kept in `<output_dir>/cache` and replayed on a rerun
+      (`reuse_cached_responses`), so a resumed task sends no request twice;
+    - request/response logging capped at a few entries (the cache holds everything);
+    - response_stats: token counts and latencies into eval_factory_metrics.json;
+    - progress_tracking: `<output_dir>/progress` holds the number of requests answered by the endpoint,
+      refreshed every 0.5 s (`read_progress` reads it). Its webhook is a GET of the endpoint's health URL
+      (the interceptor always calls a URL; this one is cheap and exists on our servers);
+
+    No post-eval report: it needs every request saved too (nemo-evaluator's cap on saved requests logs a
+    warning per request beyond it); add `post_eval_hooks: [post_eval_report]` with a caching interceptor
+    that saves requests if you want report.html.
+    """
+    return {
+        "interceptors": [
+            {"name": "request_logging", "config": {"max_requests": LOGGED_REQUESTS}},
+            {
+                "name": "caching",
+                "config": {
+                    "cache_dir": f"{output_dir}/cache",
+                    "reuse_cached_responses": True,
+                    "save_requests": False,
+                },
+            },
+            {"name": "endpoint"},
+            {"name": "response_stats", "config": {"cache_dir": f"{output_dir}/response_stats_cache"}},
+            {"name": "response_logging", "config": {"max_responses": LOGGED_REQUESTS}},
+            {
+                "name": "progress_tracking",
+                "config": {
+                    "output_dir": output_dir,
+                    "progress_tracking_url": endpoint.heartbeat_url(),
+                    "request_method": "GET",
+                    # never per request: the 0.5 s timer writes the file (one GET per tick at most)
+                    "progress_tracking_interval": 1_000_000_000,
+                    "progress_tracking_interval_seconds": PROGRESS_INTERVAL_S,
+                },
+            },
+        ],
+        "post_eval_hooks": [],
+    }
+
+
+def merge_adapter_config(default: dict[str, Any], user: dict[str, Any] | None) -> dict[str, Any]:
+    """The user's `adapter_config` over ours.
+
+    If the user lists `interceptors`, or uses nemo-evaluator's legacy flags (`use_caching`, ...), their
+    chain is used as given: nemo-evaluator cannot mix the two forms, and a user who spells out a chain
+    wants exactly that chain. Otherwise their keys (`mode`, `post_eval_hooks`, `log_failed_requests`, ...)
+    are set over ours.
+    """
+    if not user:
+        return copy.deepcopy(default)
+    chain_keys = {"mode", "discovery", "interceptors", "post_eval_hooks", "endpoint_type", "log_failed_requests"}
+    if "interceptors" in user or set(user) - chain_keys:
+        return copy.deepcopy(user)
+    return {**copy.deepcopy(default), **copy.deepcopy(user)}
+
+
+def build_run_config(
+    spec: TaskSpec,
+    nemo_evaluator_config: dict[str, Any] | None,
+    *,
+    endpoint: EndpointSpec,
+    output_dir: str,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run config for `spec` against `endpoint`, writing into `output_dir` (an absolute path).
+
+    `nemo_evaluator_config` is launcher-shaped (`{"config": {"params": {...}}, "target": {"api_endpoint":
+    {"adapter_config": {...}}}}`), already merged global < task by the caller. `config.params` is the
+    catalog task's defaults with the user's params merged over them (nested `extra` merges key by key).
+    """
+    if endpoint.type not in spec.endpoint_types and spec.endpoint_types:
+        raise ConfigError(
+            f"Task {spec.name} supports {', '.join(spec.endpoint_types)} endpoints, not {endpoint.type}.",
+            hint=f"Evaluate it against a {spec.endpoint_types[0]} endpoint.",
+        )
+    if not os.path.isabs(output_dir):
+        raise ConfigError(f"The task output directory must be an absolute path, not {output_dir!r}.")
+    user = nemo_evaluator_config or {}
+    user_params = ((user.get("config") or {}).get("params")) or {}
+    user_endpoint = ((user.get("target") or {}).get("api_endpoint")) or {}
+    params = deep_merge(spec.params, user_params)
+    api_endpoint = deep_merge(dict(spec.target_defaults.get("api_endpoint") or {}), {})
+    api_endpoint.update(
+        {
+            "url": endpoint.url,
+            "model_id": endpoint.model_id,
+            "type": endpoint.type,
+            "api_key_name": endpoint.api_key_name,
+            "adapter_config": merge_adapter_config(
+                default_adapter_config(output_dir, endpoint), user_endpoint.get("adapter_config")
+            ),
+        }
+    )
+    run_config: dict[str, Any] = {
+        "config": {"type": spec.eval_type or spec.name, "output_dir": output_dir, "params": params},
+        "target": {"api_endpoint": api_endpoint},
+    }
+    if metadata:
+        run_config["metadata"] = copy.deepcopy(metadata)
+    return run_config
+
+
+def harness_command(run_config: dict[str, Any]) -> str:
+    """The harness command line nemo-evaluator will run for `run_config` (its own rendering; for previews).
+
+    Imports nemo-evaluator (about 3 s). The URL in it is the endpoint's: at run time nemo-evaluator swaps
+    in its interceptor proxy's address.
+    """
+    from nemo_evaluator.core.input import validate_configuration
+
+    return str(validate_configuration(copy.deepcopy(run_config)).render_command()).strip()
+
+
+def write_run_config(run_config: dict[str, Any], path: str | Path) -> Path:
+    """Write `run_config` as YAML to `path` (a temporary file renamed into place; never half-written)."""
+    import yaml
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(run_config, fh, sort_keys=False)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

