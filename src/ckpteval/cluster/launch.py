@@ -134,7 +134,7 @@ def upload_job_files(remote: Remote, job_dir: str, files: dict[str, str], hook_d
 
 
 def _local_hook_dir() -> Path | None:
-    from ckpteval.tasks.harness import hook_dir
+    from ckpteval.tasks.client import hook_dir
 
     path = Path(hook_dir())
     return path if path.is_dir() else None

@@ -90,7 +90,7 @@ def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:
 
 
 def _progress_reader() -> ProgressReader:
-    from ckpteval.tasks.results import progress_reader
+    from ckpteval.tasks.progress import progress_reader
 
     return progress_reader
 

@@ -36,6 +36,7 @@ def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(is
             "CLUSTER",
             "-d",
             "run.model=/lustre/me/ckpt",
+            "export.wandb.enabled=false",  # sft exports to W&B; this test has no W&B project
         ],
         capture_output=True,
         text=True,
