@@ -88,24 +88,27 @@ def follow_job(record: InvocationRecord, session: ClusterSession, console: Conso
     """
     from rich.markup import escape
 
-    from ckpteval.cluster.manage import _progress_reader
+    from ckpteval.cluster.manage import _progress_reader, state_dirs
     from ckpteval.job.follow import follow
 
     job_id = str(record.slurm_job_id)
     watch = _SlurmWatch(session, job_id, console)
     log = LogTail(session, posixpath.join(record.job_dir, "logs", "job.log"))
+    view = RemoteJobView(session, record.job_dir)
+    dirs = state_dirs(record)
 
-    def print_log(out: Console) -> None:
+    def tick(out: Console) -> None:
+        view.prefetch(dirs)  # the redraw after this reads the state files from one round trip
         for line in log.read():
             out.print(f"[dim]│[/] {escape(line)}", highlight=False)
 
     follow(
-        RemoteJobView(session, record.job_dir),
+        view,
         _task_dirs(record),
         is_running=watch.running,
         progress=_progress_reader(),
         interval=2.0,  # each redraw is a few SFTP reads: cheap, but not free for a busy login node
-        on_tick=print_log,
+        on_tick=tick,
         console=console,
     )
     for line in log.read(final=True):

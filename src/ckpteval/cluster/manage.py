@@ -46,6 +46,14 @@ def local_job_copy(record: InvocationRecord) -> Path:
     return record.path / "job"
 
 
+def state_dirs(record: InvocationRecord) -> list[str]:
+    """The job directories whose small files make up a snapshot: state/, each task dir and its output."""
+    dirs = ["state"]
+    for _name, task_dir in _task_dirs(record):
+        dirs += [task_dir, f"{task_dir}/output"]
+    return dirs
+
+
 def combine_state(slurm: SlurmJobState, snapshot: JobSnapshot | None) -> tuple[str, str]:
     """The invocation's state (pending, running, succeeded, failed, cancelled, unknown) and a detail,
     from Slurm's view of the job and the job's own state files."""
@@ -160,7 +168,9 @@ def slurm_status(record: InvocationRecord) -> InvocationStatus:
         return failed
     with open_session(record) as session:
         slurm = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
-        snapshot = take_snapshot(RemoteJobView(session, record.job_dir), _task_dirs(record), _progress_reader())
+        view = RemoteJobView(session, record.job_dir)
+        view.prefetch(state_dirs(record))
+        snapshot = take_snapshot(view, _task_dirs(record), _progress_reader())
         state, detail = combine_state(slurm, snapshot)
         tail = log_tail(session, record) if state == "failed" else ""
     status = InvocationStatus(

@@ -248,8 +248,7 @@ def _task_plan(
     task_dir = f"{job_dir}/tasks/{task.dir_name}"
     run_config = build_run_config(task.spec, task.evaluator_config, endpoint=endpoint, output_dir=f"{task_dir}/output")
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
-    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator,
-                             hook_dir=toolchain.hook_dir)
+    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator, hook_dir=toolchain.hook_dir)
     image = task.container if launcher == "slurm" else None
     return TaskPlan(
         name=task.name,

@@ -77,8 +77,8 @@ def follow(
 ) -> JobSnapshot:
     """Redraw progress every `interval` seconds until the job has ended; return the last snapshot.
 
-    `on_tick(console)` runs once per interval (and once at the end), before the redraw: what it prints
-    (e.g. new lines of the job's log) appears above the progress display.
+    `on_tick(console)` runs right before each snapshot (and once at the end): what it prints (e.g. new
+    lines of the job's log) appears above the progress display, and it may refresh the view's data.
     """
     from rich.console import Console
     from rich.live import Live
@@ -92,11 +92,12 @@ def follow(
             time.sleep(interval)
         tick(console)
         return take_snapshot(view, tasks, progress)
+    tick(console)
     snapshot = take_snapshot(view, tasks, progress)
     with Live(_render(snapshot, rates), console=console, refresh_per_second=4, transient=False) as live:
         while is_running():
-            tick(live.console)
             time.sleep(interval)
+            tick(live.console)
             snapshot = take_snapshot(view, tasks, progress)
             live.update(_render(snapshot, rates))
         tick(live.console)

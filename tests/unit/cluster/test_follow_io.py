@@ -119,3 +119,49 @@ def test_fetch_brings_results_not_caches_and_only_what_changed(tmp_path: Path):
     os.utime(job / "logs/job.log", (1e9, 1e9))
     assert fetch_job_dir(LocalRemote(), str(job), local).copied == ("logs/job.log",)
     assert (local / "logs/job.log").read_text() == "log\nmore\n"
+
+
+class CountingRemote(LocalRemote):
+    """A LocalRemote that counts what reaches the cluster: commands and single-file reads."""
+
+    def __init__(self) -> None:
+        self.commands = 0
+        self.reads = 0
+
+    def run(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+        self.commands += 1
+        return super().run(argv, **kwargs)
+
+    def read_text_if_exists(self, path: str) -> str | None:
+        self.reads += 1
+        return super().read_text_if_exists(path)
+
+
+def test_prefetch_answers_a_snapshot_from_one_command(tmp_path: Path):
+    from ckpteval.job.follow import take_snapshot
+
+    job = tmp_path / "job"
+    for rel, text in {
+        "state/deployment": "ready\n",
+        "tasks/a/state": "running\n",
+        "tasks/a/output/progress": "7\n",
+        "tasks/b/.done": "",
+        "tasks/b/state": "succeeded\n",
+    }.items():
+        (job / rel).parent.mkdir(parents=True, exist_ok=True)
+        (job / rel).write_text(text)
+    (job / "tasks/a/client.log").write_text("x" * 100_000)  # large: listed, read only when asked
+    remote = CountingRemote()
+    view = RemoteJobView(ClusterSession(PROFILE, remote=remote), str(job))
+    view.prefetch(["state", "tasks/a", "tasks/a/output", "tasks/b", "tasks/b/output"])
+
+    def progress(v, task_dir):  # type: ignore[no-untyped-def]
+        text = v.read_text(f"{task_dir}/output/progress")
+        return (int(text), None) if text else (0, None)
+
+    snap = take_snapshot(view, [("a", "tasks/a"), ("b", "tasks/b")], progress)
+    assert (remote.commands, remote.reads) == (1, 0)  # the whole snapshot from one command
+    assert snap.deployment == "ready" and snap.finished is None
+    assert [(t.state, t.done) for t in snap.tasks] == [("running", 7), ("succeeded", 0)]
+    assert view.read_text("tasks/a/client.log") == "x" * 100_000 and remote.reads == 1
+    assert view.read_text("logs/job.log") is None and remote.reads == 2  # not prefetched: asked for
