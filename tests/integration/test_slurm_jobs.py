@@ -313,3 +313,15 @@ def test_on_the_login_node_a_local_tunnel_submits_and_reads_without_ssh(
     assert status.state == "succeeded", status.log_tail
     assert "local-ok key=unset" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
     assert (tmp_path / "rjd" / "evaluations" / sub.record.id / "state" / "finished").read_text() == "0\n"
+
+
+def test_a_ssh_config_alias_is_enough_for_submission(ci_profile, infra):
+    """host = a ~/.ssh/config alias (HostName, Port, User, IdentityFile there): our SSH and nemo-run's
+    (fabric, and rsync over the ssh command) both find their way."""
+    profile = ci_profile(host=infra.ssh_alias, port=None, user=None, identity=None)
+    sub = submit_plan(profile, lambda d: (http_deployment(d, free_port()), shell_tasks(d, [("a", "echo via-alias")])))
+    status = wait_for(
+        lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
+    )
+    assert status.state == "succeeded", status.log_tail
+    assert "via-alias" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
