@@ -212,6 +212,7 @@ class SlurmLaunch:
         from ckpteval.cluster.squash import ensure_squashed
 
         console = Console(stderr=True, highlight=False)
+        check_no_secrets(self.compiled, self.plan)  # before anything is contacted
         with ClusterSession(self.profile, on_reconnect=lambda m: console.print(f"[yellow]{m}[/]")) as session:
             remote = session.remote  # connects: unknown host key, failed login, unreachable host end here
             console.print(f"[dim]connected to {remote.description}[/]")
@@ -226,7 +227,6 @@ class SlurmLaunch:
                         self.images, self.profile, remote=remote, force=self.force_squash, on_event=progress.on_event
                     )
                 plan = with_images(plan, squashed.mapping)
-            check_no_secrets(self.compiled, plan)
             files = job_files(self.compiled, plan, launcher="slurm")
             hook = _local_hook_dir() if self.toolchain.hook_dir else None
             upload_job_files(remote, self.job_dir, files, hook)
