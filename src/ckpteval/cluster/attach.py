@@ -107,7 +107,7 @@ def follow_job(record: InvocationRecord, session: ClusterSession, console: Conso
         _task_dirs(record),
         is_running=watch.running,
         progress=_progress_reader(),
-        interval=2.0,  # each redraw is a few SFTP reads: cheap, but not free for a busy login node
+        interval=2.0,  # a redraw costs a remote command or two: cheap, but not free on a busy login node
         on_tick=tick,
         console=console,
     )
