@@ -75,13 +75,20 @@ def export_to_wandb(
     wandb_dir: Path,
 ) -> ExportOutcome:
     """Write the invocation's run(s). Raises ExportError if W&B refuses or cannot be reached in time."""
+    import wandb
+
     locations = []
     offline_dirs = []
-    for spec in run_specs(content, settings):
-        url, run_dir = _write_run(spec, settings, key=key, mode=mode, base_url=base_url, wandb_dir=wandb_dir)
-        locations.append(url or run_dir)
-        if mode == "offline":
-            offline_dirs.append(run_dir)
+    try:
+        for spec in run_specs(content, settings):
+            url, run_dir = _write_run(spec, settings, key=key, mode=mode, base_url=base_url, wandb_dir=wandb_dir)
+            locations.append(url or run_dir)
+            if mode == "offline":
+                offline_dirs.append(run_dir)
+    finally:
+        # run.finish() returns before wandb's service has written the run file to the end: stop the
+        # service, which waits for it, so "written" below is true (and `wandb sync` finds a whole run)
+        wandb.teardown()
     if mode == "offline":
         sync = "wandb sync " + " ".join(shlex.quote(d) for d in offline_dirs)
         return ExportOutcome(
