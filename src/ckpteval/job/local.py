@@ -98,8 +98,6 @@ class LocalLaunch:
 
     def run(self, record: InvocationRecord) -> int:
         """Start the job, follow it, collect and print the results; the exit code is the job's."""
-        from ckpteval.results.collect import collect_results
-        from ckpteval.results.store import write_results
         from ckpteval.results.table import print_table
         from ckpteval.tasks.progress import progress_reader
 
@@ -125,15 +123,7 @@ class LocalLaunch:
             _stop(proc)
         finally:
             log.close()
-        results = collect_results(
-            self.job_dir,
-            tasks,
-            invocation=self.invocation,
-            created=record.created,
-            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
-            label=self.compiled.config.run.name,
-        )
-        write_results(self.job_dir, results)
+        results = self.collect(record)
         print_table([results])
         self.export(results, record)
         if proc.returncode == 3:
@@ -141,6 +131,44 @@ class LocalLaunch:
         if interrupted:
             return 130
         return 0 if proc.returncode == 0 else 1
+
+    def run_quietly(self, record: InvocationRecord) -> tuple[int, InvocationResults]:
+        """Start the job and wait for it without printing anything (for services such as the eval
+        delegate); returns the job's exit code and its collected results (also written to results.json).
+        Nothing is exported."""
+        self.save(record)
+        (self.job_dir / "logs").mkdir(exist_ok=True)
+        with open(self.job_dir / "logs" / "job.log", "ab") as log:
+            proc = subprocess.Popen(
+                ["bash", str(self.job_dir / "job.sh")],
+                cwd=self.job_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                returncode = proc.wait()
+            except BaseException:
+                _stop(proc)
+                raise
+        return returncode, self.collect(record)
+
+    def collect(self, record: InvocationRecord) -> InvocationResults:
+        """The job's results from its task dirs, written to `<job_dir>/results.json`."""
+        from ckpteval.results.collect import collect_results
+        from ckpteval.results.store import write_results
+
+        results = collect_results(
+            self.job_dir,
+            [(t.name, t.dir) for t in self.plan.tasks],
+            invocation=self.invocation,
+            created=record.created,
+            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
+            label=self.compiled.config.run.name,
+        )
+        write_results(self.job_dir, results)
+        return results
 
     def export(self, results: InvocationResults, record: InvocationRecord) -> None:
         """Export the results where the config says (W&B, MLflow); a failed export never fails the run."""
