@@ -150,7 +150,8 @@ def loglikelihood_table(runner: Any, port: int, server_pid: int, requests: list[
         a, b, c, d = (table[k][r] for k in columns)
         out.append(f"| {r + 1} | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
     a, b, c, d = (statistics.median(table[k]) for k in columns)
-    out.append(f"| median | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{d / b:.2f}** |")
+    ratio = statistics.median(s / lim for s, lim in zip(table["server c=16"], table["limit B=16"], strict=True))
+    out.append(f"| median | {a:.1f} | {b:.1f} | {c:.1f} | {d:.1f} | **{ratio:.2f}** |")
     limit_cpu, server_cpu = statistics.median(cpu_ms["limit"]), statistics.median(cpu_ms["server"])
     out += [
         "",
@@ -161,32 +162,39 @@ def loglikelihood_table(runner: Any, port: int, server_pid: int, requests: list[
     return out
 
 
-def generation_table(runner: Any, port: int, new_tokens: int) -> list[str]:
+def generation_table(runner: Any, port: int, new_tokens: int, rounds: int) -> list[str]:
     from ckpteval.deploy.engine import SamplingParams
 
     prompt = runner.tokenizer.encode(runner.tokenizer.render_chat(CHAT), add_special_tokens=False)
     params = SamplingParams(max_tokens=new_tokens)
-    rates: dict[str, float] = {}
-    started = time.perf_counter()
-    (one,) = runner.generate([(prompt, params)])
-    rates["KV cache, 1 row"] = one.num_generated / (time.perf_counter() - started)
-    started = time.perf_counter()
-    eight = runner.generate([(prompt, params)] * 8)
-    rates["KV cache, 8 rows batched"] = sum(g.num_generated for g in eight) / (time.perf_counter() - started)
-    started = time.perf_counter()
-    recomputed = runner.generate_without_cache(prompt, params)
-    rates["recompute prefix, 1 row"] = recomputed.num_generated / (time.perf_counter() - started)
-    assert recomputed.token_ids == one.token_ids, "KV-cache generation differs from recomputation"
     body = json.dumps({"model": "bench", "messages": CHAT, "max_tokens": new_tokens, "temperature": 0}).encode()
-    for c in CHAT_CONCURRENCY:
-        rates[f"server chat, {c} clients"] = http_rate(port, [body] * 2 * c, c, "/v1/chat/completions")[1]
-    speedup = rates["KV cache, 1 row"] / rates["recompute prefix, 1 row"]
+    rates: dict[str, list[float]] = {}
+
+    def timed(name: str, run: Any) -> Any:
+        started = time.perf_counter()
+        results = run()
+        rates.setdefault(name, []).append(sum(g.num_generated for g in results) / (time.perf_counter() - started))
+        return results
+
+    for _ in range(rounds):
+        (one,) = timed("KV cache, 1 row", lambda: runner.generate([(prompt, params)]))
+        timed("KV cache, 8 rows batched", lambda: runner.generate([(prompt, params)] * 8))
+        (again,) = timed("recompute prefix, 1 row", lambda: [runner.generate_without_cache(prompt, params)])
+        assert again.token_ids == one.token_ids, "KV-cache generation differs from recomputation"
+        for c in CHAT_CONCURRENCY:
+            name = f"server chat, {c} client{'s' if c > 1 else ''}"
+            rates.setdefault(name, []).append(http_rate(port, [body] * 2 * c, c, "/v1/chat/completions")[1])
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    speedup = statistics.median(
+        a / b for a, b in zip(rates["KV cache, 1 row"], rates["recompute prefix, 1 row"], strict=True)
+    )
     return [
-        f"Generation (chat prompt of {len(prompt)} tokens, {one.num_generated} new tokens, greedy), tokens per second:",
+        f"Generation (chat prompt of {len(prompt)} tokens, {one.num_generated} new tokens, greedy), tokens per "
+        f"second, median of {rounds}:",
         "",
-        "| " + " | ".join(rates) + " | KV cache / recompute |",
-        "|" + "---|" * (len(rates) + 1),
-        "| " + " | ".join(f"{v:.1f}" for v in rates.values()) + f" | **{speedup:.1f}x** |",
+        "| " + " | ".join(median) + " | KV cache / recompute |",
+        "|" + "---|" * (len(median) + 1),
+        "| " + " | ".join(f"{v:.1f}" for v in median.values()) + f" | **{speedup:.1f}x** |",
     ]
 
 
@@ -217,7 +225,7 @@ def bench_model(name: str, *, rounds: int, count: int, new_tokens: int) -> list[
             "",
             *loglikelihood_table(runner, port, server.process.pid, requests, rounds),
             "",
-            *generation_table(runner, port, new_tokens),
+            *generation_table(runner, port, new_tokens, rounds),
             "",
         ]
         _, rss_peak = rss_mb(server.process.pid)

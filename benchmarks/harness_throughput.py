@@ -11,8 +11,10 @@ the evaluator). In the same round, side by side:
   bodies the harness sent, straight to the server: requests/s the server sustains;
 - harness: the run's rate at nemo-evaluator's interceptor proxy (answered requests / time from first
   to last request, from eval_factory_metrics.json);
-- harness without proxy: the same task with the interceptor chain disabled (lm-eval straight to the
-  server; rate from lm-eval's own progress bar), to see what the proxy costs.
+- the same with a minimal chain (caching + endpoint) and with the proxy disabled (lm-eval straight to
+  the server; rate from lm-eval's own progress bar), to see what the proxy and its interceptors cost.
+
+The same measurements against an instant fake endpoint give the evaluator's own ceiling on this machine.
 
 A byte-level HF tokenizer matching the tiny model's tokenization is built on the fly (lm-eval needs one
 for log-likelihood requests). Results go in harness_throughput.md next to this file.
@@ -21,16 +23,19 @@ for log-likelihood requests). Results go in harness_throughput.md next to this f
 from __future__ import annotations
 
 import argparse
+import copy
 import http.client
 import json
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.conftest import free_port, model_server_command, serve  # noqa: E402
 from tests.e2e.tasks.conftest import run_task  # noqa: E402
+
+from ckpteval.tasks.runconfig import NO_PROXY_ADAPTER_CONFIG  # noqa: E402
 
 
 def byte_tokenizer(path: Path) -> str:
@@ -138,61 +145,91 @@ def lm_eval_rate(log: Path) -> float:
     return float(value) if unit == "it/s" else 1.0 / float(value)
 
 
+FAKE_ENDPOINT = REPO / "tests" / "e2e" / "tasks" / "fake_endpoint.py"
+CHAINS: dict[str, dict[str, Any] | None] = {
+    "default chain": None,  # ckpteval's (runconfig.default_adapter_config)
+    "caching + endpoint only": {
+        "interceptors": [{"name": "caching", "config": {"reuse_cached_responses": True}}, {"name": "endpoint"}]
+    },
+    "no proxy": NO_PROXY_ADAPTER_CONFIG,
+}
+
+
+def measure(
+    url: str, model_id: str, work: Path, params: dict[str, Any], chains: dict[str, dict[str, Any] | None]
+) -> dict[str, float]:
+    """One round against one server: capacity, then each chain, then capacity again."""
+    parallelism = int(params["parallelism"])
+    out: dict[str, float] = {}
+    bodies: list[bytes] = []
+    for name, chain in chains.items():
+        if chain is not None and "interceptors" in chain and chain["interceptors"][0]["name"] == "caching":
+            chain = copy.deepcopy(chain)
+            chain["interceptors"][0]["config"]["cache_dir"] = str(work / name / "artifacts" / "cache")
+        run = run_task("hellaswag", work / name.replace(" ", "_"), url=url, params=params, adapter_config=chain)
+        assert run.returncode == 0, run.paths.log.read_text()[-2000:]
+        if not bodies:
+            bodies = request_bodies(run.paths.output_dir, model_id)
+            out["capacity before"] = capacity(url, bodies, parallelism)
+        out[f"{name}: lm-eval bar"] = lm_eval_rate(run.paths.log)
+        if chain is None:  # only the default chain has response_stats, which times the requests at the proxy
+            out[f"{name}: at proxy"] = proxy_rate(run.paths.output_dir)[0]
+    out["capacity after"] = capacity(url, bodies, parallelism)
+    out["capacity"] = (out["capacity before"] + out["capacity after"]) / 2
+    out["requests"] = len(bodies)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["tiny", "smol"], default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parallelism", type=int, default=10)
     parser.add_argument("--fewshot", type=int, default=0)
     parser.add_argument("--limit", type=int, default=80)
+    parser.add_argument("--chains", default=",".join(CHAINS), help="comma-separated subset of: " + ", ".join(CHAINS))
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the instant fake endpoint")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, outputs)")
     args = parser.parse_args()
+    chains = {name: CHAINS[name] for name in args.chains.split(",")}
     work = Path(tempfile.mkdtemp(prefix="ckpteval-bench-"))
-    port = free_port()
-    rows = []
+    model_label = {"tiny": "tiny Megatron model", "smol": "SmolLM2-135M (Megatron)"}[args.model]
+    results: dict[str, list[dict[str, float]]] = {model_label: []}
+    if not args.no_ceiling:
+        results["instant fake endpoint"] = []
+    port, fake_port = free_port(), free_port()
+    fake = subprocess.Popen([sys.executable, str(FAKE_ENDPOINT), "--port", str(fake_port)])
     try:
-        tokenizer = byte_tokenizer(work / "byte_tokenizer")
-        with serve(model_server_command("tiny", port), port, work / "server.log") as model:
+        with serve(model_server_command(args.model, port), port, work / "server.log") as model:
+            tokenizer = model.tokenizer or byte_tokenizer(work / "byte_tokenizer")
             extra = {"tokenizer": tokenizer, "tokenizer_backend": "huggingface", "num_fewshot": args.fewshot}
-            params = {"limit_samples": args.limit, "parallelism": args.parallelism, "request_timeout": 600}
+            params = {"limit_samples": args.limit, "parallelism": args.parallelism, "request_timeout": 3600}
+            params["extra"] = extra
+            targets = {model_label: model.url, "instant fake endpoint": f"http://127.0.0.1:{fake_port}/v1/completions"}
             for r in range(args.rounds):
-                run = run_task("hellaswag", work / f"r{r}" / "proxy", url=model.url, params={**params, "extra": extra})
-                assert run.returncode == 0, run.paths.log.read_text()[-2000:]
-                bodies = request_bodies(run.paths.output_dir, model.model_id)
-                cap_before = capacity(model.url, bodies, args.parallelism)
-                harness, count = proxy_rate(run.paths.output_dir)
-                direct = run_task(
-                    "hellaswag",
-                    work / f"r{r}" / "direct",
-                    url=model.url,
-                    params={**params, "extra": extra},
-                    adapter_config={"interceptors": [{"name": "endpoint", "enabled": False}]},
-                )
-                assert direct.returncode == 0, direct.paths.log.read_text()[-2000:]
-                cap_after = capacity(model.url, bodies, args.parallelism)
-                rows.append(
-                    {
-                        "requests": count,
-                        "capacity": (cap_before + cap_after) / 2,
-                        "harness": harness,
-                        "harness_lm_eval_bar": lm_eval_rate(run.paths.log),
-                        "direct_lm_eval_bar": lm_eval_rate(direct.paths.log),
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+                for label in results:
+                    row = measure(targets[label], model.model_id, work / f"r{r}" / label.split()[0], params, chains)
+                    results[label].append(row)
+                    print(label, json.dumps(row), flush=True)
     finally:
+        fake.kill()
+        fake.wait()
         if args.keep:
             print(f"work directory: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    cap = statistics.median(r["capacity"] for r in rows)
-    har = statistics.median(r["harness"] for r in rows)
     print(
-        f"\nparallelism {args.parallelism}, few-shot {args.fewshot}, {rows[0]['requests']} requests, {len(rows)} rounds"
+        f"\nhellaswag, {args.fewshot}-shot, parallelism {args.parallelism}, {args.rounds} rounds; "
+        "medians, requests/s; ratio = median / median capacity"
     )
-    print(f"server capacity (median): {cap:.1f} req/s")
-    print(f"harness via proxy (median): {har:.1f} req/s  ratio {har / cap:.2f}")
-    print(f"lm-eval bar with proxy (median): {statistics.median(r['harness_lm_eval_bar'] for r in rows):.1f} req/s")
-    print(f"lm-eval bar without proxy (median): {statistics.median(r['direct_lm_eval_bar'] for r in rows):.1f} req/s")
+    for label, rows in results.items():
+        print(f"\n{label} ({int(rows[0]['requests'])} requests per run)")
+        capacity_median = statistics.median(r["capacity"] for r in rows)
+        for key in rows[0]:
+            if key == "requests":
+                continue
+            value = statistics.median(r[key] for r in rows)
+            print(f"  {key:40s} {value:8.2f}   ratio {value / capacity_median:5.2f}")
 
 
 if __name__ == "__main__":

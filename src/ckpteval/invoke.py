@@ -14,15 +14,15 @@ from ckpteval.config.compose import CompileRequest
 from ckpteval.job.invocation import new_invocation_id
 
 
-def make_launch(compiled: CompiledConfig, invocation: str) -> Any:
-    """The launch for where the config runs: this machine, or a Slurm cluster."""
+def make_launch(compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> Any:
+    """The launch for where the config runs: this machine, or a Slurm cluster (images squashed first)."""
     if compiled.execution_type == "local":
         from ckpteval.job.local import LocalLaunch
 
         return LocalLaunch(compiled, invocation)
     from ckpteval.cluster.launch import SlurmLaunch
 
-    return SlurmLaunch(compiled, invocation)
+    return SlurmLaunch(compiled, invocation, force_squash=force_squash)
 
 
 def run_invocation(
@@ -33,7 +33,7 @@ def run_invocation(
     compiled = compile_config(request)
     # plan the one job of this invocation (deployment once, every task against it)
     invocation = new_invocation_id()
-    launch = make_launch(compiled, invocation)
+    launch = make_launch(compiled, invocation, force_squash=force_squash)
     # 5. preview: compiled config, job script, squash plan — all that --dry-run shows
     from ckpteval.config.preview import render_preview
 

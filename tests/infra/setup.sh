@@ -202,12 +202,26 @@ build_fake_pyxis() {
 }
 
 start_slurm() {
-  alive /run/slurm/slurmctld.pid || /usr/sbin/slurmctld
+  local fresh=0
+  alive /run/slurm/slurmctld.pid || { /usr/sbin/slurmctld; fresh=1; }
   waitfor 30 slurmctld scontrol ping
+  if [ "$fresh" = 1 ]; then
+    # slurmctld recovers the jobs of its previous life from its state directory (a machine image
+    # taken while jobs ran, a reboot): their processes are gone, but they would hold nodes and GPUs
+    # forever. Cancel them; the job id counter (and so sacct's history) stays consistent.
+    local stale
+    stale=$(squeue -h -o %i | tr '\n' ' ')
+    if [ -n "${stale// /}" ]; then
+      say "cancelling jobs recovered from a previous slurmctld: $stale"
+      # shellcheck disable=SC2086
+      scancel $stale || true
+    fi
+  fi
   for n in "${NODES[@]}"; do
     install -d "/var/spool/slurmd/$n"
     alive "/run/slurm/slurmd-$n.pid" || /usr/sbin/slurmd -N "$n"
   done
+  [ "$fresh" = 1 ] && waitfor 60 "stale jobs to leave the queue" bash -c '[ -z "$(squeue -h -o %i)" ]'
   # a node that went DOWN (e.g. after a crash) comes back with ReturnToService=2 once it registers
   waitfor 60 "${#NODES[@]} idle nodes" bash -c \
     "[ \"\$(sinfo -h -N -o '%T' | grep -cE '^(idle|mixed|allocated)$')\" = ${#NODES[@]} ]"

@@ -10,7 +10,12 @@ import typer
 def logs_command(
     invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
-    source: Annotated[str, typer.Option("--source", "-s", help="job (default), deployment, or a task name.")] = "job",
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source", "-s", help="job (default), deployment, a task name, or slurm (nemo-run's sbatch output)."
+        ),
+    ] = "job",
 ) -> None:
     """Print an invocation's log: the job's own, the deployment's, or one task client's."""
     from ckpteval.job import manage

@@ -17,8 +17,10 @@ def status_command(
     from ckpteval.job import manage
     from ckpteval.job.invocation import list_records, load_record
 
-    records = [load_record(invocation)] if invocation else list_records()[:limit]
-    statuses = [manage.status(r) for r in records]
+    if invocation:
+        statuses = [manage.status(load_record(invocation))]
+    else:  # one unreachable cluster must not hide the other invocations
+        statuses = [_status_or_unknown(manage, r) for r in list_records()[:limit]]
     if json_output:
         print(json.dumps([_as_json(s) for s in statuses], indent=2))
         return
@@ -31,9 +33,12 @@ def status_command(
         return
     if invocation:
         s = statuses[0]
+        from rich.markup import escape
+
+        where = s.record.executor + (f" job {s.slurm_job}" if s.slurm_job else "")
         console.print(
-            f"[bold]{s.record.id}[/]  {s.state}  ({s.record.executor}, profile {s.record.profile})"
-            + (f"  [dim]{s.detail}[/]" if s.detail else "")
+            f"[bold]{s.record.id}[/]  {s.state}  ({where}, profile {s.record.profile})"
+            + (f"  [dim]{escape(s.detail)}[/]" if s.detail else "")
         )
         table = Table(header_style="bold")
         for col in ("task", "state", "progress"):
@@ -43,6 +48,9 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
         console.print(table)
+        if s.log_tail:
+            console.print("[red]last lines of the job's log:[/]")
+            console.print(escape(s.log_tail), highlight=False)
         return
     table = Table(header_style="bold")
     for col in ("invocation", "created", "where", "state", "tasks"):
@@ -59,6 +67,15 @@ def status_command(
     console.print(table)
 
 
+def _status_or_unknown(manage, record):  # type: ignore[no-untyped-def]
+    from ckpteval.errors import CkptevalError
+
+    try:
+        return manage.status(record)
+    except CkptevalError as exc:
+        return manage.InvocationStatus(record=record, state="unknown", snapshot=None, detail=exc.message)
+
+
 def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
     tasks = (
         [{"name": t.name, "state": t.state, "done": t.done, "total": t.total} for t in s.snapshot.tasks]
@@ -69,6 +86,8 @@ def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
         "invocation": s.record.id,
         "state": s.state,
         "detail": s.detail,
+        "slurm_job": s.slurm_job,
+        "log_tail": s.log_tail,
         "executor": s.record.executor,
         "profile": s.record.profile,
         "created": s.record.created,

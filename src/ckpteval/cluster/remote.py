@@ -59,6 +59,10 @@ def command_line(argv: Sequence[str] | str) -> str:
     return shlex.join(argv)
 
 
+class ConnectionLost(ClusterError):
+    """The connection to the cluster dropped (or was closed): the command may be retried on a new one."""
+
+
 def check_result(result: RunResult, cmd: str, where: str) -> RunResult:
     """Raise a ClusterError naming the command and its stderr when `result` failed."""
     if result.ok:
@@ -119,6 +123,14 @@ class Remote(Protocol):
 
     def read_text(self, path: str) -> str:
         """The content of a remote text file (ClusterError if it cannot be read)."""
+        ...
+
+    def read_text_if_exists(self, path: str) -> str | None:
+        """The content of a remote text file, or None if it does not exist."""
+        ...
+
+    def read_bytes_from(self, path: str, offset: int) -> bytes | None:
+        """A remote file's bytes from `offset` to its end (None if the file does not exist)."""
         ...
 
     def write_text_atomic(self, path: str, text: str, *, mode: int = 0o644) -> None:
@@ -239,6 +251,26 @@ class LocalRemote:
         log.debug("[local] read %s", path)
         try:
             return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ClusterError(f"Cannot read {path} on this machine: {exc.strerror}.") from None
+
+    def read_text_if_exists(self, path: str) -> str | None:
+        """The content of a text file on this machine, or None if it does not exist."""
+        try:
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise ClusterError(f"Cannot read {path} on this machine: {exc.strerror}.") from None
+
+    def read_bytes_from(self, path: str, offset: int) -> bytes | None:
+        """A file's bytes from `offset` on (None if it does not exist)."""
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         except OSError as exc:
             raise ClusterError(f"Cannot read {path} on this machine: {exc.strerror}.") from None
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Self
 import paramiko
 
 from ckpteval.cluster.remote import (
+    ConnectionLost,
     LineCallback,
     RunResult,
     _LineBuffer,
@@ -382,11 +383,24 @@ class SSHRemote:
     def _transport(self) -> paramiko.Transport:
         transport = self._client.get_transport() if self._clients else None
         if transport is None or not transport.is_active():
-            raise ClusterError(
+            raise ConnectionLost(
                 f"The SSH connection to {self.description} is closed.",
                 hint="Check the network and run the command again.",
             )
         return transport
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is still up (as far as this side knows)."""
+        transport = self._client.get_transport() if self._clients else None
+        return transport is not None and transport.is_active()
+
+    def _lost(self, what: str, exc: BaseException) -> ConnectionLost:
+        self._sftp = None  # an SFTP session does not survive its transport
+        return ConnectionLost(
+            f"Lost the SSH connection to {self.description} while {what} ({exc or type(exc).__name__}).",
+            hint="Run the command again; nothing half-done is kept.",
+        )
 
     def run(
         self,
@@ -424,7 +438,9 @@ class SSHRemote:
         log.debug("[%s] $ %s", self.description, cmd)
         try:
             chan = self._transport().open_session(timeout=30)
-        except (paramiko.SSHException, OSError) as exc:
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if not self.connected:
+                raise self._lost("starting a command", exc) from None
             raise ClusterError(f"Cannot start a command on {self.description}: {exc}.") from None
         sink = on_line or (lambda _s, _l: None)
         out, err = _LineBuffer("stdout", sink), _LineBuffer("stderr", sink)
@@ -458,14 +474,12 @@ class SSHRemote:
                 err.feed(chan.recv_stderr(65536))
             status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ClusterError(
-                f"Lost the SSH connection to {self.description} while running: {_short(cmd)} ({exc}).",
-                hint="Run the command again; nothing half-done is kept.",
-            ) from None
+            raise self._lost(f"running: {_short(cmd)}", exc) from None
         finally:
             chan.close()
         if status == -1:
-            raise ClusterError(
+            self._sftp = None
+            raise ConnectionLost(
                 f"Lost the SSH connection to {self.description} while running: {_short(cmd)}.",
                 hint="Run the command again; nothing half-done is kept.",
             )
@@ -474,7 +488,12 @@ class SSHRemote:
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._transport()
-            self._sftp = self._client.open_sftp()
+            try:
+                self._sftp = self._client.open_sftp()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if not self.connected:
+                    raise self._lost("opening SFTP", exc) from None
+                raise ClusterError(f"Cannot open an SFTP session on {self.description}: {exc}.") from None
         return self._sftp
 
     def put(self, local: Path, remote: str) -> None:
@@ -515,6 +534,29 @@ class SSHRemote:
         except OSError as exc:
             raise ClusterError(f"Cannot read {self.description}:{path}: {exc}.") from None
 
+    def read_text_if_exists(self, path: str) -> str | None:
+        """The content of a remote text file, or None if it does not exist."""
+        data = self.read_bytes_from(path, 0)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def read_bytes_from(self, path: str, offset: int) -> bytes | None:
+        """A remote file's bytes from `offset` on (None if it does not exist)."""
+        log.debug("[%s] read %s from %d", self.description, path, offset)
+        try:
+            with self._sftp_client().open(path, "rb") as f:
+                if offset:
+                    f.seek(offset)
+                f.prefetch()
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except (paramiko.SSHException, EOFError) as exc:
+            raise self._lost(f"reading {path}", exc) from None
+        except OSError as exc:
+            if not self.connected:
+                raise self._lost(f"reading {path}", exc) from None
+            raise ClusterError(f"Cannot read {self.description}:{path}: {exc}.") from None
+
     def write_text_atomic(self, path: str, text: str, *, mode: int = 0o644) -> None:
         """Write a remote file to a temporary name beside it, then rename it into place."""
         log.debug("[%s] write %s", self.description, path)
@@ -545,7 +587,11 @@ class SSHRemote:
             self._sftp_client().lstat(path)
         except FileNotFoundError:
             return False
+        except (paramiko.SSHException, EOFError) as exc:
+            raise self._lost(f"checking {path}", exc) from None
         except OSError as exc:
+            if not self.connected:
+                raise self._lost(f"checking {path}", exc) from None
             raise ClusterError(f"Cannot check {self.description}:{path}: {exc}.") from None
         return True
 

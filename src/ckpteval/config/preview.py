@@ -40,6 +40,7 @@ class PreviewPanel:
     # Long, mechanical panels (the job script) are shown in full by --dry-run only; a real run names
     # them in one line, so the config and the progress stay on screen.
     full_only_in_dry_run: bool = False
+    renderable: Any = None  # a ready rich renderable (e.g. the squash plan table), shown instead of `body`
 
 
 def render_preview(
@@ -87,5 +88,11 @@ def render_preview(
         if panel.full_only_in_dry_run and not dry_run:
             console.print(f"[bold green]{panel.title}[/] [dim](shown in full by --dry-run)[/]")
             continue
-        body: Any = Syntax(redact(panel.body), panel.language, theme="ansi_dark", background_color="default")
+        if panel.renderable is not None:
+            console.print(panel.renderable)
+            continue
+        # scripts have long command lines: wrap them rather than crop them at the panel's edge
+        body: Any = Syntax(
+            redact(panel.body), panel.language, theme="ansi_dark", background_color="default", word_wrap=True
+        )
         console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))

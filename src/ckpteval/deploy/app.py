@@ -77,7 +77,10 @@ class OpenAIServer:
         top_k = request.logprobs or 1
         choices: list[CompletionChoice]
         if request.is_scoring:
-            scored = await asyncio.gather(*(self._score(p, top_k) for p in prompts))
+            if len(prompts) == 1:  # lm-eval's usual request: skip gather's bookkeeping
+                scored = [await self._score(prompts[0], top_k)]
+            else:
+                scored = list(await asyncio.gather(*(self._score(p, top_k) for p in prompts)))
             choices = [scoring_choice(request, i, s, self.tokenizer) for i, s in zip(indices, scored, strict=True)]
         else:
             generations = asyncio.gather(*(self._generate(p, request.params) for p in prompts))

@@ -77,6 +77,29 @@ class ModelRunner:
         self._causal: dict[int, torch.Tensor] = {}
         # Ids the model may emit but the tokenizer cannot decode (Megatron pads the vocabulary).
         self.vocab_limit = min(tokenizer.vocab_size, model.vocab_size)
+        config = model.config
+        self._shape = (
+            config.num_layers,
+            config.num_attention_heads,
+            config.num_query_groups or config.num_attention_heads,
+        )
+        self._kv_channels = config.kv_channels
+        self._element_bytes = next(model.parameters()).element_size()
+
+    def score_memory(self, rows: int, length: int) -> int:
+        """Bytes a scoring forward over `rows` padded to `length` needs beyond the weights (an estimate).
+
+        float32 logits [rows, length, vocab], and attention scores [rows, heads, length, length]
+        with the copies masking and softmax make.
+        """
+        _, heads, _ = self._shape
+        return 4 * rows * length * (self.model.vocab_size + 3 * heads * length)
+
+    def generation_memory(self, rows: int, prompt: int, total: int) -> int:
+        """Bytes a generation batch needs: its KV cache for `total` positions and the prompt forward's attention."""
+        layers, heads, groups = self._shape
+        cache = 2 * layers * groups * self._kv_channels * self._element_bytes * rows * total
+        return cache + 4 * 3 * rows * heads * prompt * prompt
 
     def causal_mask(self, length: int) -> torch.Tensor:
         """[1, 1, L, L] bool, True above the diagonal (megatron masks where True)."""
@@ -140,7 +163,6 @@ class ModelRunner:
 @dataclass
 class _Row:
     index: int
-    prompt_len: int
     params: SamplingParams
     generator: Any = None
     out: list[int] = field(default_factory=list)
@@ -165,12 +187,12 @@ class GenerationBatch:
         # positions (slot - padding) stay within the context.
         capacity = longest + new_tokens
         self.rows = []
-        for i, (prompt, params) in enumerate(requests):
+        for i, (_, params) in enumerate(requests):
             generator = None
             if params.temperature > 0:
                 generator = torch.Generator(device=device)
                 generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
-            self.rows.append(_Row(index=i, prompt_len=len(prompt), params=params, generator=generator))
+            self.rows.append(_Row(index=i, params=params, generator=generator))
         batch = len(requests)
         self.pads = torch.tensor([longest - len(p) for p, _ in requests], device=device)
         self.key_padding = torch.arange(capacity, device=device)[None, :] < self.pads[:, None]  # True = masked

@@ -103,8 +103,9 @@ class Scheduler:
 
     runner: ModelRunner
     max_batch_size: int = 16
-    max_batch_tokens: int = 4096  # bounds the [rows, length, vocab] logits of one scoring forward
-    max_generation_tokens: int = 65536  # bounds a generation batch's KV cache (rows x (prompt + new tokens))
+    # Working memory one forward may take beyond the weights (logits, attention scores, KV cache):
+    # batches stop growing there; a single request always runs.
+    max_batch_memory: int = 2 * 1024**3
     max_generation_batches: int = 4  # batches stepped in turn: new requests need not wait for stragglers
     gather_fraction: float = 0.1
     max_gather_seconds: float = 0.05
@@ -157,10 +158,8 @@ class Scheduler:
             batches = [b for b in batches if self._step_generation(b)]
         self._fail_waiting(RuntimeError("the server is shutting down"), running=[j for b in batches for j in b.jobs])
 
-    def _take(
-        self, queue: deque[Any], gather: _Gather, *, cost: Any, budget: int, limit: int, wait: bool = True
-    ) -> list[Any]:
-        """Up to `limit` queued jobs whose padded cost (rows x longest) stays within `budget`."""
+    def _take(self, queue: deque[Any], gather: _Gather, *, memory: Any, limit: int, wait: bool = True) -> list[Any]:
+        """Up to `limit` queued jobs, in order, while `memory(jobs)` stays within the budget."""
         want = min(limit, gather.last_size)
         window = min(self.max_gather_seconds, self.gather_fraction * gather.last_seconds) if wait else 0.0
         deadline = time.monotonic() + window
@@ -171,21 +170,17 @@ class Scheduler:
                     break
                 self._cond.wait(remaining)
             taken: list[Any] = []
-            longest = 0
             while queue and len(taken) < limit:
-                longest_if = max(longest, cost(queue[0]))
-                if taken and longest_if * (len(taken) + 1) > budget:
+                if taken and memory([*taken, queue[0]]) > self.max_batch_memory:
                     break
                 taken.append(queue.popleft())
-                longest = longest_if
         return taken
 
     def _run_scores(self) -> None:
         jobs: list[ScoreJob] = self._take(
             self._scores,
             self._score_gather,
-            cost=lambda j: len(j.tokens),
-            budget=self.max_batch_tokens,
+            memory=lambda jobs: self.runner.score_memory(len(jobs), max(len(j.tokens) for j in jobs)),
             limit=self.max_batch_size,
         )
         if not jobs:
@@ -217,8 +212,11 @@ class Scheduler:
         jobs: list[GenerateJob] = self._take(
             self._generations,
             self._generation_gather,
-            cost=lambda j: len(j.prompt) + j.params.max_tokens,
-            budget=self.max_generation_tokens,
+            memory=lambda jobs: self.runner.generation_memory(
+                len(jobs),
+                max(len(j.prompt) for j in jobs),
+                max(len(j.prompt) for j in jobs) + max(j.params.max_tokens for j in jobs),
+            ),
             limit=limit,
             wait=wait,
         )

@@ -27,6 +27,8 @@ from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
 EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
+HOOK_SUBDIR = "hook"
+RAY_PORT = 6379
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class Toolchain:
     python: str  # runs `-m ckpteval.deploy` (builtin deployment)
     evaluator: str  # the nemo-evaluator executable (inside the eval-factory image: "nemo-evaluator")
     hook_dir: str | None = None  # offline-data hook for the harness (None: not available there)
+
+
+def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
+    """A cluster: the profile's Python (builtin deployment), `nemo-evaluator` as the eval-factory image has
+    it, and the offline-data hook uploaded into the job directory (`<job_dir>/hook`, mounted with it)."""
+    return Toolchain(python=python, evaluator="nemo-evaluator", hook_dir=f"{job_dir}/{HOOK_SUBDIR}")
 
 
 def local_toolchain() -> Toolchain:
@@ -68,7 +76,7 @@ def build_plan(
     config = compiled.config
     deployment = config.deployment
     readiness = config.execution.endpoint_readiness_timeout
-    mounts = _mounts(compiled)
+    mounts = _mounts(compiled, job_dir=job_dir if launcher == "slurm" else None)
 
     if isinstance(deployment, NoDeployment):
         dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
@@ -99,16 +107,19 @@ def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
     return dict(compiled.config.execution.env_vars)
 
 
-def _mounts(compiled: CompiledConfig) -> tuple[str, ...]:
-    """Container mounts on Slurm: the profile's, execution.mounts, and the checkpoint read-only at the
-    same path (so paths in the config, like the tokenizer dir, mean the same inside and outside)."""
+def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]:
+    """Container mounts on Slurm: the job directory (run configs, outputs, logs, the hook), the profile's,
+    execution.mounts, and the checkpoint at the same path (so paths in the config, like the tokenizer dir,
+    mean the same inside and outside) — read-only, unless it is to be prepared there first."""
     config = compiled.config
-    out: list[str] = list(compiled.profile.mounts)
+    out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
+    out.extend(compiled.profile.mounts)
     if isinstance(config.execution, SlurmExecution):
         out.extend(f"{src}:{dst}" for src, dst in config.execution.mounts.items())
     checkpoint = getattr(config.deployment, "checkpoint_path", None)
     if checkpoint:
-        out.append(f"{checkpoint}:{checkpoint}:ro")
+        prepared_here = getattr(config.deployment, "prepare", None) is not None
+        out.append(f"{checkpoint}:{checkpoint}" if prepared_here else f"{checkpoint}:{checkpoint}:ro")
     return tuple(dict.fromkeys(out))
 
 
@@ -135,34 +146,7 @@ def _deployment_step(
             # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
             image = deployment.image if launcher == "slurm" else None
             return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
-        argv = [
-            "python",
-            EXPORT_DEPLOY_SCRIPT,
-            "--megatron_checkpoint",
-            deployment.checkpoint_path,
-            "--model_id",
-            deployment.served_model_name,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(port),
-            "--num_gpus",
-            str(deployment.num_gpus),
-            "--num_nodes",
-            str(deployment.num_nodes),
-            "--tensor_model_parallel_size",
-            str(deployment.tensor_model_parallel_size),
-            "--pipeline_model_parallel_size",
-            str(deployment.pipeline_model_parallel_size),
-            "--expert_model_parallel_size",
-            str(deployment.expert_model_parallel_size),
-            "--num_replicas",
-            str(deployment.num_replicas),
-        ]
-        command = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
-        return Step(
-            command=command, env=env, image=deployment.image, mounts=mounts, nodes=deployment.num_nodes
-        ), "megatron/export-deploy"
+        return _export_deploy_step(deployment, port=port, env=env, mounts=mounts)
     if isinstance(deployment, VllmDeployment):
         model = deployment.hf_model_handle or deployment.checkpoint_path or ""
         argv = [
@@ -184,6 +168,52 @@ def _deployment_step(
         return Step(command=command, env=env, image=deployment.image, mounts=mounts), "vllm"
     assert isinstance(deployment, GenericDeployment)
     return Step(command=deployment.command, env=env, image=deployment.image, mounts=mounts), "generic"
+
+
+def _export_deploy_step(
+    deployment: MegatronDeployment, *, port: int, env: dict[str, str], mounts: tuple[str, ...]
+) -> tuple[Step, str]:
+    """Export-Deploy's in-framework Ray Serve deployment (`deploy_ray_inframework.py`, NeMo container).
+
+    Its arguments as of Export-Deploy 0.2-0.6 (NeMo 25.09+): `--megatron_checkpoint`, `--num_gpus` (the
+    total over all nodes), the parallel sizes, `--model_id`, `--host`, `--port`, `--num_replicas`; there
+    is no `--num_nodes`. On several nodes the script joins a Ray cluster (`address="auto"`): rank 0 starts
+    the Ray head and then the script, the other ranks join the head (`$PRIMARY_NODE`, exported by the job
+    script) as workers and wait.
+    """
+    argv = [
+        "python",
+        EXPORT_DEPLOY_SCRIPT,
+        "--megatron_checkpoint",
+        deployment.checkpoint_path,
+        "--model_id",
+        deployment.served_model_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--num_gpus",
+        str(deployment.num_gpus),
+        "--tensor_model_parallel_size",
+        str(deployment.tensor_model_parallel_size),
+        "--pipeline_model_parallel_size",
+        str(deployment.pipeline_model_parallel_size),
+        "--expert_model_parallel_size",
+        str(deployment.expert_model_parallel_size),
+        "--num_replicas",
+        str(deployment.num_replicas),
+    ]
+    serve = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+    nodes = deployment.num_nodes
+    if nodes > 1:
+        per_node = max(1, deployment.num_gpus // nodes)
+        ray = f"--port={RAY_PORT} --num-gpus={per_node} --disable-usage-stats"
+        serve = (
+            'if [ "${SLURM_PROCID:-0}" = 0 ]; then '
+            f"ray start --head {ray} && exec {serve}; "
+            f'else exec ray start --address="$PRIMARY_NODE:{RAY_PORT}" {ray} --block; fi'
+        )
+    return Step(command=serve, env=env, image=deployment.image, mounts=mounts, nodes=nodes), "megatron/export-deploy"
 
 
 def _task_plan(

@@ -10,7 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 class JobView(Protocol):
@@ -69,23 +72,35 @@ def follow(
     progress: ProgressReader | None = None,
     interval: float = 0.5,
     quiet: bool = False,
+    on_tick: Callable[[Console], None] | None = None,
+    console: Console | None = None,
 ) -> JobSnapshot:
-    """Redraw progress every `interval` seconds until the job has ended; return the last snapshot."""
+    """Redraw progress every `interval` seconds until the job has ended; return the last snapshot.
+
+    `on_tick(console)` runs right before each snapshot (and once at the end): what it prints (e.g. new
+    lines of the job's log) appears above the progress display, and it may refresh the view's data.
+    """
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(stderr=True)
-    snapshot = take_snapshot(view, tasks, progress)
+    console = console or Console(stderr=True)
+    tick = on_tick or (lambda _c: None)
     rates = _Rates()
     if quiet or not console.is_terminal:
         while is_running():
+            tick(console)
             time.sleep(interval)
+        tick(console)
         return take_snapshot(view, tasks, progress)
+    tick(console)
+    snapshot = take_snapshot(view, tasks, progress)
     with Live(_render(snapshot, rates), console=console, refresh_per_second=4, transient=False) as live:
         while is_running():
             time.sleep(interval)
+            tick(live.console)
             snapshot = take_snapshot(view, tasks, progress)
             live.update(_render(snapshot, rates))
+        tick(live.console)
         snapshot = take_snapshot(view, tasks, progress)
         live.update(_render(snapshot, rates))
     return snapshot

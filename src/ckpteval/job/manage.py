@@ -27,6 +27,8 @@ class InvocationStatus:
     state: str  # pending | running | succeeded | failed | cancelled | unknown
     snapshot: JobSnapshot | None
     detail: str = ""  # e.g. Slurm's pending reason
+    slurm_job: str | None = None  # the Slurm job id (latest attempt)
+    log_tail: str = ""  # the end of the job's log, when it failed
 
 
 def _task_dirs(record: InvocationRecord) -> list[tuple[str, str]]:

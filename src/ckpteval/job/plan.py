@@ -74,6 +74,9 @@ class JobPlan:
     deployment: DeploymentPlan
     tasks: tuple[TaskPlan, ...]
     env: dict[str, str] = field(default_factory=dict)  # for every step
+    # shell lines run once the tasks are done and the deployment is stopped (the in-job export of a
+    # detached cluster job); their failure never changes the job's outcome
+    after_tasks: tuple[str, ...] = ()
 
     def task(self, dir_name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.dir_name == dir_name)

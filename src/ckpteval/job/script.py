@@ -10,6 +10,14 @@ Pure functions of the plan (golden-file tested). The script:
 
 State files (`state/*`, `tasks/<dir>/state`) are written to a temporary name and renamed, so a reader
 (the CLI following the job, locally or over SSH) never sees half a word.
+
+On Slurm the script runs inside the allocation as one task on its first node (nemo-run starts it with
+`srun --nodes=1 --ntasks=1 --overlap`, see `ckpteval.cluster.sbatch`) and starts every step itself with
+`srun --overlap`: the steps share the allocation with it and with each other, each pinned to nodes
+beginning with this one (`--nodelist`), because the health check and the task clients reach the
+deployment at 127.0.0.1. `--ntasks` is always given: a step started from inside a step inherits
+SLURM_NTASKS=1, which would otherwise squeeze a multi-node deployment onto one node. The script writes
+its own output to `logs/job.log`, where `evaluate logs` finds it.
 """
 
 from __future__ import annotations
@@ -24,7 +32,19 @@ Launcher = Literal["local", "slurm"]
 _PRELUDE = r"""set -uo pipefail
 cd "$JOB_DIR" || exit 2
 mkdir -p state logs
-say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+"""
+
+# Slurm: the job's output goes to its own log in the job dir; steps start on nodes from this one on.
+_SLURM_PRELUDE = r"""exec >> logs/job.log 2>&1
+export PRIMARY_NODE="${SLURMD_NODENAME:-$(hostname)}"
+step_nodes() {  # the first $1 nodes of the job, this one first (the deployment's rank 0 is local)
+  { echo "$PRIMARY_NODE"
+    scontrol show hostnames "${SLURM_JOB_NODELIST:-$PRIMARY_NODE}" | grep -vxF "$PRIMARY_NODE"
+  } | head -n "$1" | paste -sd, -
+}
+"""
+
+_FUNCTIONS = r"""say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 health_ok() {
   if command -v curl >/dev/null 2>&1; then curl -sf -o /dev/null --max-time 5 "$1"
@@ -45,6 +65,7 @@ JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 
@@ -53,7 +74,7 @@ def _env_prefix(env: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
 
 
-def _launch(step: Step, launcher: Launcher, *, overlap: bool) -> str:
+def _launch(step: Step, launcher: Launcher, *, name: str) -> str:
     """The command line that runs a step: directly here, through `srun` (with its container) on Slurm."""
     inner = step.command
     if step.env:
@@ -61,15 +82,22 @@ def _launch(step: Step, launcher: Launcher, *, overlap: bool) -> str:
         inner = f"{exports}; {inner}"
     if launcher == "local":
         return f"bash -c {shlex.quote(inner)}"
-    args = ["srun", "--export=ALL", f"--nodes={step.nodes}", f"--ntasks-per-node={step.ntasks_per_node}"]
-    if overlap:
-        args.append("--overlap")
+    args = [
+        "srun",
+        f"--job-name={name}",
+        "--export=ALL",
+        "--overlap",
+        f"--nodes={step.nodes}",
+        f"--ntasks={step.nodes * step.ntasks_per_node}",
+        f"--ntasks-per-node={step.ntasks_per_node}",
+    ]
     if step.image:
         args.append(f"--container-image={step.image}")
         if step.mounts:
             args.append("--container-mounts=" + ",".join(step.mounts))
         args.append("--no-container-mount-home")
-    return shlex.join(args) + f" bash -c {shlex.quote(inner)}"
+    nodelist = f'--nodelist="$(step_nodes {int(step.nodes)})"'
+    return f"{shlex.join(args)} {nodelist} bash -c {shlex.quote(inner)}"
 
 
 def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
@@ -79,7 +107,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
     lines = [
         f"say {shlex.quote('starting the deployment (' + dep.kind + ')')}",
         # setsid: the deployment and everything it spawns form one process group we can stop as a whole
-        f"setsid {_launch(dep.step, launcher, overlap=True)} > logs/deployment.log 2>&1 &",
+        f"setsid {_launch(dep.step, launcher, name='deployment')} > logs/deployment.log 2>&1 &",
         "DEPLOY_PID=$!",
         "mark state/deployment starting",
     ]
@@ -118,7 +146,7 @@ def _task_section(task: TaskPlan, launcher: Launcher) -> str:
                 "else",
                 f"  say {shlex.quote('task ' + task.name + ': running')}",
                 f"  mark {d}/state running",
-                f"  {_launch(run.step, launcher, overlap=True)} > {d}/client.log 2>&1",
+                f"  {_launch(run.step, launcher, name='task-' + task.dir_name)} > {d}/client.log 2>&1",
                 "  rc=$?",
                 '  if [ "$rc" -eq 0 ]; then',
                 f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
@@ -157,7 +185,7 @@ def _repeated_task_section(task: TaskPlan, launcher: Launcher) -> str:
             f'  if [ "$rc" -eq 0 ] && [ ! -f {done} ]; then',
             f"    say {shlex.quote(f'task {task.name}: repeat {layout.repeat} of {k} (seed {layout.seed})')}",
             f"    log={log}",
-            f'    {_launch(run.step, launcher, overlap=True)} > "$log" 2>&1',
+            f'    {_launch(run.step, launcher, name=f"task-{task.dir_name}-rs{layout.repeat}")} > "$log" 2>&1',
             "    rc=$?",
             f'    if [ "$rc" -eq 0 ]; then mkdir -p {output} && touch {done}; fi',
             "  fi",
@@ -183,6 +211,9 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         f"# ckpteval job for invocation {plan.invocation}: deploy once, run {len(plan.tasks)} task(s), stop.\n",
         f"JOB_DIR={shlex.quote(plan.job_dir)}\n",
         _PRELUDE,
+        _SLURM_PRELUDE if launcher == "slurm" else "",
+        _FUNCTIONS,
+        'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "slurm" else "",
         _env_prefix(plan.env),
         _deployment_section(plan, launcher),
         "FAILED=0\n",
@@ -190,6 +221,7 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         "stop_deployment\n",
         'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
         'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',
+        *(f"{line}\n" for line in plan.after_tasks),
         'exit "$JOB_RC"\n',
     ]
     return "".join(parts)

@@ -226,6 +226,9 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
 _API_ERROR = re.compile(r"API request failed with error message: (.*?)(?:\. Retrying\.\.\.)?\s*$")
 # the interceptor proxy's view of a failed upstream call (connection refused, reset, ...)
 _PROXY_ERROR = re.compile(r"Request interceptor EndpointInterceptor failed: (.*?)(?: logger=\S+.*)?$")
+# exceptions with which lm-eval gives up on the endpoint (after tenacity's retries)
+_ENDPOINT_EXCEPTIONS = ("ClientResponseError", "ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
+_PROXY_GENERIC = "No adapter interceptor returned response"
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Missing)\w*)(?::\s*(.*))?$")
 
 
@@ -254,20 +257,28 @@ def failure_error(task_output_dir: str | Path, log_path: str | Path) -> Evaluati
     tail_hint = f"Last lines of {log}:\n{tail}" if tail else f"No log at {log}."
     for line in reversed(lines):
         if offline_data.MISSING_PREFIX in line:
-            text = line[line.index(offline_data.MISSING_PREFIX) + len("ckpteval: ") :].strip()
-            message, _, how_to = text.partition(offline_data.MISSING_HOW_TO)
+            found = line[line.index(offline_data.MISSING_PREFIX) + len("ckpteval: ") :].strip()
+            message, _, how_to = found.partition(offline_data.MISSING_HOW_TO)
+            message = message.strip()
             return EvaluationError(
-                message.strip()[0].upper() + message.strip()[1:],
+                message[0].upper() + message[1:],
                 hint=f"{offline_data.MISSING_HOW_TO}{how_to}" if how_to else tail_hint,
             )
-    api_errors = [m.group(1).strip() for line in lines if (m := _API_ERROR.search(line))]
-    proxy_errors = [m.group(1).strip() for line in lines if (m := _PROXY_ERROR.search(line))]
-    exceptions = [m.group(0).strip() for line in lines if (m := _EXCEPTION.match(line.strip()))]
     if (out / INTERRUPTED_MARKER).exists():
         return EvaluationError(f"The task in {out} was interrupted before it finished.", hint=tail_hint)
-    if api_errors or proxy_errors:
-        # the proxy knows why an upstream call failed; lm-eval then only sees the proxy's generic 500
-        last = proxy_errors[-1] if proxy_errors else api_errors[-1]
+    endpoint_errors = [
+        (kind, m.group(1).strip())
+        for line in lines
+        for kind, pattern in (("harness", _API_ERROR), ("proxy", _PROXY_ERROR))
+        if (m := pattern.search(line))
+    ]
+    exceptions = [m.group(0).strip() for line in lines if (m := _EXCEPTION.match(line.strip()))]
+    gave_up_on_endpoint = any(any(name in e for name in _ENDPOINT_EXCEPTIONS) for e in exceptions)
+    if endpoint_errors and gave_up_on_endpoint:
+        kind, last = endpoint_errors[-1]
+        proxy = [text for k, text in endpoint_errors if k == "proxy"]
+        if kind == "harness" and _PROXY_GENERIC in last and proxy:
+            last = proxy[-1]  # lm-eval saw the proxy's generic 500; the proxy logged why the call failed
         return EvaluationError(
             f"The endpoint kept failing and the harness gave up after its retries. Last endpoint error: {last[:500]}",
             hint="Check the deployment log; max_retries and request_timeout set how long the harness insists. "

@@ -145,3 +145,18 @@ def test_log_path_and_missing_everything(tmp_path: Path) -> None:
     (out.parent / "client.log").rename(moved)
     with pytest.raises(EvaluationError, match="injected failure"):
         read_task_result(out, log_path=moved)
+
+
+def test_endpoint_errors_that_were_retried_away_are_not_blamed(tmp_path: Path) -> None:
+    # the endpoint failed once (retried fine), then the harness died of something else
+    out = task_dir(tmp_path, "fail_http500") / "artifacts"
+    (out.parent / "client.log").write_text(
+        "2026-11-22:01:32:37 WARNING  [models.api_models:450] API request failed with error message: "
+        '{"error": "busy"}. Retrying...\n'
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "KeyError: 'choices'\n"
+    )
+    with pytest.raises(EvaluationError) as err:
+        read_task_result(out)
+    assert err.value.message == "The task failed: KeyError: 'choices'"

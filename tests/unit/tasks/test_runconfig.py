@@ -15,6 +15,7 @@ import yaml
 from ckpteval.errors import ConfigError
 from ckpteval.tasks.catalog import load_catalog
 from ckpteval.tasks.runconfig import (
+    NO_PROXY_ADAPTER_CONFIG,
     EndpointSpec,
     TaskPaths,
     build_run_config,
@@ -151,6 +152,17 @@ def test_user_adapter_chain_replaces_ours_and_other_keys_merge() -> None:
     adapter = rc["target"]["api_endpoint"]["adapter_config"]
     assert adapter["log_failed_requests"] is True
     assert adapter["interceptors"] == default_adapter_config("/o", ENDPOINT)["interceptors"]
+
+
+def test_the_no_proxy_setting_starts_no_interceptor() -> None:
+    spec = load_catalog().get("hellaswag")
+    user = {"target": {"api_endpoint": {"adapter_config": NO_PROXY_ADAPTER_CONFIG}}}
+    rc = build_run_config(spec, user, endpoint=ENDPOINT, output_dir="/out")
+    from nemo_evaluator.core.input import validate_configuration
+
+    adapter = validate_configuration(rc).target.api_endpoint.adapter_config
+    # nemo-evaluator starts its proxy only if some interceptor or post-eval hook is enabled
+    assert not [i for i in adapter.interceptors if i.enabled] and not adapter.post_eval_hooks
 
 
 def test_health_url_override_and_api_key_name() -> None:

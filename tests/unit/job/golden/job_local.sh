@@ -25,6 +25,7 @@ JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 say 'starting the deployment (megatron/builtin)'

@@ -4,6 +4,13 @@ JOB_DIR=/jobs/abcd1234
 set -uo pipefail
 cd "$JOB_DIR" || exit 2
 mkdir -p state logs
+exec >> logs/job.log 2>&1
+export PRIMARY_NODE="${SLURMD_NODENAME:-$(hostname)}"
+step_nodes() {  # the first $1 nodes of the job, this one first (the deployment's rank 0 is local)
+  { echo "$PRIMARY_NODE"
+    scontrol show hostnames "${SLURM_JOB_NODELIST:-$PRIMARY_NODE}" | grep -vxF "$PRIMARY_NODE"
+  } | head -n "$1" | paste -sd, -
+}
 say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 health_ok() {
@@ -25,10 +32,12 @@ JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+mark state/slurm_job "${SLURM_JOB_ID:-}"
 export HF_HUB_OFFLINE=1
 say 'starting the deployment (megatron/export-deploy)'
-setsid srun --export=ALL --nodes=1 --ntasks-per-node=1 --overlap --container-image=/c/nemo.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home bash -c 'python deploy.py --port 8000' > logs/deployment.log 2>&1 &
+setsid srun --job-name=deployment --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --container-image=/c/nemo.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home --nodelist="$(step_nodes 1)" bash -c 'python deploy.py --port 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
 deadline=$((SECONDS + 600))
@@ -51,7 +60,7 @@ if [ -f tasks/adlr_mmlu/.done ]; then
 else
   say 'task adlr_mmlu: running'
   mark tasks/adlr_mmlu/state running
-  srun --export=ALL --nodes=1 --ntasks-per-node=1 --overlap --container-image=/c/eval.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home bash -c 'nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml' > tasks/adlr_mmlu/client.log 2>&1
+  srun --job-name=task-adlr_mmlu --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --container-image=/c/eval.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home --nodelist="$(step_nodes 1)" bash -c 'nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml' > tasks/adlr_mmlu/client.log 2>&1
   rc=$?
   if [ "$rc" -eq 0 ]; then
     touch tasks/adlr_mmlu/.done; mark tasks/adlr_mmlu/state succeeded; say adlr_mmlu': succeeded'

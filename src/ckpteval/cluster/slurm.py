@@ -1,0 +1,175 @@
+"""Slurm through the Remote seam: a job's state (squeue, then sacct), cancelling it, checking a profile.
+
+These are the fast paths (one SSH round trip each, no nemo-run import): `status`, `logs -f` and the
+attached follow call them every few seconds. squeue answers for queued and running jobs without the
+accounting database; sacct answers once the job has left the queue.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+
+from ckpteval.cluster.remote import Remote
+from ckpteval.errors import ClusterError
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING")
+# Slurm's terminal states -> ours
+TERMINAL = {
+    "COMPLETED": "succeeded",
+    "FAILED": "failed",
+    "TIMEOUT": "failed",
+    "NODE_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "failed",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "cancelled",
+    "REVOKED": "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class SlurmJobState:
+    """What Slurm says about a job: its state word, and why it waits or how it ended."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ... or UNKNOWN
+    reason: str = ""  # squeue's reason while pending (Resources, Priority, JobHeldUser, ...)
+    exit_code: str = ""  # sacct's ExitCode ("0:0", "1:0", "0:15")
+    elapsed: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Queued or running (Slurm still holds the job)."""
+        return self.state in ACTIVE
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for resources (or held, or requeued)."""
+        return self.state in ("PENDING", "REQUEUED", "CONFIGURING")
+
+
+def _clean_state(word: str) -> str:
+    # sacct writes "CANCELLED by 1001"; squeue may append "+" for requeued states
+    return word.strip().split(" ")[0].rstrip("+").upper()
+
+
+def job_state(remote: Remote, job_id: str) -> SlurmJobState:
+    """The job's state: squeue while Slurm holds it, sacct afterwards (UNKNOWN if neither knows it)."""
+    jid = shlex.quote(str(job_id))
+    # one round trip: squeue's line if queued/running, else sacct's allocation line
+    script = (
+        f"out=$(squeue -h -j {jid} -o '%T|%r' 2>/dev/null); "
+        f'if [ -n "$out" ]; then echo "Q|$out"; '
+        f"else sacct -X -n -P -j {jid} -o State,ExitCode,Elapsed 2>&1 | head -n 1 | sed 's/^/A|/'; fi"
+    )
+    result = remote.run(["sh", "-c", script], timeout=60, check=False)
+    line = result.stdout.strip().splitlines()[0] if result.stdout.strip() else ""
+    kind, _, rest = line.partition("|")
+    fields = rest.split("|")
+    if kind == "Q" and fields and fields[0]:
+        reason = fields[1].strip() if len(fields) > 1 else ""
+        reason = "" if reason == "None" else reason
+        return SlurmJobState(job_id=str(job_id), state=_clean_state(fields[0]), reason=reason)
+    if kind == "A" and len(fields) >= 2 and fields[0] and not fields[0].startswith("sacct:"):
+        return SlurmJobState(
+            job_id=str(job_id),
+            state=_clean_state(fields[0]),
+            exit_code=fields[1].strip(),
+            elapsed=fields[2].strip() if len(fields) > 2 else "",
+        )
+    return SlurmJobState(job_id=str(job_id), state="UNKNOWN", reason=(rest or result.stderr).strip()[:200])
+
+
+def cancel_job(remote: Remote, job_id: str, *, wait: float = 60.0) -> SlurmJobState:
+    """`scancel` the job and wait (up to `wait` s) until Slurm no longer runs it; returns its state then."""
+    remote.run(["scancel", str(job_id)], timeout=60)
+    deadline = time.monotonic() + wait
+    state = job_state(remote, job_id)
+    # CANCELLED shows in squeue while the steps are killed (COMPLETING); wait until it has left the queue
+    while (state.active or state.state == "UNKNOWN") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        state = job_state(remote, job_id)
+    return state
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the cluster offers the user: partitions, and accounts if Slurm enforces them."""
+
+    partitions: tuple[str, ...]
+    accounts: tuple[str, ...] | None  # None: associations are not enforced (any account is accepted)
+    user: str
+
+
+_FACTS_SCRIPT = r"""
+echo "user|$(id -un)"
+sinfo -h -o '%R' 2>/dev/null | sed 's/^/partition|/'
+enforce=$(scontrol show config 2>/dev/null | sed -n 's/^AccountingStorageEnforce *= *//p')
+echo "enforce|$enforce"
+case "$enforce" in
+  *associations*)
+    sacctmgr -n -P show assoc user="$(id -un)" format=account 2>/dev/null | sort -u | sed 's/^/account|/' ;;
+esac
+"""
+
+
+def cluster_facts(remote: Remote) -> ClusterFacts:
+    """Partitions (sinfo) and, where Slurm enforces associations, the user's accounts (sacctmgr)."""
+    result = remote.run(["sh", "-c", _FACTS_SCRIPT], timeout=60, check=False)
+    partitions: list[str] = []
+    accounts: list[str] = []
+    enforced = False
+    user = ""
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition("|")
+        value = value.strip()
+        if key == "user":
+            user = value
+        elif key == "partition" and value:
+            partitions.append(value)
+        elif key == "enforce":
+            enforced = "associations" in value
+        elif key == "account" and value:
+            accounts.append(value)
+    return ClusterFacts(
+        partitions=tuple(dict.fromkeys(partitions)), accounts=tuple(accounts) if enforced else None, user=user
+    )
+
+
+def check_request(facts: ClusterFacts, *, partition: str | None, account: str | None, where: str) -> None:
+    """Refuse a partition the cluster does not have, or an account the user may not charge, before submitting."""
+    if partition and facts.partitions and partition not in facts.partitions:
+        raise ClusterError(
+            f"Partition '{partition}' does not exist on {where}.",
+            hint="Partitions there: " + ", ".join(facts.partitions) + ". Set `partition` in the env.toml profile.",
+        )
+    if account and facts.accounts is not None and account not in facts.accounts:
+        shown = ", ".join(facts.accounts) if facts.accounts else "none"
+        raise ClusterError(
+            f"Slurm account '{account}' is not one {facts.user or 'you'} may use on {where}.",
+            hint=f"Your accounts there: {shown}. Set `account` in the env.toml profile.",
+        )
+
+
+def explain_sbatch_error(stderr: str, facts: ClusterFacts | None) -> tuple[str, str | None]:
+    """sbatch's own words, and a hint when we know what they mean."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    text = "\n".join(lines[-5:]) or "sbatch gave no reason"
+    low = stderr.lower()
+    hint = None
+    if "account" in low:  # "Invalid account or account/partition combination specified"
+        hint = "Check `account` in the env.toml profile." + (
+            f" Your accounts: {', '.join(facts.accounts)}." if facts and facts.accounts else ""
+        )
+    elif "partition" in low:
+        hint = "Check `partition` in the env.toml profile." + (
+            f" Partitions: {', '.join(facts.partitions)}." if facts and facts.partitions else ""
+        )
+    elif "time limit" in low:
+        hint = "Lower `time` in the env.toml profile to what the partition allows (`sinfo -o '%P %l'`)."
+    elif "node" in low and ("configuration" in low or "invalid" in low or "available" in low):
+        hint = "Check `nodes`, `gpus_per_node` and sbatch_flags against what the partition has (`sinfo -N -l`)."
+    return text, hint

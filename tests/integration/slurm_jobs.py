@@ -1,0 +1,163 @@
+"""Helpers for tests that submit jobs to the test cluster: a job plan with small real commands
+(an HTTP server as the deployment, shell commands as task clients), submitted the way `evaluate` does it
+(upload, record, nemo-run), and waiting for Slurm states."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ckpteval.cluster.launch import submit_job, upload_job_files
+from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
+from ckpteval.config.profiles import Profile
+from ckpteval.job.invocation import InvocationRecord, new_invocation_id, now_iso
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
+from ckpteval.job.script import render_job_script
+
+
+def free_port() -> int:
+    """A port nothing listens on now (jobs of the test cluster all run on this machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_deployment(job_dir: str, port: int, *, extra: str = "", timeout: int = 60) -> DeploymentPlan:
+    """A deployment that serves `/v1/health` with python's http.server, writing its pid to deploy.pid."""
+    www = posixpath.join(job_dir, "www")
+    command = (
+        f"mkdir -p {www}/v1 && echo ok > {www}/v1/health && echo $$ > {job_dir}/deploy.pid && {extra}"
+        f"exec python3 -m http.server {port} --bind 127.0.0.1 --directory {www}"
+    )
+    return DeploymentPlan(
+        kind="generic",
+        step=Step(command=command),
+        health_url=f"http://127.0.0.1:{port}/v1/health",
+        readiness_timeout=timeout,
+        port=port,
+    )
+
+
+def shell_tasks(job_dir: str, commands: Sequence[tuple[str, str]], *, image: str | None = None) -> tuple[TaskPlan, ...]:
+    """Task clients that are shell commands (name, command)."""
+    return tuple(
+        TaskPlan(
+            name=name,
+            dir_name=name,
+            endpoint_url="",
+            runs=(
+                TaskRun(
+                    run_config={"task": name},
+                    step=Step(
+                        command=cmd,
+                        env={"TASK_NAME": name},
+                        image=image,
+                        mounts=(f"{job_dir}:{job_dir}",) if image else (),
+                    ),
+                ),
+            ),
+        )
+        for name, cmd in commands
+    )
+
+
+@dataclasses.dataclass
+class Submitted:
+    record: InvocationRecord
+    spec: SbatchSpec
+    plan: JobPlan
+
+
+def submit_plan(
+    profile: Profile,
+    make_plan: Any,
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 8,
+    extra_flags: dict[str, Any] | None = None,
+    invocation: str | None = None,
+) -> Submitted:
+    """Render, upload, record and submit (through nemo-run) the job `make_plan(job_dir)` returns."""
+    from rich.console import Console
+
+    from ckpteval.cluster.remote import connect_remote
+
+    invocation = invocation or new_invocation_id()
+    assert profile.remote_job_dir
+    job_dir = posixpath.join(profile.remote_job_dir, "evaluations", invocation)
+    deployment, tasks = make_plan(job_dir)
+    plan = JobPlan(invocation=invocation, job_dir=job_dir, deployment=deployment, tasks=tasks, env={"CI_MARK": "1"})
+    files = {"job.sh": render_job_script(plan, launcher="slurm")}
+    for t in tasks:
+        files[f"{t.dir}/run_config.yml"] = "{}\n"
+    spec = SbatchSpec(
+        invocation=invocation,
+        job_script=posixpath.join(job_dir, "job.sh"),
+        tunnel_dir=tunnel_dir_for(profile.remote_job_dir),
+        account=profile.account,
+        partition=profile.partition,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        time=profile.time,
+        extra_flags=extra_flags or {},
+    )
+    record = InvocationRecord(
+        id=invocation,
+        created=now_iso(),
+        mode="batch",
+        profile=profile.name,
+        executor="slurm",
+        job_dir=job_dir,
+        tasks=[t.name for t in tasks],
+        extra={
+            "task_dirs": {t.name: t.dir for t in tasks},
+            "connection": dataclasses.asdict(profile),
+            "sbatch": dataclasses.asdict(spec),
+            "slurm_job_ids": [],
+        },
+    )
+    with connect_remote(profile) as remote:
+        upload_job_files(remote, job_dir, files, None)
+    record.save()
+    submit_job(record, spec, profile, console=Console(stderr=True))
+    return Submitted(record=record, spec=spec, plan=plan)
+
+
+def squeue_state(job_id: str) -> str:
+    """The job's state in squeue ('' once it has left the queue)."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def wait_for(predicate: Any, *, timeout: float, interval: float = 0.3, what: str = "condition") -> Any:
+    """Poll `predicate()` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def sacct_steps(job_id: str) -> list[tuple[str, str]]:
+    """(step name, state) of every step of the job, from the accounting database."""
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-n", "-P", "-o", "JobName,State"], capture_output=True, text=True, check=False
+    )
+    return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (all test nodes are this machine)."""
+    return subprocess.run(["kill", "-0", str(pid)], capture_output=True, check=False).returncode == 0
+
+
+def quote(s: str) -> str:
+    return shlex.quote(s)

@@ -1,0 +1,64 @@
+"""`--dry-run` on a Slurm profile: the sbatch script, the job script and the squash plan, without connecting
+anywhere and without importing nemo-run (12-25 s) or paramiko."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROFILE = """
+[CLUSTER]
+executor = "slurm"
+host = "login.cluster.invalid"
+account = "llm"
+partition = "batch"
+nodes = 2
+remote_job_dir = "/lustre/me/ckpteval"
+container_image = "nvcr.io/nvidia/nemo:25.11"
+sbatch_flags = { exclusive = true }
+"""
+
+
+def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(isolated_user: Path, write_env):
+    write_env(PROFILE)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "ckpteval.cli",
+            "-c",
+            "sft",
+            "--run",
+            "CLUSTER",
+            "-d",
+            "run.model=/lustre/me/ckpt",
+            "export.wandb.enabled=false",  # sft exports to W&B; this test has no W&B project
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the panels wrap long lines: read the text without the borders, lines joined by spaces
+    out = " ".join(" ".join(line.strip().strip("│").split()) for line in proc.stdout.splitlines())
+    for text in (
+        "#SBATCH --account=llm",
+        "#SBATCH --exclusive",
+        "#SBATCH --gres=gpu:8",
+        "#SBATCH --nodes=2",
+        "--nodes=1 --ntasks=1 --overlap bash /lustre/me/ckpteval/evaluations/",
+        "srun --job-name=deployment",
+        "deploy_ray_inframework.py --megatron_checkpoint /lustre/me/ckpt --model_id megatron-model",
+        "--num_gpus 8 --tensor_model_parallel_size 1",
+        "Squash plan",
+        "nvcr.io/nvidia/nemo:25.11",
+    ):
+        assert text in out, text
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "nemo_run" not in imported and "paramiko" not in imported and "torch" not in imported
+    assert not (Path(os.environ["XDG_STATE_HOME"]) / "ckpteval").exists()  # nothing recorded

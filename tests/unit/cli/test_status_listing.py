@@ -1,0 +1,53 @@
+"""`evaluate status` lists every invocation even when one's cluster cannot be reached."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+
+from typer.testing import CliRunner
+
+from ckpteval.cli.main import app
+from ckpteval.config.profiles import Profile
+from ckpteval.job.invocation import InvocationRecord
+
+
+def refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: connecting is refused
+
+
+def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fail(isolated_user):
+    profile = Profile(name="gone", host="127.0.0.1", port=refused_port(), user="me", remote_job_dir="/x")
+    InvocationRecord(
+        id="aaaa0001",
+        created="2026-01-01T00:00:00Z",
+        mode="batch",
+        profile="gone",
+        executor="slurm",
+        job_dir="/x/evaluations/aaaa0001",
+        tasks=["adlr_mmlu"],
+        slurm_job_id="42",
+        extra={"connection": dataclasses.asdict(profile), "task_dirs": {"adlr_mmlu": "tasks/adlr_mmlu"}},
+    ).save()
+    InvocationRecord(
+        id="bbbb0002",
+        created="2026-01-02T00:00:00Z",
+        mode="batch",
+        profile="gone",
+        executor="slurm",
+        job_dir="/x/evaluations/bbbb0002",
+        tasks=["adlr_mmlu"],
+        extra={"connection": dataclasses.asdict(profile), "submit_error": "Slurm refused the job (sbatch): no"},
+    ).save()
+    result = CliRunner().invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = {s["invocation"]: s for s in json.loads(result.stdout)}
+    assert listed["aaaa0001"]["state"] == "unknown"
+    assert listed["aaaa0001"]["detail"].startswith("Cannot reach 127.0.0.1:")
+    assert listed["bbbb0002"]["state"] == "failed"
+    assert listed["bbbb0002"]["detail"] == "not submitted: Slurm refused the job (sbatch): no"
+    single = CliRunner().invoke(app, ["status", "aaaa0001"])
+    assert single.exit_code == 1 and "Cannot reach 127.0.0.1:" in single.output and "Traceback" not in single.output
