@@ -230,6 +230,7 @@ class SlurmLaunch:
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
             extra={
                 "task_dirs": {t.name: t.dir for t in self.plan.tasks},
+                "task_repeats": {t.name: t.repeats for t in self.plan.tasks if t.repeats},
                 "connection": self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
                 "sbatch": dataclasses.asdict(self.spec),
                 "model": getattr(self.compiled.config.deployment, "checkpoint_path", None),

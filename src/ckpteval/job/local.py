@@ -86,7 +86,10 @@ class LocalLaunch:
             tasks=[t.name for t in self.plan.tasks],
             command_line=["evaluate", *self.compiled.request.overrides],
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
-            extra={"task_dirs": {t.name: t.dir for t in self.plan.tasks}},
+            extra={
+                "task_dirs": {t.name: t.dir for t in self.plan.tasks},
+                "task_repeats": {t.name: t.repeats for t in self.plan.tasks if t.repeats},
+            },
         )
 
     def save(self, record: InvocationRecord) -> None:

@@ -83,3 +83,12 @@ def test_repeated_gsm8k_through_evaluate(fake_endpoint: Callable[..., FakeEndpoi
     # each repeat kept its own output, and is marked done
     for i in range(3):
         assert (job_dir / f"tasks/gsm8k/output-rs{i}/.done").is_file()
+
+    # `evaluate logs INVOCATION -s gsm8k` shows the newest repeat's client log
+    logs = subprocess.run(
+        [sys.executable, "-m", "ckpteval.cli", "logs", job_dir.name, "--source", "gsm8k"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert logs.returncode == 0, logs.stderr
+    newest = (job_dir / "tasks/gsm8k/client-rs2.log").read_text(errors="replace").splitlines()
+    assert newest and logs.stdout.splitlines() == newest
