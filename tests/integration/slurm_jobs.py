@@ -17,7 +17,7 @@ from ckpteval.cluster.launch import submit_job, upload_job_files
 from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
 from ckpteval.config.profiles import Profile
 from ckpteval.job.invocation import InvocationRecord, new_invocation_id, now_iso
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 
 
@@ -50,10 +50,17 @@ def shell_tasks(job_dir: str, commands: Sequence[tuple[str, str]], *, image: str
         TaskPlan(
             name=name,
             dir_name=name,
-            run_config={"task": name},
             endpoint_url="",
-            step=Step(
-                command=cmd, env={"TASK_NAME": name}, image=image, mounts=(f"{job_dir}:{job_dir}",) if image else ()
+            runs=(
+                TaskRun(
+                    run_config={"task": name},
+                    step=Step(
+                        command=cmd,
+                        env={"TASK_NAME": name},
+                        image=image,
+                        mounts=(f"{job_dir}:{job_dir}",) if image else (),
+                    ),
+                ),
             ),
         )
         for name, cmd in commands

@@ -33,6 +33,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
     "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),
+    "serve-delegate": (
+        "serve_delegate",
+        "serve_delegate_command",
+        "Serve POST /evaluate for RL training loops (slime's eval delegate protocol).",
+    ),
 }
 
 

@@ -90,8 +90,9 @@ def job_images(plan: JobPlan) -> list[ImageRef]:
     if plan.deployment.step and plan.deployment.step.image and is_squashable(plan.deployment.step.image):
         refs.append(ImageRef(dotpath="deployment.image", image=plan.deployment.step.image))
     for i, task in enumerate(plan.tasks):
-        if task.step.image and is_squashable(task.step.image):
-            refs.append(ImageRef(dotpath=f"evaluation.tasks[{i}].container ({task.name})", image=task.step.image))
+        image = task.runs[0].step.image  # every run (repeat) of a task uses the task's container
+        if image and is_squashable(image):
+            refs.append(ImageRef(dotpath=f"evaluation.tasks[{i}].container ({task.name})", image=image))
     return refs
 
 
@@ -104,7 +105,10 @@ def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
     deployment = plan.deployment
     if deployment.step is not None:
         deployment = dataclasses.replace(deployment, step=swap(deployment.step))
-    tasks = tuple(dataclasses.replace(t, step=swap(t.step)) for t in plan.tasks)
+    tasks = tuple(
+        dataclasses.replace(t, runs=tuple(dataclasses.replace(r, step=swap(r.step)) for r in t.runs))
+        for t in plan.tasks
+    )
     return dataclasses.replace(plan, deployment=deployment, tasks=tasks)
 
 
@@ -134,7 +138,7 @@ def check_no_secrets(compiled: CompiledConfig, plan: JobPlan) -> None:
     import yaml
 
     texts = {"job.sh": render_job_script(plan, launcher="slurm")}
-    texts.update({f"{t.dir}/run_config.yml": yaml.safe_dump(t.run_config) for t in plan.tasks})
+    texts.update({f"{t.dir}/{r.layout.run_config}": yaml.safe_dump(r.run_config) for t in plan.tasks for r in t.runs})
     for name, text in texts.items():
         if compiled.secrets.redact(text) != text:
             raise ConfigError(
@@ -224,6 +228,7 @@ class SlurmLaunch:
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
             extra={
                 "task_dirs": {t.name: t.dir for t in self.plan.tasks},
+                "task_repeats": {t.name: t.repeats for t in self.plan.tasks if t.repeats},
                 "connection": self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
                 "sbatch": dataclasses.asdict(self.spec),
                 "model": getattr(self.compiled.config.deployment, "checkpoint_path", None),

@@ -48,9 +48,12 @@ def local_job_copy(record: InvocationRecord) -> Path:
 
 def state_dirs(record: InvocationRecord) -> list[str]:
     """The job directories whose small files make up a snapshot: state/, each task dir and its output."""
+    from ckpteval.tasks.repeats import run_layouts
+
+    repeats = record.extra.get("task_repeats") or {}
     dirs = ["state"]
-    for _name, task_dir in _task_dirs(record):
-        dirs += [task_dir, f"{task_dir}/output"]
+    for name, task_dir in _task_dirs(record):
+        dirs += [task_dir, *(f"{task_dir}/{layout.output}" for layout in run_layouts(int(repeats.get(name, 0))))]
     return dirs
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,10 @@ class ResolvedTask:
     evaluator_config: dict[str, Any]  # launcher-shaped, global merged with the task's own (task wins)
     container: str
     env_vars: dict[str, str]
-    repeats: int
+    repeats: int  # 0: one greedy run; k: k sampled runs with seeds 0..k-1 (see ckpteval.tasks.repeats)
     dataset_dir: str | None
+    request_params: dict[str, Any] = field(default_factory=dict)  # added to every request body
+    sampling_note: str | None = None  # repeated tasks: samples per problem, temperature, who chose it
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
     catalog = catalog or load_catalog()
     tasks = resolve_tasks(config, data, catalog)
     check_config(config, tasks, cwd=request.cwd)
+    notes.extend(t.sampling_note for t in tasks if t.sampling_note)
     return CompiledConfig(
         config=config,
         data=data,
@@ -176,7 +179,10 @@ def _dir_name(name: str, taken: set[str]) -> str:
 
 
 def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) -> tuple[ResolvedTask, ...]:
-    """Each configured task with its catalog entry and merged nemo-evaluator settings."""
+    """Each configured task with its catalog entry and merged nemo-evaluator settings (a repeated task
+    whose default is greedy gets a sampling temperature here, see `ckpteval.tasks.repeats`)."""
+    from ckpteval.tasks.repeats import sampling_params
+
     global_cfg = (data.get("evaluation") or {}).get("nemo_evaluator_config") or {}
     raw_tasks = (data.get("evaluation") or {}).get("tasks") or []
     taken: set[str] = set()
@@ -188,6 +194,10 @@ def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) ->
         from_mapping(
             NemoEvaluatorConfig, merged, where="config", path=f"evaluation.tasks[{index}].nemo_evaluator_config"
         )
+        user_params = (merged.get("config") or {}).get("params") or {}
+        choice = sampling_params(task.name, task.repeats, task_defaults=spec.params, user=user_params)
+        if choice.params:
+            merged = deep_merge(merged, {"config": {"params": choice.params}})
         endpoint_type = task.endpoint_type or _default_endpoint_type(config, spec)
         out.append(
             ResolvedTask(
@@ -201,6 +211,8 @@ def resolve_tasks(config: EvalConfig, data: dict[str, Any], catalog: Catalog) ->
                 env_vars={**config.evaluation.env_vars, **task.env_vars},
                 repeats=task.repeats,
                 dataset_dir=task.dataset_dir,
+                request_params=dict(task.request_params),
+                sampling_note=choice.note,
             )
         )
     return tuple(out)
@@ -211,6 +223,29 @@ def _default_endpoint_type(config: EvalConfig, spec: TaskSpec) -> str:
     return wanted if wanted in spec.endpoint_types or not spec.endpoint_types else spec.default_endpoint_type
 
 
+_ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def endpoint_url_for(config: EvalConfig, endpoint_type: str) -> str:
+    """With `deployment: none`, the URL a task of `endpoint_type` talks to: `target.api_endpoint.url` for
+    tasks of the endpoint's own type; for the other type, the same server's other OpenAI route
+    (`.../v1/completions` <-> `.../v1/chat/completions`)."""
+    api = config.target.api_endpoint
+    url = api.url or ""
+    if endpoint_type == api.type:
+        return url
+    own, wanted = _ROUTES[api.type], _ROUTES[endpoint_type]
+    base = url.rstrip("/")
+    if not base.endswith(own):
+        raise ConfigError(
+            f"A task needs a {endpoint_type} endpoint, but target.api_endpoint.url ({url}) is a {api.type} URL "
+            f"that does not end in {own}, so its {endpoint_type} route is unknown.",
+            hint=f"Use an URL ending in {own}, or evaluate {endpoint_type} tasks in a separate invocation "
+            f"with target.api_endpoint.type={endpoint_type}.",
+        )
+    return base[: -len(own)] + wanted
+
+
 def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Path) -> None:
     """Semantic checks the types cannot express; the first failure is a ConfigError naming the fix."""
     if not tasks:
@@ -218,7 +253,7 @@ def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Pa
             "No tasks to evaluate.", hint="Use a stage config that lists tasks (-c sft), or name tasks with -t."
         )
     _check_tasks(config, tasks)
-    _check_deployment(config, cwd=cwd)
+    _check_deployment(config, tasks, cwd=cwd)
     _check_export(config)
 
 
@@ -263,9 +298,15 @@ def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
             raise ConfigError(f"{where}: limit_samples must be positive, not {limit}.")
         if task.repeats < 0:
             raise ConfigError(f"{where}: repeats must be 0 (greedy) or a positive number of samples.")
+        if task.repeats > 0 and spec.needs_logprobs:
+            raise ConfigError(
+                f"{where}: the task scores answers by log-probabilities, which sampling does not change; "
+                f"repeats ({task.repeats}) only make sense for tasks that generate answers.",
+                hint=f"Evaluate {task.name} once (no :K suffix, repeats: 0).",
+            )
 
 
-def _check_deployment(config: EvalConfig, *, cwd: Path) -> None:
+def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Path) -> None:
     deployment = config.deployment
     execution = config.execution
     if isinstance(deployment, NoDeployment):
@@ -274,6 +315,8 @@ def _check_deployment(config: EvalConfig, *, cwd: Path) -> None:
                 "deployment: none evaluates an endpoint that already runs, but no URL is set.",
                 hint="Set target.api_endpoint.url=http://HOST:PORT/v1/completions.",
             )
+        for task in tasks:
+            endpoint_url_for(config, task.endpoint_type)
         return
     if not isinstance(deployment, MegatronDeployment):
         if isinstance(execution, LocalExecution):

@@ -272,10 +272,25 @@ def _clean_hydra_message(message: str) -> str:
     return "\n".join(kept).strip().replace(f"In '{_PRIMARY}': ", "")
 
 
-def apply_task_filter(cfg: Any, names: Sequence[str]) -> tuple[str, ...]:
+def parse_task_ref(ref: str) -> tuple[str, int | None]:
+    """`-t` value -> (task name, repeats): `gsm8k` (repeats as configured), `gsm8k:0` (greedy),
+    `gsm8k:4` (4 samples per problem). A malformed suffix is a ConfigError."""
+    name, sep, count = ref.partition(":")
+    if not sep:
+        return ref, None
+    if not name or not count.isdigit():
+        raise ConfigError(
+            f"Bad task '{ref}': the part after ':' must be a number of samples per problem.",
+            hint=f"Write {name or 'TASK'}:4 for 4 samples per problem, {name or 'TASK'}:0 (or no suffix) for greedy.",
+        )
+    return name, int(count)
+
+
+def apply_task_filter(cfg: Any, refs: Sequence[str]) -> tuple[str, ...]:
     """Keep only the tasks named by `-t` (in `-t` order). A catalog task the config does not list is
-    added with the global defaults; returns the names added that way. Unknown names are errors."""
-    if not names:
+    added with the global defaults; returns the names added that way. Unknown names are errors.
+    `NAME:K` also sets the task's repeats (see `parse_task_ref`)."""
+    if not refs:
         return ()
     from omegaconf import OmegaConf, open_dict
 
@@ -285,14 +300,25 @@ def apply_task_filter(cfg: Any, names: Sequence[str]) -> tuple[str, ...]:
     configured = list(cfg.evaluation.tasks)
     chosen: list[Any] = []
     added: list[str] = []
-    for name in dict.fromkeys(names):
+    repeats_of: dict[str, int | None] = {}
+    for ref in dict.fromkeys(refs):
+        name, repeats = parse_task_ref(ref)
         spec = catalog.get(name)  # unknown/ambiguous -> ConfigError with close names
+        if spec.qualified_name in repeats_of:
+            raise ConfigError(
+                f"Task {name} is named twice by -t ({ref} and an earlier one).",
+                hint="Name each task once; NAME:K sets its samples per problem.",
+            )
+        repeats_of[spec.qualified_name] = repeats
         matches = [t for t in configured if t.name in (name, spec.name, spec.qualified_name)]
-        if matches:
-            chosen.extend(matches)
-        else:
-            chosen.append(OmegaConf.create({"name": name}))
+        if not matches:
+            matches = [OmegaConf.create({"name": name})]
             added.append(name)
+        for task in matches:
+            if repeats is not None:
+                with open_dict(task):
+                    task.repeats = repeats
+            chosen.append(task)
     with open_dict(cfg):
         cfg.evaluation.tasks = chosen
     return tuple(added)

@@ -196,6 +196,7 @@ class TaskConfig:
     nemo_evaluator_config: NemoEvaluatorConfig = field(default_factory=NemoEvaluatorConfig)
     dataset_dir: str | None = None
     repeats: int = 0  # 0: one greedy sample; k > 0: k samples with distinct seeds
+    request_params: dict[str, Any] = field(default_factory=dict)  # added to every request body (top_k, ...)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
 """What an export carries, the same for every destination: metrics, config, files.
 
 - metrics: `<task>/<metric>` (the value), `<task>/<metric>_stderr`, `<task>/n_samples`, for every task
-  that succeeded; W&B and MLflow both show `/` as a section separator.
+  that succeeded, and `<task>/<mode>/<metric>` for tasks sampled several times (see `metric_values`);
+  W&B and MLflow both show `/` as a section separator.
 - config: the compiled config as saved in `<job_dir>/config.yaml` (secrets already redacted there),
   plus a `ckpteval` block (invocation, model, label, status, task states).
 - files: `results.json`, `config.yaml`, `job.yaml`, and per task its `run_config.yml` and the harness
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import ExportError
-from ckpteval.results.model import InvocationResults
+from ckpteval.results.model import InvocationResults, flat_metrics
 
 CONFIG_FILE = "config.yaml"
 PROVENANCE_FILE = "job.yaml"
@@ -55,7 +56,9 @@ class ExportContent:
 
 
 def metric_values(results: InvocationResults) -> dict[str, float]:
-    """`<task>/<metric>`, `<task>/<metric>_stderr` and `<task>/n_samples` of every succeeded task."""
+    """`<task>/<metric>`, `<task>/<metric>_stderr` and `<task>/n_samples` of every succeeded task; a task
+    sampled k times also gets `<task>/<mode>/<metric>` (and `_stderr`, `_std_dev`) for each evaluation mode
+    (its `<task>/<metric>` is the first mode's, pass@1[avg-of-k])."""
     out: dict[str, float] = {}
     for task, outcome in results.tasks.items():
         if outcome.status != "succeeded":
@@ -67,6 +70,8 @@ def metric_values(results: InvocationResults) -> dict[str, float]:
                 out[f"{task}/{name}_stderr"] = float(metric.stderr)
         if outcome.n_samples is not None:
             out[f"{task}/n_samples"] = float(outcome.n_samples)
+        if outcome.modes:  # repeated sampling: every evaluation mode, keyed as in results.json
+            out.update({f"{task}/{key}": value for key, value in flat_metrics(outcome).items() if "/" in key})
     return out
 
 

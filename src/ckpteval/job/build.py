@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ckpteval.config.compile import CompiledConfig, ResolvedTask
+from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
 from ckpteval.config.schema import (
     GenericDeployment,
     MegatronDeployment,
@@ -23,7 +23,7 @@ from ckpteval.config.schema import (
     SlurmExecution,
     VllmDeployment,
 )
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
 EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
@@ -227,12 +227,13 @@ def _task_plan(
     mounts: tuple[str, ...],
 ) -> TaskPlan:
     from ckpteval.tasks.client import client_command, client_env
+    from ckpteval.tasks.repeats import run_layouts
     from ckpteval.tasks.runconfig import EndpointSpec, build_run_config
 
     config = compiled.config
     api = config.target.api_endpoint
     if base_url is None:
-        url = api.url or ""
+        url = endpoint_url_for(config, task.endpoint_type)
     else:
         route = config.deployment.endpoints
         url = base_url + (route.chat if task.endpoint_type == "chat" else route.completions)
@@ -246,14 +247,23 @@ def _task_plan(
         api_key_name=api.api_key_name,
     )
     task_dir = f"{job_dir}/tasks/{task.dir_name}"
-    run_config = build_run_config(task.spec, task.evaluator_config, endpoint=endpoint, output_dir=f"{task_dir}/output")
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
-    command = client_command(f"{task_dir}/run_config.yml", executable=toolchain.evaluator, hook_dir=toolchain.hook_dir)
     image = task.container if launcher == "slurm" else None
-    return TaskPlan(
-        name=task.name,
-        dir_name=task.dir_name,
-        run_config=run_config,
-        endpoint_url=url,
-        step=Step(command=command, env=env, image=image, mounts=mounts if image else ()),
-    )
+    runs = []
+    for layout in run_layouts(task.repeats):
+        request_params = dict(task.request_params)
+        if layout.seed is not None:
+            request_params["seed"] = layout.seed
+        run_config = build_run_config(
+            task.spec,
+            task.evaluator_config,
+            endpoint=endpoint,
+            output_dir=f"{task_dir}/{layout.output}",
+            request_params=request_params,
+        )
+        command = client_command(
+            f"{task_dir}/{layout.run_config}", executable=toolchain.evaluator, hook_dir=toolchain.hook_dir
+        )
+        step = Step(command=command, env=env, image=image, mounts=mounts if image else ())
+        runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
+    return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url)

@@ -5,9 +5,10 @@
   config.yaml                 the compiled config (secrets redacted)
   job.yaml                    provenance: command line, profile, config files, versions, time
   job.sh                      the job script
-  tasks/<task>/run_config.yml nemo-evaluator's run config for the task
+  tasks/<task>/run_config.yml nemo-evaluator's run config for the task (a repeated task: run_config-rs<i>.yml)
+  tasks/<task>/repeats        a repeated task only: its number of samples per problem
   state/, logs/               written by the job while it runs
-  tasks/<task>/{state,.done,client.log,output/}
+  tasks/<task>/{state,.done,client.log,output/}   (a repeated task: client-rs<i>.log, output-rs<i>/{...,.done})
   results.json                written when the job's results are collected
 ```
 """
@@ -26,6 +27,7 @@ from ckpteval.config.preview import config_yaml
 from ckpteval.job.invocation import now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import Launcher, render_job_script
+from ckpteval.tasks.repeats import REPEATS_FILE
 
 VERSIONED = (
     "ckpteval",
@@ -79,7 +81,10 @@ def job_files(compiled: CompiledConfig, plan: JobPlan, *, launcher: Launcher, he
         "job.sh": redact(render_job_script(plan, launcher=launcher, header=header)),
     }
     for task in plan.tasks:
-        files[f"{task.dir}/run_config.yml"] = redact(yaml.safe_dump(task.run_config, sort_keys=False))
+        if task.repeats:
+            files[f"{task.dir}/{REPEATS_FILE}"] = f"{task.repeats}\n"
+        for run in task.runs:
+            files[f"{task.dir}/{run.layout.run_config}"] = redact(yaml.safe_dump(run.run_config, sort_keys=False))
     return files
 
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.job.build import build_plan, local_toolchain
@@ -90,7 +90,10 @@ class LocalLaunch:
             tasks=[t.name for t in self.plan.tasks],
             command_line=["evaluate", *self.compiled.request.overrides],
             env_file=str(self.compiled.env_file) if self.compiled.env_file else None,
-            extra={"task_dirs": {t.name: t.dir for t in self.plan.tasks}},
+            extra={
+                "task_dirs": {t.name: t.dir for t in self.plan.tasks},
+                "task_repeats": {t.name: t.repeats for t in self.plan.tasks if t.repeats},
+            },
         )
 
     def save(self, record: InvocationRecord) -> None:
@@ -112,6 +115,37 @@ class LocalLaunch:
             export=self.compiled.config.export,
         )
 
+    def run_quietly(self, record: InvocationRecord) -> tuple[int, InvocationResults]:
+        """Start the job and wait for it without printing anything (for services such as the eval
+        delegate); returns the job's exit code and its collected results (also written to results.json).
+        Nothing is exported."""
+        self.save(record)
+        (self.job_dir / "logs").mkdir(exist_ok=True)
+        with open(self.job_dir / "logs" / "job.log", "ab") as log:
+            proc = _start_job(self.job_dir, log)
+            try:
+                returncode = proc.wait()
+            except BaseException:
+                _stop(proc)
+                raise
+        return returncode, self.collect(record)
+
+    def collect(self, record: InvocationRecord) -> InvocationResults:
+        """The job's results from its task dirs, written to `<job_dir>/results.json`."""
+        from ckpteval.results.collect import collect_results
+        from ckpteval.results.store import write_results
+
+        results = collect_results(
+            self.job_dir,
+            [(t.name, t.dir) for t in self.plan.tasks],
+            invocation=self.invocation,
+            created=record.created,
+            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
+            label=self.compiled.config.run.name,
+        )
+        write_results(self.job_dir, results)
+        return results
+
 
 def run_job_here(
     job_dir: Path, record: InvocationRecord, *, model: str | None, label: str | None, export: ExportSection
@@ -125,14 +159,7 @@ def run_job_here(
 
     (job_dir / "logs").mkdir(exist_ok=True)
     log = open(job_dir / "logs" / "job.log", "ab")  # noqa: SIM115 (closed below, after the job)
-    proc = subprocess.Popen(
-        ["bash", str(job_dir / "job.sh")],
-        cwd=job_dir,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _start_job(job_dir, log)
     record.extra["pid"] = proc.pid
     record.save()
     task_dirs: dict[str, str] = record.extra.get("task_dirs") or {}
@@ -199,6 +226,18 @@ def resume_here(record: InvocationRecord) -> int:
         model=deployment.get("checkpoint_path"),
         label=(config.get("run") or {}).get("name"),
         export=export_section(config, where=str(job_dir / "config.yaml")),
+    )
+
+
+def _start_job(job_dir: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`bash job.sh` in `job_dir`, in its own session (so it can be stopped as a whole), output to `log`."""
+    return subprocess.Popen(
+        ["bash", str(job_dir / "job.sh")],
+        cwd=job_dir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

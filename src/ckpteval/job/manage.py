@@ -127,6 +127,16 @@ def _log_path(record: InvocationRecord, source: str) -> str:
             f"Invocation {record.id} has no task '{source}'.",
             hint="Choose job, deployment, or one of: " + ", ".join(dirs) + ".",
         )
+    repeats = int((record.extra.get("task_repeats") or {}).get(source, 0))
+    if repeats and record.executor == "local":
+        # a repeated task: the log of the newest repeat that has started
+        from ckpteval.tasks.repeats import run_layouts
+
+        logs = [f"{dirs[source]}/{layout.log}" for layout in run_layouts(repeats)]
+        started = [rel for rel in logs if (Path(record.job_dir) / rel).exists()]
+        return started[-1] if started else logs[0]
+    if repeats:
+        return f"{dirs[source]}/client-rs0.log"
     return f"{dirs[source]}/client.log"
 
 

@@ -11,6 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckpteval.tasks.repeats import RunLayout
+
 
 @dataclass(frozen=True)
 class Step:
@@ -36,18 +38,31 @@ class DeploymentPlan:
 
 
 @dataclass(frozen=True)
+class TaskRun:
+    """One client run of a task: the task's only run (greedy), or one of its repeats."""
+
+    run_config: dict[str, Any]  # nemo-evaluator's run config (written to tasks/<dir>/<layout.run_config>)
+    step: Step
+    layout: RunLayout = field(default_factory=RunLayout)
+
+
+@dataclass(frozen=True)
 class TaskPlan:
-    """One task client run against the deployment."""
+    """One task against the deployment: one client run, or one per repeat (`repeats` samples per problem)."""
 
     name: str
     dir_name: str
-    run_config: dict[str, Any]  # nemo-evaluator's run config (written to tasks/<dir>/run_config.yml)
-    step: Step
+    runs: tuple[TaskRun, ...]
     endpoint_url: str
 
     @property
     def dir(self) -> str:
         return f"tasks/{self.dir_name}"
+
+    @property
+    def repeats(self) -> int:
+        """Samples per problem (0: greedy, one run)."""
+        return 0 if len(self.runs) == 1 and self.runs[0].layout.repeat is None else len(self.runs)
 
 
 @dataclass(frozen=True)

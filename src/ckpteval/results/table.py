@@ -1,4 +1,5 @@
-"""The score table: one row per task metric; several invocations side by side.
+"""The score table: one row per task metric (and evaluation mode, for repeated sampling); several
+invocations side by side.
 
 Tasks scored on offline stand-in data (a different split, or few-shot examples from elsewhere) carry a
 mark and a footnote, so no one mistakes an offline smoke score for the published number.
@@ -23,8 +24,14 @@ def _fmt(metric: Metric | None) -> str:
 
 
 def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[list[str]], list[str]]:
-    """(header, rows, footnotes) of the score table for one or more invocations."""
-    header = ["task", "metric", *(r.label or r.invocation for r in results), "n"]
+    """(header, rows, footnotes) of the score table for one or more invocations.
+
+    When a task was sampled several times, the table gets a `mode` column and that task one row per
+    evaluation mode and metric (pass@1[avg-of-k], majority@k, pass@k), the way NeMo-Skills' summary
+    shows them; greedy tasks then read `greedy` there. Without repeated tasks there is no mode column.
+    """
+    with_modes = any(o.repeats for r in results for o in r.tasks.values())
+    header = ["task", *(["mode"] if with_modes else []), "metric", *(r.label or r.invocation for r in results), "n"]
     task_names: list[str] = []
     for r in results:
         task_names.extend(t for t in r.tasks if t not in task_names)
@@ -32,43 +39,84 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
     footnotes: list[str] = []
     for task in task_names:
         outcomes = [r.tasks.get(task) for r in results]
-        metric_names: list[str] = []
-        for o in outcomes:
-            if o:
-                metric_names.extend(m for m in o.metrics if m not in metric_names)
         label = task
         offline = next((o for o in outcomes if o and o.data and o.data.offline), None)
         if offline and offline.data:
             label = f"{task} {OFFLINE_MARK}"
-            d = offline.data
-            parts = [
-                p
-                for p in (
-                    d.source,
-                    f"split {d.split}" if d.split else None,
-                    f"few-shot from {d.few_shot_source}" if d.few_shot_source else None,
-                    d.note,
-                )
-                if p
-            ]
-            footnotes.append(f"{OFFLINE_MARK} {task}: offline data — " + "; ".join(parts))
-        if not metric_names:
-            rows.append([label, _status_text(outcomes), *("—" for _ in outcomes), ""])
+            footnotes.append(_offline_note(task, offline))
+        pairs = _mode_metric_pairs(outcomes, with_modes)
+        if not pairs:
+            lead = [label, *([""] if with_modes else []), _status_text(outcomes)]
+            rows.append([*lead, *("—" for _ in outcomes), ""])
             continue
-        for i, metric in enumerate(metric_names):
-            values = [
-                _fmt(o.metrics.get(metric)) if o and o.status == "succeeded" else _status_cell(o) for o in outcomes
-            ]
+        previous_mode = None
+        for i, (mode, metric) in enumerate(pairs):
+            values = [_cell(o, mode, metric, with_modes) for o in outcomes]
             n = next(
                 (
-                    str(o.metrics[metric].n_samples)
+                    str(m.n_samples)
                     for o in outcomes
-                    if o and metric in o.metrics and o.metrics[metric].n_samples is not None
+                    if (m := _lookup(o, mode, metric, with_modes)) and m.n_samples is not None
                 ),
                 "",
             )
-            rows.append([label if i == 0 else "", metric, *values, n])
+            mode_cell = [mode if mode != previous_mode else ""] if with_modes else []
+            rows.append([label if i == 0 else "", *mode_cell, metric, *values, n])
+            previous_mode = mode
+    if with_modes:
+        footnotes.append(REPEATS_NOTE)
     return header, rows, footnotes
+
+
+REPEATS_NOTE = (
+    "k samples per problem: pass@1[avg-of-k] is the mean score of one sample (± the standard error across the "
+    "k runs), majority@k the score of the most common answer, pass@k the chance that one of k samples is right"
+)
+
+
+def _offline_note(task: str, outcome: TaskOutcome) -> str:
+    d = outcome.data
+    assert d is not None
+    parts = [
+        p
+        for p in (
+            d.source,
+            f"split {d.split}" if d.split else None,
+            f"few-shot from {d.few_shot_source}" if d.few_shot_source else None,
+            d.note,
+        )
+        if p
+    ]
+    return f"{OFFLINE_MARK} {task}: offline data — " + "; ".join(parts)
+
+
+def _mode_metric_pairs(outcomes: Sequence[TaskOutcome | None], with_modes: bool) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for o in outcomes:
+        if o is None:
+            continue
+        if not with_modes:
+            pairs.extend(("", m) for m in o.metrics if ("", m) not in pairs)
+            continue
+        for mode, metrics in o.evaluation_modes().items():
+            pairs.extend((mode, m) for m in metrics if (mode, m) not in pairs)
+    # group rows by mode in first-seen order (another invocation may add metrics to an earlier mode)
+    order = list(dict.fromkeys(mode for mode, _ in pairs))
+    return sorted(pairs, key=lambda p: order.index(p[0]))
+
+
+def _lookup(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool) -> Metric | None:
+    if outcome is None:
+        return None
+    if not with_modes:
+        return outcome.metrics.get(metric)
+    return outcome.evaluation_modes().get(mode, {}).get(metric)
+
+
+def _cell(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool) -> str:
+    if outcome is None or outcome.status != "succeeded":
+        return _status_cell(outcome)
+    return _fmt(_lookup(outcome, mode, metric, with_modes))
 
 
 def _status_cell(outcome: TaskOutcome | None) -> str:
@@ -99,15 +147,22 @@ def print_table(results: Sequence[InvocationResults]) -> None:
     header, rows, footnotes = table_rows(results)
     title = "scores" if len(results) > 1 else f"scores — invocation {results[0].invocation}"
     table = Table(title=title, title_justify="left", header_style="bold")
+    first_value = header.index("metric") + 1  # task[, mode], metric: left; scores and n: right
     for i, col in enumerate(header):
-        table.add_column(col, justify="right" if 1 < i < len(header) else "left", no_wrap=True)
+        table.add_column(col, justify="right" if i >= first_value else "left", no_wrap=True)
     for row in rows:
         styled = [_style(c) for c in row]
         table.add_row(*styled)
     console = Console()
     console.print(table)
     for note in footnotes:
-        console.print(f"[dim]{note}[/]")
+        console.print(f"[dim]{_escape(note)}[/]")  # mode names hold brackets: pass@1[avg-of-k]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _style(cell: str) -> str:

@@ -147,11 +147,25 @@ def progress_from_texts(progress: str | None, offline_report: str | None, run_co
 
 
 def progress_reader(view: Any, task_dir: str) -> tuple[int, int | None]:
-    """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote)."""
-    out = f"{task_dir}/output"
-    p = progress_from_texts(
-        view.read_text(f"{out}/{PROGRESS_FILE}"),
-        view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
-        view.read_text(f"{out}/run_config.yml"),
-    )
-    return p.done, p.total
+    """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote).
+
+    A task with k repeats counts the requests of all k runs: done is their sum, total k times one run's.
+    """
+    from ckpteval.tasks.repeats import REPEATS_FILE, read_repeats, run_layouts
+
+    repeats = read_repeats(view.read_text(f"{task_dir}/{REPEATS_FILE}"))
+    done, total = 0, None
+    for layout in run_layouts(repeats):
+        out = f"{task_dir}/{layout.output}"
+        p = progress_from_texts(
+            view.read_text(f"{out}/{PROGRESS_FILE}"),
+            view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
+            view.read_text(f"{out}/run_config.yml"),
+        )
+        done += p.done
+        total = total if total is not None else p.total
+        if p.done == 0 and layout.repeat:
+            break  # later repeats have not started either
+    if total is not None and repeats:
+        total *= repeats
+    return done, total

@@ -113,17 +113,18 @@ def _latest_lm_eval_results(output_dir: Path) -> dict[str, Any]:
     return dict(json.loads(max(files, key=lambda p: p.stat().st_mtime).read_text(encoding="utf-8")))
 
 
-def _leaves(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
+def leaf_tasks(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
+    """The lm-eval tasks under `name` (itself when it is not a group), from a results file's `group_subtasks`."""
     children = group_subtasks.get(name)
     if not children:
         return [name]
-    return [leaf for child in children for leaf in _leaves(child, group_subtasks)]
+    return [leaf for child in children for leaf in leaf_tasks(child, group_subtasks)]
 
 
 def _n_samples(name: str, lm: dict[str, Any]) -> int | None:
     counts = lm.get("n-samples") or {}
     total = 0
-    for leaf in _leaves(name, lm.get("group_subtasks") or {}):
+    for leaf in leaf_tasks(name, lm.get("group_subtasks") or {}):
         entry = counts.get(leaf)
         if not isinstance(entry, dict) or "effective" not in entry:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from ckpteval.errors import ConfigError
 from ckpteval.tasks.catalog import TaskSpec
+from ckpteval.tasks.repeats import with_request_params
 
 # Our run config is written beside the output dir, never inside it: nemo-evaluator writes its own
 # fully rendered `run_config.yml` into the output dir when the task starts.
@@ -155,6 +157,17 @@ def merge_adapter_config(default: dict[str, Any], user: dict[str, Any] | None) -
     return {**copy.deepcopy(default), **copy.deepcopy(user)}
 
 
+def _drop_tokenizer_backend_without_tokenizer(spec: TaskSpec, params: dict[str, Any]) -> None:
+    """A generation task with no tokenizer set keeps the task's own backend: lm-eval's `huggingface`
+    backend without a tokenizer loads one named like the served model from the hub (which fails offline,
+    and is the wrong tokenizer anyway). Log-likelihood tasks keep it: they need one (checked elsewhere)."""
+    extra = params.get("extra")
+    if spec.needs_logprobs or not isinstance(extra, dict):
+        return
+    if extra.get("tokenizer") is None and extra.get("tokenizer_backend") == "huggingface":
+        extra["tokenizer_backend"] = (spec.params.get("extra") or {}).get("tokenizer_backend", "None")
+
+
 def build_run_config(
     spec: TaskSpec,
     nemo_evaluator_config: dict[str, Any] | None,
@@ -162,12 +175,15 @@ def build_run_config(
     endpoint: EndpointSpec,
     output_dir: str,
     metadata: dict[str, Any] | None = None,
+    request_params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run config for `spec` against `endpoint`, writing into `output_dir` (an absolute path).
 
     `nemo_evaluator_config` is launcher-shaped (`{"config": {"params": {...}}, "target": {"api_endpoint":
     {"adapter_config": {...}}}}`), already merged global < task by the caller. `config.params` is the
     catalog task's defaults with the user's params merged over them (nested `extra` merges key by key).
+    `request_params` are added to every request body (a repeat's `seed`, `top_k`: fields the harness
+    does not send itself) by a `payload_modifier` interceptor at the head of the chain.
     """
     if endpoint.type not in spec.endpoint_types and spec.endpoint_types:
         raise ConfigError(
@@ -180,6 +196,7 @@ def build_run_config(
     user_params = ((user.get("config") or {}).get("params")) or {}
     user_endpoint = ((user.get("target") or {}).get("api_endpoint")) or {}
     params = deep_merge(spec.params, user_params)
+    _drop_tokenizer_backend_without_tokenizer(spec, params)
     api_endpoint = deep_merge(dict(spec.target_defaults.get("api_endpoint") or {}), {})
     api_endpoint.update(
         {
@@ -187,8 +204,9 @@ def build_run_config(
             "model_id": endpoint.model_id,
             "type": endpoint.type,
             "api_key_name": endpoint.api_key_name,
-            "adapter_config": merge_adapter_config(
-                default_adapter_config(output_dir, endpoint), user_endpoint.get("adapter_config")
+            "adapter_config": with_request_params(
+                merge_adapter_config(default_adapter_config(output_dir, endpoint), user_endpoint.get("adapter_config")),
+                request_params or {},
             ),
         }
     )

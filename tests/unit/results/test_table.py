@@ -62,3 +62,55 @@ def test_results_json_round_trip(tmp_path: Path):
     data = json.loads(path.read_text())
     assert data["tasks"]["adlr_mmlu"]["metrics"]["exact_match"] == {"value": 0.34, "stderr": 0.0654, "n_samples": 50}
     assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
+
+
+def repeated(inv: str) -> InvocationResults:
+    """sample() plus gsm8k sampled 4 times per problem."""
+    base = sample(inv, 0.34)
+    strict, flexible = "exact_match__strict-match", "exact_match__flexible-extract"
+    modes = {
+        "pass@1[avg-of-4]": {
+            strict: Metric(0.25, 0.02, 90, std_dev=0.04),
+            flexible: Metric(0.3, 0.01, 90, std_dev=0.02),
+        },
+        "majority@4": {strict: Metric(0.3, None, 90), flexible: Metric(0.35, None, 90)},
+        "pass@4": {strict: Metric(0.5, None, 90), flexible: Metric(0.55, None, 90)},
+    }
+    gsm8k = TaskOutcome(
+        name="gsm8k", status="succeeded", metrics=dict(modes["pass@1[avg-of-4]"]), n_samples=90, repeats=4, modes=modes
+    )
+    return InvocationResults(**{**base.__dict__, "tasks": {**base.tasks, "gsm8k": gsm8k}})
+
+
+def test_table_with_repeated_sampling_golden():
+    text = render_text([repeated("cccc3333")])
+    golden = GOLDEN / "repeats.txt"
+    if os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert text == golden.read_text()
+    lines = text.splitlines()
+    # a mode column; greedy tasks read "greedy" there; gsm8k one row per mode and metric, mode named once
+    assert [c.strip() for c in lines[0].split(" | ")[:3]] == ["task", "mode", "metric"]
+    gsm8k = lines[next(i for i, line in enumerate(lines) if line.startswith("gsm8k")) :][:6]
+    assert [line.split(" | ")[1].strip() for line in gsm8k] == [
+        "pass@1[avg-of-4]", "", "majority@4", "", "pass@4", "",
+    ]  # fmt: skip
+    assert "0.2500 ± 0.0200" in gsm8k[0]
+
+
+def test_repeated_results_json_round_trip_and_flat_keys(tmp_path: Path):
+    from ckpteval.results.model import flat_metrics
+
+    results = repeated("cccc3333")
+    path = write_results(tmp_path, results)
+    assert read_results(path) == results
+    data = json.loads(path.read_text())
+    task = data["tasks"]["gsm8k"]
+    assert task["repeats"] == 4
+    assert task["modes"]["pass@1[avg-of-4]"]["exact_match__strict-match"]["std_dev"] == 0.04
+    assert "std_dev" not in data["tasks"]["adlr_mmlu"]["metrics"]["exact_match"]  # greedy keeps its shape
+    flat = flat_metrics(results.tasks["gsm8k"])
+    assert flat["pass@4/exact_match__flexible-extract"] == 0.55
+    assert flat["pass@1[avg-of-4]/exact_match__strict-match_std_dev"] == 0.04
+    assert flat["n_samples"] == 90
+    assert flat_metrics(results.tasks["adlr_mmlu"])["greedy/exact_match"] == 0.34

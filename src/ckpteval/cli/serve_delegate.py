@@ -1,0 +1,65 @@
+"""`evaluate serve-delegate`: the HTTP service RL training loops (slime) delegate evaluations to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def serve_delegate_command(
+    port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = 9050,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")] = "0.0.0.0",
+    max_concurrent_requests: Annotated[
+        int, typer.Option("--max-concurrent-requests", min=1, help="Most requests in flight toward the model.")
+    ] = 512,
+    openai_model_name: Annotated[
+        str, typer.Option("--openai-model-name", help="The model name sent to the router.")
+    ] = "slime-openai-model",
+    endpoint_type: Annotated[
+        str, typer.Option("--endpoint-type", help="completions or chat: the router's route tasks use.")
+    ] = "completions",
+    output_root: Annotated[
+        Path, typer.Option("--output-root", help="Where each rollout's invocations are written.")
+    ] = Path("delegate-results"),
+    config: Annotated[
+        list[str] | None,
+        typer.Option("-c", "--config", metavar="NAME|PATH", help="Base config(s) for every evaluation."),
+    ] = None,
+    env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[OVERRIDES]...",
+            help="Hydra overrides for every evaluation (e.g. limit_samples).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve GET /health and POST /evaluate for a training loop: each request evaluates the model behind its
+    router_url on its benchmarks and answers with eval/<benchmark>/<mode>/<metric> metrics.
+
+      evaluate serve-delegate --port 9050 --max-concurrent-requests 512 --openai-model-name slime-openai-model
+      evaluate serve-delegate evaluation.nemo_evaluator_config.config.params.limit_samples=200
+    """
+    import logging
+
+    from ckpteval.delegate.server import serve
+    from ckpteval.delegate.service import ROUTES, DelegateSettings
+    from ckpteval.errors import ConfigError
+
+    if endpoint_type not in ROUTES:
+        raise ConfigError(f"--endpoint-type must be completions or chat, not {endpoint_type!r}.")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = DelegateSettings(
+        output_root=output_root.expanduser().resolve(),
+        model_name=openai_model_name,
+        max_concurrent_requests=max_concurrent_requests,
+        endpoint_type=endpoint_type,  # type: ignore[arg-type]
+        configs=tuple(config or ()),
+        overrides=tuple(overrides or ()),
+        env_file=env_file,
+    )
+    typer.echo(f"eval delegate: http://{host}:{port}  (POST /evaluate, GET /health; results in {settings.output_root})")
+    serve(settings, host=host, port=port)

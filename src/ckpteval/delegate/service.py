@@ -1,0 +1,185 @@
+"""Evaluate the model behind a training loop's router: one `evaluate` invocation per request.
+
+A request becomes an ordinary invocation on this machine: a stage config listing its benchmarks (with
+their repeats and sampling params) written into the rollout's directory, `deployment: none` pointing at
+`<router_url>/v1/completions` (or `/v1/chat/completions`), the delegate's own base configs and overrides
+(e.g. `limit_samples`), then the same job script, results and results.json as `evaluate` itself. So a
+delegate's numbers are `evaluate`'s numbers, and `evaluate results <job_id>` shows them later.
+
+Evaluations run one at a time (a lock; further requests wait their turn, as in slime's skills server),
+each with at most `max_concurrent_requests` requests in flight toward the model (the harness's
+`parallelism`). Nothing is exported: the training loop logs the returned metrics itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ckpteval.delegate.protocol import Benchmark, EvalRequest, flat_delegate_metrics, raw_metrics
+from ckpteval.errors import EvaluationError
+
+log = logging.getLogger(__name__)
+
+ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+LOG_TAIL_LINES = 200
+PARAMS = "evaluation.nemo_evaluator_config.config.params"
+
+
+@dataclass(frozen=True)
+class DelegateSettings:
+    """How the service evaluates every request."""
+
+    output_root: Path
+    model_name: str = "slime-openai-model"
+    max_concurrent_requests: int = 512
+    endpoint_type: Literal["completions", "chat"] = "completions"
+    configs: tuple[str, ...] = ()  # base stage configs (-c), composed before the request's benchmarks
+    overrides: tuple[str, ...] = ()  # Hydra overrides applied to every evaluation (e.g. limit_samples)
+    env_file: Path | None = None
+
+
+class EvaluationFailed(EvaluationError):
+    """An evaluation ran and failed; `log_tail` is the end of its job log."""
+
+    def __init__(self, message: str, *, log_tail: str, job_id: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.job_id = job_id
+
+
+def benchmark_task(benchmark: Benchmark) -> dict[str, Any]:
+    """The `evaluation.tasks[]` entry of one benchmark (sampling params only where the request sets them)."""
+    params: dict[str, Any] = {}
+    if benchmark.temperature is not None:
+        params["temperature"] = benchmark.temperature
+    if benchmark.top_p is not None:
+        params["top_p"] = benchmark.top_p
+    if benchmark.max_response_len is not None:
+        params["max_new_tokens"] = benchmark.max_response_len
+    task: dict[str, Any] = {"name": benchmark.name, "repeats": benchmark.repeats}
+    if params:
+        task["nemo_evaluator_config"] = {"config": {"params": params}}
+    if benchmark.top_k is not None:
+        task["request_params"] = {"top_k": benchmark.top_k}  # the harness does not send top_k itself
+    return task
+
+
+def request_overrides(settings: DelegateSettings, request: EvalRequest, output_dir: Path) -> tuple[str, ...]:
+    """The Hydra overrides of one request's invocation: the settings' own first, then what must hold."""
+    url = request.router_url + ROUTES[settings.endpoint_type]
+    return (
+        *settings.overrides,
+        "deployment=none",
+        f"target.api_endpoint.url={url}",
+        f"target.api_endpoint.type={settings.endpoint_type}",
+        f"target.api_endpoint.model_id={settings.model_name}",
+        f"execution.output_dir={output_dir}",
+        f"{PARAMS}.parallelism={settings.max_concurrent_requests}",
+    )
+
+
+class Delegate:
+    """Runs evaluation requests, one at a time."""
+
+    def __init__(self, settings: DelegateSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._count_lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        """Requests received and not finished (the one running included)."""
+        return self._waiting
+
+    def evaluate(self, request: EvalRequest) -> dict[str, Any]:
+        """Evaluate every benchmark of `request`; the response body. ConfigError: the request names
+        something that cannot be evaluated (unknown benchmark, ...); EvaluationFailed: it ran and failed."""
+        if not request.benchmarks:
+            return {
+                "job_id": None,
+                "rollout_id": request.rollout_id,
+                "warning": "No benchmarks in the request; nothing was evaluated.",
+                "raw_metrics": {},
+                "metrics": {},
+                "runs": [],
+            }
+        with self._count_lock:
+            self._waiting += 1
+        try:
+            with self._lock:
+                return self._evaluate(request)
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+
+    def _evaluate(self, request: EvalRequest) -> dict[str, Any]:
+        from ckpteval.config.compile import compile_config
+        from ckpteval.config.compose import CompileRequest
+        from ckpteval.job.invocation import new_invocation_id
+        from ckpteval.job.local import LocalLaunch
+
+        rollout_dir = Path(self.settings.output_root).resolve() / f"{int(time.time())}-rollout-{request.rollout_id}"
+        rollout_dir.mkdir(parents=True, exist_ok=True)
+        config_path = rollout_dir / "benchmarks.yaml"
+        tasks = [benchmark_task(b) for b in request.benchmarks]
+        config_path.write_text(yaml.safe_dump({"evaluation": {"tasks": tasks}}, sort_keys=False))
+        overrides = request_overrides(self.settings, request, rollout_dir)
+        compiled = compile_config(
+            CompileRequest(
+                configs=(*self.settings.configs, str(config_path)),
+                overrides=overrides,
+                env_file=self.settings.env_file,
+                cwd=rollout_dir,
+            )
+        )
+        invocation = new_invocation_id()
+        launch = LocalLaunch(compiled, invocation)
+        record = launch.record()
+        record.command_line = ["evaluate", "-c", *self.settings.configs, "-c", str(config_path), *overrides]
+        log.info("rollout %s: evaluating %s as invocation %s", request.rollout_id,
+                 ", ".join(b.name for b in request.benchmarks), invocation)  # fmt: skip
+        returncode, results = launch.run_quietly(record)
+        job_log = launch.job_dir / "logs" / "job.log"
+        failed = {name: o for name, o in results.tasks.items() if o.status != "succeeded"}
+        if returncode != 0 or failed:
+            reasons = "; ".join(f"{name}: {o.error or o.status}" for name, o in failed.items()) or f"exit {returncode}"
+            raise EvaluationFailed(
+                f"Evaluation {invocation} of rollout {request.rollout_id} failed ({reasons}). See {job_log}.",
+                log_tail=_tail(job_log),
+                job_id=invocation,
+            )
+        raw = {name: raw_metrics(outcome) for name, outcome in results.tasks.items()}
+        task_dirs = {t.name: t.dir for t in launch.plan.tasks}
+        return {
+            "job_id": invocation,
+            "rollout_id": request.rollout_id,
+            "command": " ".join(record.command_line),
+            "output_dir": str(launch.job_dir),
+            "log_path": str(job_log),
+            "raw_metrics": raw,
+            "metrics": flat_delegate_metrics(raw),
+            "runs": [
+                {
+                    "benchmark": name,
+                    "repeats": outcome.repeats,
+                    "output_dir": str(launch.job_dir / task_dirs[name]),
+                    "duration_s": outcome.duration_s,
+                }
+                for name, outcome in results.tasks.items()
+            ],
+        }
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,97 @@
+"""Per-sample scores of one lm-eval run, from the `samples_<task>_<date>.jsonl` files `--log_samples` writes.
+
+lm-eval writes one line per (document, filter): `doc_id`, `filter`, `filtered_resps` (the answer the
+filter extracted from the response, e.g. "18" or "[invalid]"), `metrics` (the names of the per-sample
+metrics) and each metric's value for that sample. Repeated sampling scores every run from these lines
+(see `ckpteval.results.passk`), under the same metric names as the run's results (`exact_match,strict-match`
+-> `exact_match__strict-match`).
+
+A rerun of a task writes new files beside the old ones (lm-eval appends a date to each name); the
+files that belong to the newest `results_<date>.json` are the ones read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import EvaluationError
+from ckpteval.results.passk import NO_ANSWER, Sample
+from ckpteval.tasks.results import leaf_tasks, metric_name
+
+# metric name -> problem -> sample; a problem is (lm-eval task, doc_id) so group tasks' subtasks stay apart
+RunSamples = dict[str, dict[Hashable, Sample]]
+
+
+def _answer(filtered_resps: Any) -> str | None:
+    """The extracted answer of a sample: the filter's output for its one request, None when there is none."""
+    value = filtered_resps[0] if isinstance(filtered_resps, list) and len(filtered_resps) == 1 else filtered_resps
+    if not isinstance(value, str):
+        value = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    value = value.strip()
+    return None if value in NO_ANSWER else value
+
+
+def _score(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _averaged_metrics(task_config: dict[str, Any]) -> set[str] | None:
+    """The metrics lm-eval aggregates by a plain mean over samples (None: the config does not say)."""
+    metric_list = task_config.get("metric_list")
+    if not isinstance(metric_list, list):
+        return None
+    return {str(m.get("metric")) for m in metric_list if isinstance(m, dict) and m.get("aggregation", "mean") == "mean"}
+
+
+def _newest_run(output_dir: Path) -> tuple[Path, dict[str, Any]]:
+    files = [p for p in output_dir.rglob("results_*.json") if p.is_file()]
+    if not files:
+        raise EvaluationError(f"No lm-eval results_*.json in {output_dir}: the run did not finish.")
+    newest = max(files, key=lambda p: p.stat().st_mtime)
+    return newest, dict(json.loads(newest.read_text(encoding="utf-8")))
+
+
+def read_run_samples(output_dir: str | Path, harness_task: str) -> RunSamples:
+    """Every per-sample score of `harness_task` (a task or a group of tasks) in one run's output dir."""
+    out = Path(output_dir)
+    results_path, results = _newest_run(out)
+    date_id = results_path.stem.removeprefix("results_")
+    leaves = leaf_tasks(harness_task, results.get("group_subtasks") or {})
+    samples: RunSamples = {}
+    for leaf in leaves:
+        averaged = _averaged_metrics((results.get("configs") or {}).get(leaf) or {})
+        path = results_path.parent / f"samples_{leaf}_{date_id}.jsonl"
+        if not path.is_file():
+            raise EvaluationError(
+                f"{path.name} is missing in {results_path.parent}: repeated sampling needs lm-eval's per-sample "
+                "output (--log_samples).",
+                hint="The task's command must keep --log_samples (the catalog's lm-eval tasks have it).",
+            )
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    problem = (leaf, record["doc_id"])
+                    filt = str(record["filter"])
+                    answer = _answer(record.get("filtered_resps"))
+                    names = list(record.get("metrics") or [])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise EvaluationError(f"{path}:{number} is not an lm-eval sample record ({exc}).") from None
+                for metric in names:
+                    if averaged is not None and metric not in averaged:
+                        continue  # a corpus-level metric (bleu, f1 over the set): not a per-sample score
+                    score = _score(record.get(metric))
+                    name = metric_name(f"{metric},{filt}")
+                    if score is None or name is None:
+                        continue  # a non-numeric per-sample value has no pass@k
+                    samples.setdefault(name, {})[problem] = Sample(answer, score)
+    return samples

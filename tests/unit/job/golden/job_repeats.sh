@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# ckpteval job for invocation abcd1234: deploy once, run 1 task(s), stop.
+JOB_DIR=/jobs/abcd1234
+set -uo pipefail
+cd "$JOB_DIR" || exit 2
+mkdir -p state logs
+say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
+health_ok() {
+  if command -v curl >/dev/null 2>&1; then curl -sf -o /dev/null --max-time 5 "$1"
+  else python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+  fi
+}
+DEPLOY_PID=""
+stop_deployment() {
+  if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
+    say "stopping the deployment"
+    kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+    for _ in $(seq 1 30); do kill -0 "$DEPLOY_PID" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$DEPLOY_PID" 2>/dev/null || kill -KILL "$DEPLOY_PID" 2>/dev/null
+  fi
+  DEPLOY_PID=""
+}
+JOB_RC=1
+finish() { stop_deployment; mark state/finished "$JOB_RC"; }
+trap finish EXIT
+trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
+mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+export HF_HUB_OFFLINE=1
+say 'starting the deployment (megatron/builtin)'
+setsid bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python3 -m ckpteval.deploy serve --port 8000' > logs/deployment.log 2>&1 &
+DEPLOY_PID=$!
+mark state/deployment starting
+deadline=$((SECONDS + 30))
+until health_ok http://127.0.0.1:8000/v1/health; do
+  if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then
+    say "the deployment exited before it became healthy; last lines of logs/deployment.log:"
+    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3
+  fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    say "the deployment did not become healthy within 30 s; last lines of logs/deployment.log:"
+    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3
+  fi
+  sleep 2
+done
+mark state/deployment ready
+say 'deployment healthy: http://127.0.0.1:8000/v1/health'
+FAILED=0
+if [ -f tasks/gsm8k/.done ]; then
+  say 'task gsm8k: already done, skipped'
+else
+  say 'task gsm8k: running, 2 samples per problem'
+  mark tasks/gsm8k/state running
+  rc=0; log=tasks/gsm8k/client-rs0.log
+  if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs0/.done ]; then
+    say 'task gsm8k: repeat 0 of 2 (seed 0)'
+    log=tasks/gsm8k/client-rs0.log
+    bash -c 'export REPEAT=0; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs0 && touch tasks/gsm8k/output-rs0/.done; fi
+  fi
+  if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs1/.done ]; then
+    say 'task gsm8k: repeat 1 of 2 (seed 1)'
+    log=tasks/gsm8k/client-rs1.log
+    bash -c 'export REPEAT=1; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs1 && touch tasks/gsm8k/output-rs1/.done; fi
+  fi
+  if [ "$rc" -eq 0 ]; then
+    touch tasks/gsm8k/.done; mark tasks/gsm8k/state succeeded; say gsm8k': succeeded'
+  else
+    mark tasks/gsm8k/state "failed $rc"
+    say gsm8k": failed (exit $rc); last lines of $log:"
+    tail -n 20 "$log"; FAILED=$((FAILED + 1))
+  fi
+fi
+stop_deployment
+if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; else JOB_RC=1; say "$FAILED task(s) failed"; fi
+exit "$JOB_RC"
