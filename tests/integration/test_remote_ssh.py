@@ -63,7 +63,9 @@ def test_failures_timeouts_and_stdin(ci_profile):
 def test_stream_delivers_lines_as_they_come(ci_profile):
     seen: list[tuple[str, str]] = []
     with connect_remote(ci_profile()) as remote:
-        result = remote.stream("echo one; echo two >&2; sleep 1; echo three", on_line=lambda s, l: seen.append((s, l)))
+        result = remote.stream(
+            "echo one; echo two >&2; sleep 1; echo three", on_line=lambda s, line: seen.append((s, line))
+        )
     assert result.returncode == 0
     assert seen == [("stdout", "one"), ("stderr", "two"), ("stdout", "three")]
 
@@ -191,7 +193,7 @@ def test_unreachable_host_and_wrong_port(infra: Infra, ci_profile):
     free = _free_port()
     with pytest.raises(ClusterError, match=f"Cannot reach {infra.ssh_host}:{free}"):
         connect_remote(ci_profile(port=free))
-    with pytest.raises(ClusterError, match="Cannot resolve host 'no-such-host.invalid'"):
+    with pytest.raises(ClusterError, match=r"Cannot resolve host 'no-such-host\.invalid'"):
         connect_remote(ci_profile(host="no-such-host.invalid"))
     # a listener that accepts the connection and never speaks SSH: a clear message, no hang
     with socket.socket() as silent:
@@ -218,7 +220,8 @@ def test_proxycommand_from_ssh_config(ssh_home, infra: Infra, ci_profile):
         "Host via-command\n"
         f"    HostName {infra.ssh_host}\n    Port {infra.ssh_port}\n    User {infra.ssh_user}\n"
         f"    IdentityFile {infra.ssh_key}\n"
-        f"    ProxyCommand ssh -F none -i {infra.ssh_key} -o BatchMode=yes -o UserKnownHostsFile={infra.ssh_known_hosts}"
+        f"    ProxyCommand ssh -F none -i {infra.ssh_key} -o BatchMode=yes"
+        f" -o UserKnownHostsFile={infra.ssh_known_hosts}"
         f" -p {infra.ssh_port} {infra.ssh_user}@{infra.ssh_host} -W %h:%p\n"
     )
     with connect_remote(ci_profile(host="via-command", port=None, user=None, identity=None)) as remote:

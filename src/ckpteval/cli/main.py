@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("status", "status_command", "State of an invocation and its tasks, or of recent invocations."),
     "logs": ("logs", "logs_command", "An invocation's log (job, deployment or a task); -f follows."),
     "cancel": ("cancel", "cancel_command", "Stop a running invocation; finished tasks keep their results."),
-    "resume": ("resume", "resume_command", "Resubmit a stopped Slurm invocation; finished tasks are skipped."),
+    "resume": ("resume", "resume_command", "Run a stopped invocation again; finished tasks are skipped."),
     "results": ("results", "results_command", "Scores of invocations, side by side; --json for machines."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),

@@ -1,4 +1,4 @@
-"""`evaluate resume INVOCATION [--follow]`: submit a stopped Slurm invocation's job again, where it stopped."""
+"""`evaluate resume INVOCATION [--follow]`: run a stopped invocation's job again, where it stopped."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ import typer
 def resume_command(
     invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
     follow: Annotated[
-        bool, typer.Option("-f", "--follow", help="Follow the job like --run: progress, log, then the scores.")
+        bool,
+        typer.Option(
+            "-f", "--follow", help="Follow a resubmitted Slurm job like --run: progress, log, then the scores."
+        ),
     ] = False,
 ) -> None:
-    """Resubmit a stopped Slurm invocation (cancelled, preempted, timed out, failed) in its job directory.
+    """Run a stopped invocation (interrupted, cancelled, preempted, timed out, failed) again in its job directory.
 
     Finished tasks keep their results and are skipped; the interrupted task replays its cached responses.
 
-    The Slurm request (nodes, time, partition) is the one recorded at submission.
+    On Slurm the job is resubmitted with the Slurm request (nodes, time, partition) recorded at submission;
+    on this machine it runs again and is followed (--follow is implied).
 
     [bold]Examples[/]
 

@@ -9,7 +9,6 @@ import posixpath
 
 from ckpteval.cluster.session import ClusterSession
 
-
 _LARGE = "\x01"  # a file prefetch listed without its content
 
 

@@ -307,9 +307,10 @@ def submit_job(
 
 
 def resume_invocation(record: InvocationRecord, *, attach_to: bool = False) -> int:
-    """Submit a stopped invocation's job again: finished tasks are skipped, cached responses replayed.
+    """Run a stopped invocation's job again: finished tasks are skipped, cached responses replayed.
 
-    Refused while the job is still queued or running. With `attach_to`, follow it like `--run`.
+    Slurm: the same job script is resubmitted (followed like `--run` with `attach_to`); this machine:
+    the job runs again in its directory, followed. Refused while the job is still queued or running.
     """
     from rich.console import Console
 
@@ -317,11 +318,10 @@ def resume_invocation(record: InvocationRecord, *, attach_to: bool = False) -> i
     from ckpteval.cluster.manage import record_profile
     from ckpteval.cluster.slurm import job_state
 
-    if record.executor != "slurm":
-        raise ConfigError(
-            f"Invocation {record.id} ran on this machine; resume is for Slurm invocations.",
-            hint="Run the same `evaluate` command again.",
-        )
+    if record.executor == "local":
+        from ckpteval.job.local import resume_here
+
+        return resume_here(record)  # always attached: the job runs as a child of this process
     sbatch = record.extra.get("sbatch")
     if not sbatch:
         raise ConfigError(f"Invocation {record.id} has no recorded Slurm request to resubmit.")

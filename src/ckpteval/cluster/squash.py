@@ -331,7 +331,10 @@ def _import_error(result: RunResult, item: SquashItem, remote: Remote, errors: l
     detail = "\n".join(shown[-8:]) or result.stderr.strip()[-1000:]
     text = "\n".join(theirs)
     if "404" in text or "manifest unknown" in text.lower():
-        hint = "Check the image name and tag; for a private registry put its credentials in ~/.config/enroot/.credentials on the cluster."
+        hint = (
+            "Check the image name and tag; for a private registry put its credentials in "
+            "~/.config/enroot/.credentials on the cluster."
+        )
     elif "No space left" in text:
         hint = f"Free space under {posixpath.dirname(item.path)} (and enroot's cache next to it), then run again."
     elif "srun:" in text:

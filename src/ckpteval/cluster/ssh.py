@@ -15,6 +15,7 @@ How the login node is reached, like the `ssh` command would:
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import hashlib
 import logging
@@ -216,7 +217,8 @@ def _open_socket(target: SSHTarget, timeout: float) -> Any:
     except TimeoutError:
         raise ClusterError(
             f"Cannot reach {target.hostname}:{target.port}: no answer within {timeout:g} s.",
-            hint="Check the host and port, your network/VPN, and whether a bastion (ProxyJump in ~/.ssh/config) is needed.",
+            hint="Check the host and port, your network/VPN, and whether a bastion (ProxyJump in ~/.ssh/config) "
+            "is needed.",
         ) from None
     except OSError as exc:
         raise ClusterError(
@@ -575,10 +577,8 @@ class SSHRemote:
             raise ClusterError(f"Cannot write {self.description}:{path}: {exc}.") from None
 
     def _remove_quietly(self, path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):  # it may never have been created
             self._sftp_client().remove(path)
-        except OSError:
-            pass  # it may never have been created
 
     def exists(self, path: str) -> bool:
         """Whether a remote path exists."""

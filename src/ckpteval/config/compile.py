@@ -155,7 +155,13 @@ def _drop_unset_params(cfg: dict[str, Any]) -> dict[str, Any]:
     params = (cfg.get("config") or {}).get("params")
     if isinstance(params, dict):
         cfg = copy.deepcopy(cfg)
-        cfg["config"]["params"] = prune(params)
+        pruned = prune(params)
+        extra = pruned.get("extra")
+        # A tokenizer backend with no tokenizer (deployment none/generic without one) would make lm-eval
+        # load a tokenizer named after the served model from the hub; leave both to the task's default.
+        if isinstance(extra, dict) and "tokenizer" not in extra and extra.get("tokenizer_backend") == "huggingface":
+            del extra["tokenizer_backend"]
+        cfg["config"]["params"] = pruned
     return cfg
 
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.job.build import build_plan, local_toolchain
@@ -21,6 +22,9 @@ from ckpteval.job.follow import follow
 from ckpteval.job.invocation import InvocationRecord, now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
 from ckpteval.results.model import InvocationResults
+
+if TYPE_CHECKING:
+    from ckpteval.config.schema import ExportSection
 
 
 class LocalJobView:
@@ -98,61 +102,104 @@ class LocalLaunch:
 
     def run(self, record: InvocationRecord) -> int:
         """Start the job, follow it, collect and print the results; the exit code is the job's."""
-        from ckpteval.results.collect import collect_results
-        from ckpteval.results.store import write_results
-        from ckpteval.results.table import print_table
-        from ckpteval.tasks.progress import progress_reader
-
         self.save(record)
-        (self.job_dir / "logs").mkdir(exist_ok=True)
-        log = open(self.job_dir / "logs" / "job.log", "ab")  # noqa: SIM115 (closed below, after the job)
-        proc = subprocess.Popen(
-            ["bash", str(self.job_dir / "job.sh")],
-            cwd=self.job_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        record.extra["pid"] = proc.pid
-        record.save()
-        tasks = [(t.name, t.dir) for t in self.plan.tasks]
-        interrupted = False
-        try:
-            follow(LocalJobView(self.job_dir), tasks, is_running=lambda: proc.poll() is None, progress=progress_reader)
-        except KeyboardInterrupt:
-            interrupted = True
-            _stop(proc)
-        finally:
-            log.close()
-        results = collect_results(
+        deployment = self.compiled.config.deployment
+        return run_job_here(
             self.job_dir,
-            tasks,
-            invocation=self.invocation,
-            created=record.created,
-            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
+            record,
+            model=getattr(deployment, "checkpoint_path", None),
             label=self.compiled.config.run.name,
+            export=self.compiled.config.export,
         )
-        write_results(self.job_dir, results)
-        print_table([results])
-        self.export(results, record)
-        if proc.returncode == 3:
-            _print_log_tail(self.job_dir / "logs" / "job.log")
-        if interrupted:
-            return 130
-        return 0 if proc.returncode == 0 else 1
 
-    def export(self, results: InvocationResults, record: InvocationRecord) -> None:
-        """Export the results where the config says (W&B, MLflow); a failed export never fails the run."""
-        from ckpteval.export.invocation import enabled_destinations, export_invocation
 
-        if enabled_destinations(self.compiled.config.export):
-            export_invocation(
-                results,
-                self.job_dir,
-                self.compiled.config.export,
-                task_dirs=record.extra.get("task_dirs") or {},
-            )
+def run_job_here(
+    job_dir: Path, record: InvocationRecord, *, model: str | None, label: str | None, export: ExportSection
+) -> int:
+    """Run the job script in `job_dir` as a process group, follow it, then collect, print and export the
+    results. Ctrl-C stops the job (its trap stops the deployment); finished tasks keep their results."""
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import write_results
+    from ckpteval.results.table import print_table
+    from ckpteval.tasks.progress import progress_reader
+
+    (job_dir / "logs").mkdir(exist_ok=True)
+    log = open(job_dir / "logs" / "job.log", "ab")  # noqa: SIM115 (closed below, after the job)
+    proc = subprocess.Popen(
+        ["bash", str(job_dir / "job.sh")],
+        cwd=job_dir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    record.extra["pid"] = proc.pid
+    record.save()
+    task_dirs: dict[str, str] = record.extra.get("task_dirs") or {}
+    tasks = list(task_dirs.items())
+    interrupted = False
+    try:
+        follow(LocalJobView(job_dir), tasks, is_running=lambda: proc.poll() is None, progress=progress_reader)
+    except KeyboardInterrupt:
+        interrupted = True
+        _stop(proc)
+    finally:
+        log.close()
+    results = collect_results(job_dir, tasks, invocation=record.id, created=record.created, model=model, label=label)
+    write_results(job_dir, results)
+    print_table([results])
+    _export(results, job_dir, export, task_dirs)
+    if proc.returncode == 3:
+        _print_log_tail(job_dir / "logs" / "job.log")
+    if interrupted:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(
+            f"stopped; finished tasks are kept. Go on where it stopped: [bold]evaluate resume {record.id}[/]"
+        )
+        return 130
+    return 0 if proc.returncode == 0 else 1
+
+
+def _export(results: InvocationResults, job_dir: Path, export: ExportSection, task_dirs: dict[str, str]) -> None:
+    """Export the results where the config says (W&B, MLflow); a failed export never fails the run."""
+    from ckpteval.export.invocation import enabled_destinations, export_invocation
+
+    if enabled_destinations(export):
+        export_invocation(results, job_dir, export, task_dirs=task_dirs)
+
+
+def resume_here(record: InvocationRecord) -> int:
+    """Run a stopped local invocation's job again in its job directory and follow it.
+
+    Tasks marked done are skipped; the interrupted task's harness replays its cached responses, so only
+    the requests it had not answered reach the model. Refused while the job still runs.
+    """
+    from ckpteval.errors import ConfigError
+    from ckpteval.export.content import read_saved_config
+    from ckpteval.export.invocation import export_section
+    from ckpteval.job.manage import _pid_alive
+
+    job_dir = Path(record.job_dir)
+    if _pid_alive(record.extra.get("pid")):
+        raise ConfigError(
+            f"Invocation {record.id} is still running (process group {record.extra['pid']}).",
+            hint=f"Wait for it, or `evaluate cancel {record.id}` first.",
+        )
+    if not (job_dir / "job.sh").is_file():
+        raise ConfigError(
+            f"The job directory of invocation {record.id} is gone: {job_dir}.",
+            hint="Run the `evaluate` command again to start over.",
+        )
+    config = read_saved_config(job_dir / "config.yaml")
+    deployment = config.get("deployment") or {}
+    return run_job_here(
+        job_dir,
+        record,
+        model=deployment.get("checkpoint_path"),
+        label=(config.get("run") or {}).get("name"),
+        export=export_section(config, where=str(job_dir / "config.yaml")),
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]

@@ -149,7 +149,9 @@ def progress_from_texts(progress: str | None, offline_report: str | None, run_co
 def progress_reader(view: Any, task_dir: str) -> tuple[int, int | None]:
     """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote)."""
     out = f"{task_dir}/output"
-    p = progress_from_texts(view.read_text(f"{out}/{PROGRESS_FILE}"),
-                            view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
-                            view.read_text(f"{out}/run_config.yml"))
+    p = progress_from_texts(
+        view.read_text(f"{out}/{PROGRESS_FILE}"),
+        view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
+        view.read_text(f"{out}/run_config.yml"),
+    )
     return p.done, p.total

@@ -92,11 +92,12 @@ class FakeEndpoint:
 
 @pytest.fixture
 def fake_endpoint(tmp_path: Path) -> Iterator[Callable[..., FakeEndpoint]]:
-    """`fake_endpoint(*args)` starts fake_endpoint.py with `args` (see its docstring) on a free port."""
+    """`fake_endpoint(*args, port=None)` starts fake_endpoint.py with `args` (see its docstring) on `port`
+    (default: a free one)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str) -> FakeEndpoint:
-        port = free_port()
+    def start(*args: str, port: int | None = None) -> FakeEndpoint:
+        port = port or free_port()
         count = tmp_path / f"received-{port}.txt"
         argv = [sys.executable, str(FAKE_ENDPOINT), "--port", str(port), "--count-file", str(count), *args]
         procs.append(subprocess.Popen(argv, start_new_session=True))

@@ -62,3 +62,57 @@ def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(is
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "nemo_run" not in imported and "paramiko" not in imported and "torch" not in imported
     assert not (Path(os.environ["XDG_STATE_HOME"]) / "ckpteval").exists()  # nothing recorded
+
+
+def test_slurm_dry_run_shows_the_in_job_export_and_never_the_key(isolated_user: Path, write_env):
+    """A config that exports to W&B: the job script ends with the export step, which reads the key from
+    an owner-only file on the cluster; the key itself appears nowhere in what the dry run shows."""
+    write_env(PROFILE)
+    canary = "canary-wandb-key-0123456789abcdef0123456789abcdef"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpteval.cli",
+            "-c",
+            "sft",
+            "--run",
+            "CLUSTER",
+            "-d",
+            "run.model=/lustre/me/ckpt",
+            "export.wandb.project=evals",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400", "WANDB_API_KEY": canary, "WANDB_MODE": "online"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(" ".join(line.strip().strip("│").split()) for line in proc.stdout.splitlines())
+    assert "-m ckpteval.export --job-dir /lustre/me/ckpteval/evaluations/" in out
+    assert "--wandb-key-file /lustre/me/ckpteval/evaluations/" in out and ".secrets/wandb_api_key" in out
+    assert canary not in proc.stdout + proc.stderr
+
+
+def test_slurm_dry_run_without_export_has_no_export_step(isolated_user: Path, write_env):
+    write_env(PROFILE)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpteval.cli",
+            "-c",
+            "sft",
+            "--run",
+            "CLUSTER",
+            "-d",
+            "run.model=/x",
+            "export.wandb.enabled=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ckpteval.export" not in proc.stdout

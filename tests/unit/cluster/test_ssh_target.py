@@ -77,5 +77,5 @@ def test_trust_command_names_the_port_and_default_file(ssh_config):
 def test_missing_host_or_key_file_is_a_clear_error(tmp_path):
     with pytest.raises(ClusterError, match="no `host`"):
         SSHRemote.connect(Profile(name="C", host=None))
-    with pytest.raises(ClusterError, match="identity file .* does not exist"):
+    with pytest.raises(ClusterError, match=r"identity file .* does not exist"):
         SSHRemote.connect(Profile(name="C", host="h", identity=str(tmp_path / "nope")))
