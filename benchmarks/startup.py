@@ -32,7 +32,12 @@ if __name__ == "__main__":
     app()
 '''
 
+# [wandb] as a real user has it: the sft config exports to W&B and refuses to start without a project.
 ENV_TOML = """
+[wandb]
+entity = "my-team"
+project = "evals"
+
 [MY-CLUSTER]
 executor = "slurm"
 host = "login.example.com"
