@@ -11,6 +11,7 @@ from typing import Any
 
 from ckpteval.config.compile import CompiledConfig, compile_config
 from ckpteval.config.compose import CompileRequest
+from ckpteval.errors import ConfigError
 from ckpteval.job.invocation import new_invocation_id
 
 
@@ -18,6 +19,14 @@ def make_launch(compiled: CompiledConfig, invocation: str, *, force_squash: bool
     """The launch for where the config runs: this machine, or a Slurm cluster (images squashed first)."""
     if compiled.execution_type == "local":
         from ckpteval.job.local import LocalLaunch
+
+        if compiled.mode == "batch":
+            # a local job is a child of this process (Ctrl-C stops it): there is no detached local run
+            raise ConfigError(
+                f"--batch submits to a cluster and returns; profile [{compiled.profile.name}] runs on this machine.",
+                hint=f"Use --run {compiled.profile.name} (or neither flag) to run here, attached; "
+                "or --batch with a Slurm profile.",
+            )
 
         return LocalLaunch(compiled, invocation)
     from ckpteval.cluster.launch import SlurmLaunch

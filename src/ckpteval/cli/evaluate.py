@@ -45,6 +45,12 @@ def evaluate_command(
     force_squash: Annotated[
         bool, typer.Option("--force-squash", help="Re-import container images even if their .sqsh exists.")
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="With --dry-run on a cluster: ask it, read-only, which images are squashed already."
+        ),
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     overrides: Annotated[
         list[str] | None,
@@ -80,6 +86,8 @@ def evaluate_command(
         tasks=tuple(task or ()),
         env_file=env_file,
     )
-    code = run_invocation(request, dry_run=dry_run, force_squash=force_squash)
+    if check and not dry_run:
+        raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
+    code = run_invocation(request, dry_run=dry_run, force_squash=force_squash, check_squash=check)
     if code:
         raise typer.Exit(code)

@@ -11,9 +11,8 @@ from ckpteval.tasks.catalog import TaskSpec
 
 def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
     """Print catalog entries as a table, or as JSON for machines."""
-    from ckpteval.tasks.offline import offline_tasks
+    from ckpteval.tasks.offline_data import offline_source_key
 
-    offline = offline_tasks()
     rows: list[dict[str, Any]] = [
         {
             "name": t.name,
@@ -21,7 +20,7 @@ def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
             "harness": t.harness,
             "endpoint_types": list(t.endpoint_types),
             "needs_logprobs": t.needs_logprobs,
-            "offline_data": t.name in offline,
+            "offline_data": offline_source_key(t) is not None,
             "container": t.container,
             "description": t.description,
         }

@@ -36,9 +36,9 @@ def squash_command(
 ) -> None:
     """Squash Docker images into .sqsh files in the cluster's cache, as `--run` does before it submits.
 
-    The files go to ${remote_job_dir}/containers/ on the cluster; `enroot import` runs on a compute node
-    (srun with the profile's account and build_partition/build_time). An image already there costs one
-    round trip.
+    The files go to ${remote_job_dir}/containers/ on the cluster. An image already there costs one round trip.
+
+    `enroot import` runs on a compute node (srun with the profile's account and build_partition/build_time).
 
     [bold]Examples[/]
 

@@ -1,6 +1,6 @@
 """Container image references in a resolved config: find them, name their .sqsh, rewrite them.
 
-Images live at `deployment.image`, `evaluation.tasks[i].container` and `execution.proxy.image`.
+Images live at `deployment.image` and `evaluation.tasks[i].container`.
 A Docker reference there (`nvcr.io/nvidia/nemo:25.09`) is squashed on the cluster; a value that
 already ends in `.sqsh` or is an absolute path is a file on the cluster and is left alone.
 """
@@ -45,7 +45,6 @@ def _locations(config: Mapping[str, Any]) -> Iterator[tuple[tuple[str | int, ...
         for i, task in enumerate(tasks):
             if isinstance(task, Mapping):
                 yield ("evaluation", "tasks", i, "container"), f"evaluation.tasks[{i}].container"
-    yield ("execution", "proxy", "image"), "execution.proxy.image"
 
 
 def _get(config: Any, keys: tuple[str | int, ...]) -> Any:

@@ -100,6 +100,11 @@ def _cache(sub: str = "") -> str:
     return str(cache_dir() / sub) if sub else str(cache_dir())
 
 
+def _first_set(*values: Any) -> Any:
+    """`${first_set:a,b,...}`: the first value that is not null (oc.select returns an explicit null)."""
+    return next((v for v in values if v is not None), None)
+
+
 def register_resolvers() -> None:
     """Register our resolvers with OmegaConf (once per process)."""
     global _registered
@@ -110,6 +115,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("art", _art, replace=True)
     OmegaConf.register_new_resolver("secret", _secret, replace=True)
     OmegaConf.register_new_resolver("ckpteval_cache", _cache, replace=True)
+    OmegaConf.register_new_resolver("first_set", _first_set, replace=True)
     _registered = True
 
 

@@ -205,10 +205,10 @@ def resume_here(record: InvocationRecord) -> int:
     from ckpteval.errors import ConfigError
     from ckpteval.export.content import read_saved_config
     from ckpteval.export.invocation import export_section
-    from ckpteval.job.manage import _pid_alive
+    from ckpteval.job.manage import job_process_alive
 
     job_dir = Path(record.job_dir)
-    if _pid_alive(record.extra.get("pid")):
+    if job_process_alive(record):
         raise ConfigError(
             f"Invocation {record.id} is still running (process group {record.extra['pid']}).",
             hint=f"Wait for it, or `evaluate cancel {record.id}` first.",

@@ -36,16 +36,26 @@ def _task_dirs(record: InvocationRecord) -> list[tuple[str, str]]:
     return [(name, dirs.get(name, f"tasks/{name}")) for name in record.tasks]
 
 
-def _pid_alive(pid: int | None) -> bool:
+def job_process_alive(record: InvocationRecord) -> bool:
+    """Whether the local job's process still runs: its recorded pid is alive AND is still `bash <job_dir>/job.sh`.
+
+    A bare pid is not enough: after the job ends (or the machine reboots) the number can be reused by an
+    unrelated process, which `status` would report as running and `cancel` would signal.
+    """
+    pid = record.extra.get("pid")
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass  # alive, someone else's: the command line below decides
+    try:
+        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False  # gone meanwhile, or no /proc to tell: not our job
+    return str(Path(record.job_dir) / "job.sh").encode() in argv
 
 
 def _state_from(snapshot: JobSnapshot, running: bool) -> str:
@@ -67,9 +77,7 @@ def status(record: InvocationRecord) -> InvocationStatus:
 
     view = LocalJobView(Path(record.job_dir))
     snapshot = take_snapshot(view, _task_dirs(record), progress_reader)
-    return InvocationStatus(
-        record=record, state=_state_from(snapshot, _pid_alive(record.extra.get("pid"))), snapshot=snapshot
-    )
+    return InvocationStatus(record=record, state=_state_from(snapshot, job_process_alive(record)), snapshot=snapshot)
 
 
 def cancel(record: InvocationRecord) -> str:
@@ -78,12 +86,12 @@ def cancel(record: InvocationRecord) -> str:
         from ckpteval.cluster.manage import slurm_cancel
 
         return slurm_cancel(record)
-    pid = record.extra.get("pid")
-    if not _pid_alive(pid):
+    if not job_process_alive(record):
         return f"invocation {record.id} is not running"
-    os.killpg(int(pid), signal.SIGTERM)  # the job's trap stops the deployment
+    pid = int(record.extra["pid"])
+    os.killpg(pid, signal.SIGTERM)  # the job's trap stops the deployment
     for _ in range(100):
-        if not _pid_alive(pid):
+        if not job_process_alive(record):
             break
         time.sleep(0.2)
     return f"cancelled invocation {record.id} (process group {pid})"

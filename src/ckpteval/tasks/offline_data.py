@@ -35,11 +35,18 @@ def _spec(task: str | TaskSpec) -> TaskSpec:
     return task if isinstance(task, TaskSpec) else load_catalog().get(task)
 
 
+def offline_source_key(spec: TaskSpec) -> str | None:
+    """The packaged data source (`mmlu`, `hellaswag`, ...) the hook serves `spec`'s harness task from, if any."""
+    if spec.harness != "lm-evaluation-harness":
+        return None
+    return hook_data.LM_EVAL_TASK_SOURCES.get(str(spec.params.get("task") or ""))
+
+
 def offline_provenance(task: str | TaskSpec) -> DataProvenance | None:
     """The packaged data `task` (a catalog name or spec) uses offline, or None if it has none."""
     spec = _spec(task)
-    key = hook_data.LM_EVAL_TASK_SOURCES.get(str(spec.params.get("task") or ""))
-    if spec.harness != "lm-evaluation-harness" or key is None:
+    key = offline_source_key(spec)
+    if key is None:
         return None
     src = hook_data.SOURCES[key]
     return DataProvenance(
@@ -69,7 +76,7 @@ def require_offline_data(task: str | TaskSpec) -> DataProvenance:
 
 def offline_task_names() -> list[str]:
     """Catalog tasks that have packaged data."""
-    return sorted(spec.name for spec in load_catalog().tasks if offline_provenance(spec) is not None)
+    return sorted(spec.name for spec in load_catalog().tasks if offline_source_key(spec) is not None)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -65,6 +65,24 @@ def test_tasks_json_lists_catalog_fields():
     assert row["needs_logprobs"] is True
 
 
+def test_tasks_offline_column_matches_what_the_hook_serves():
+    """Every task marked as having offline data resolves to packaged data, and the mmlu_str family
+    (adlr_mmlu, mmlu, mmlu_instruct*) is marked as a whole: the hook serves the harness task, not a name."""
+    import json
+
+    from ckpteval.tasks.offline_data import require_offline_data
+
+    result = runner.invoke(app, ["tasks", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    marked = {r["name"] for r in rows if r["offline_data"]}
+    assert {"adlr_mmlu", "mmlu", "hellaswag", "gsm8k", "adlr_humaneval_greedy"} <= marked
+    assert "mmlu_pro" not in marked
+    for row in rows:
+        if row["offline_data"]:
+            assert require_offline_data(row["qualified_name"]).n_available > 0
+
+
 def test_console_script_exit_codes():
     """The real entry point: a bad input exits non-zero with one message and no traceback."""
     proc = subprocess.run(

@@ -35,7 +35,6 @@ def test_collect_finds_registry_references_in_config_order():
         ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09"),
         ImageRef("evaluation.tasks[0].container", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10"),
         ImageRef("evaluation.tasks[3].container", "nvcr.io/nvidia/nemo:25.09"),
-        ImageRef("execution.proxy.image", "nginx:1.27"),
     ]
 
 
@@ -53,7 +52,7 @@ def test_rewrite_replaces_every_use_and_leaves_the_input_alone():
     assert new["evaluation"]["tasks"][0]["container"].startswith("nvcr.io/")  # not in the mapping
     assert new["evaluation"]["tasks"][2]["container"] == "/lustre/images/lm-eval.sqsh"
     assert new["evaluation"]["tasks"][1] == "hellaswag"
-    assert new["execution"]["proxy"]["image"] == "/rjd/containers/nginx.sqsh"
+    assert new["execution"]["proxy"]["image"] == "nginx:1.27"  # not a place ckpteval runs images from
     assert CONFIG["deployment"]["image"] == "nvcr.io/nvidia/nemo:25.09"
     assert collect_images(new) == [
         ImageRef("evaluation.tasks[0].container", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10")

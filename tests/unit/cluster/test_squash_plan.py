@@ -32,7 +32,7 @@ PROFILE = Profile(
 )
 REFS = [
     ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09"),
-    ImageRef("execution.proxy.image", "nvcr.io/nvidia/nemo:25.09"),
+    ImageRef("evaluation.tasks[1].container", "nvcr.io/nvidia/nemo:25.09"),
     ImageRef("evaluation.tasks[0].container", "ubuntu:22.04"),
 ]
 
@@ -41,7 +41,7 @@ def test_plan_without_check_touches_nothing_and_groups_images():
     plan = plan_squash(REFS, PROFILE, check=False)
     assert plan.containers_dir == "/lustre/me/ckpteval/containers"
     assert [(i.image, i.dotpaths, i.status) for i in plan.items] == [
-        ("nvcr.io/nvidia/nemo:25.09", ("deployment.image", "execution.proxy.image"), "unchecked"),
+        ("nvcr.io/nvidia/nemo:25.09", ("deployment.image", "evaluation.tasks[1].container"), "unchecked"),
         ("ubuntu:22.04", ("evaluation.tasks[0].container",), "unchecked"),
     ]
     assert plan.items[0].path == "/lustre/me/ckpteval/containers/" + sqsh_name("nvcr.io/nvidia/nemo:25.09")

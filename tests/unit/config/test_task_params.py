@@ -32,3 +32,13 @@ def test_an_explicit_tokenizer_keeps_the_backend(isolated_user: Path):
         "deployment=none", "target.api_endpoint.url=http://127.0.0.1:9/v1/completions", "deployment.tokenizer=/tok"
     )["extra"]
     assert (extra["tokenizer"], extra["tokenizer_backend"]) == ("/tok", "huggingface")
+
+
+def test_vllm_takes_the_tokenizer_from_the_served_checkpoint(isolated_user: Path):
+    from ckpteval.config.compose import compose
+
+    def tokenizer(*overrides: str) -> str:
+        return compose(CompileRequest(overrides=("deployment=vllm", *overrides))).data["deployment"]["tokenizer"]
+
+    assert tokenizer("run.model=/ckpts/hf-model") == "/ckpts/hf-model"
+    assert tokenizer("run.model=/x", "deployment.hf_model_handle=org/model") == "org/model"
