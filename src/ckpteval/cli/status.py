@@ -67,7 +67,7 @@ def status_command(
     console.print(table)
 
 
-def _status_or_unknown(manage, record):  # type: ignore[no-untyped-def]
+def _status_or_unknown(manage, record):
     from ckpteval.errors import CkptevalError
 
     try:
@@ -76,7 +76,7 @@ def _status_or_unknown(manage, record):  # type: ignore[no-untyped-def]
         return manage.InvocationStatus(record=record, state="unknown", snapshot=None, detail=exc.message)
 
 
-def _as_json(s) -> dict:  # type: ignore[no-untyped-def]
+def _as_json(s) -> dict:
     tasks = (
         [{"name": t.name, "state": t.state, "done": t.done, "total": t.total} for t in s.snapshot.tasks]
         if s.snapshot

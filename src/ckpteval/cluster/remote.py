@@ -225,7 +225,7 @@ class LocalRemote:
                     proc.wait()
                     raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {_short(cmd)}")
                 for key, _ in sel.select(timeout=wait):
-                    chunk = os.read(key.fd, 65536)  # type: ignore[arg-type]
+                    chunk = os.read(key.fd, 65536)
                     if not chunk:
                         sel.unregister(key.fileobj)
                         open_streams -= 1

@@ -235,7 +235,8 @@ def _task_plan(
     if base_url is None:
         url = endpoint_url_for(config, task.endpoint_type)
     else:
-        route = config.deployment.endpoints
+        route = getattr(config.deployment, "endpoints", None)
+        assert route is not None, "a deployment with a base URL has routes"
         url = base_url + (route.chat if task.endpoint_type == "chat" else route.completions)
     routes = getattr(config.deployment, "endpoints", None)
     health = f"{base_url}{routes.health}" if base_url and routes else None

@@ -121,7 +121,7 @@ class _Rates:
         return gained / elapsed if elapsed > 1 and gained > 0 else None
 
 
-def _render(snapshot: JobSnapshot, rates: _Rates):  # type: ignore[no-untyped-def]
+def _render(snapshot: JobSnapshot, rates: _Rates):
     from rich.table import Table
 
     table = Table.grid(padding=(0, 2))

@@ -66,7 +66,7 @@ class LocalLaunch:
         )
         self.files = job_files(self.compiled, self.plan, launcher="local")
 
-    def preview_panels(self, *, force_squash: bool = False, check: bool = False) -> list:  # type: ignore[type-arg]
+    def preview_panels(self, *, force_squash: bool = False, check: bool = False) -> list:
         """The job script (nothing to squash here)."""
         from ckpteval.config.preview import PreviewPanel
 
@@ -241,7 +241,7 @@ def _start_job(job_dir: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
     )
 
 
-def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the job's process group (its trap stops the deployment); SIGKILL if it lingers."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)

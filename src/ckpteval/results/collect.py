@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ckpteval.errors import EvaluationError
@@ -126,13 +126,13 @@ def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, do
         metrics=dict(headline),
         n_samples=next(iter(headline.values())).n_samples,
         data=_data_source(results[0].offline),
-        duration_s=sum(runtimes) if all(t is not None for t in runtimes) else None,  # type: ignore[misc]
+        duration_s=sum(t for t in runtimes if t is not None) if all(t is not None for t in runtimes) else None,
         repeats=repeats,
         modes=modes,
     )
 
 
-def _metric_order(lm_eval_metrics: dict[str, object]):  # type: ignore[no-untyped-def]
+def _metric_order(lm_eval_metrics: Mapping[str, object]):
     """Metrics in the order lm-eval reports them (the order greedy tasks show), others after, by name."""
     known = list(lm_eval_metrics)
     return lambda name: (known.index(name) if name in known else len(known), name)

@@ -72,7 +72,7 @@ def majority_vote(samples: Sequence[Sample]) -> Sample | None:
     voted = [s for s in samples if s.answer is not None]
     if not voted:
         return None
-    counts = Counter(s.answer for s in voted)
+    counts = Counter(s.answer for s in voted if s.answer is not None)
     top = max(counts.values())
     answer = min(a for a, n in counts.items() if n == top)
     scores = [s.score for s in voted if s.answer == answer]
