@@ -160,7 +160,10 @@ def run_job_here(
     (job_dir / "logs").mkdir(exist_ok=True)
     log = open(job_dir / "logs" / "job.log", "ab")  # noqa: SIM115 (closed below, after the job)
     proc = _start_job(job_dir, log)
+    from ckpteval.job.manage import process_start_time
+
     record.extra["pid"] = proc.pid
+    record.extra["pid_start"] = process_start_time(proc.pid)
     record.save()
     task_dirs: dict[str, str] = record.extra.get("task_dirs") or {}
     tasks = list(task_dirs.items())

@@ -36,8 +36,23 @@ def _task_dirs(record: InvocationRecord) -> list[tuple[str, str]]:
     return [(name, dirs.get(name, f"tasks/{name}")) for name in record.tasks]
 
 
+def process_start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc/<pid>/stat), or None if it has exited.
+
+    Recorded with the job's pid: a pid the system reuses later belongs to a process with another start time.
+    """
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on, after "pid (comm)"
+    if fields[0] in ("Z", "X"):
+        return None  # exited, not yet reaped by its parent: it runs no more
+    return fields[19]  # field 22: starttime
+
+
 def job_process_alive(record: InvocationRecord) -> bool:
-    """Whether the local job's process still runs: its recorded pid is alive AND is still `bash <job_dir>/job.sh`.
+    """Whether the local job's process still runs: its recorded pid is alive AND started when the job did.
 
     A bare pid is not enough: after the job ends (or the machine reboots) the number can be reused by an
     unrelated process, which `status` would report as running and `cancel` would signal.
@@ -50,12 +65,10 @@ def job_process_alive(record: InvocationRecord) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # alive, someone else's: the command line below decides
-    try:
-        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False  # gone meanwhile, or no /proc to tell: not our job
-    return str(Path(record.job_dir) / "job.sh").encode() in argv
+        pass  # alive, someone else's: the start time decides
+    now = process_start_time(int(pid))
+    started = record.extra.get("pid_start")
+    return now is not None and (started is None or now == started)
 
 
 def _state_from(snapshot: JobSnapshot, running: bool) -> str:

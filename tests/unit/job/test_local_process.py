@@ -1,4 +1,4 @@
-"""A local invocation's process: found by pid AND command line, so a reused pid is never taken for the job."""
+"""A local invocation's process: found by pid AND start time, so a reused pid is never taken for the job."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 from ckpteval.job.invocation import InvocationRecord
-from ckpteval.job.manage import cancel, job_process_alive
+from ckpteval.job.manage import cancel, job_process_alive, process_start_time
 
 
-def _record(job_dir: Path, pid: int | None) -> InvocationRecord:
+def _record(job_dir: Path, pid: int | None, started: str | None = None) -> InvocationRecord:
     return InvocationRecord(
         id="0a1b2c3d",
         created="2026-11-22T00:00:00Z",
@@ -19,12 +19,13 @@ def _record(job_dir: Path, pid: int | None) -> InvocationRecord:
         executor="local",
         job_dir=str(job_dir),
         tasks=[],
-        extra={"pid": pid},
+        extra={"pid": pid, "pid_start": started if started else pid and process_start_time(pid)},
     )
 
 
 def test_the_jobs_own_process_is_alive_and_cancel_stops_it(tmp_path: Path):
-    (tmp_path / "job.sh").write_text("sleep 60\n")
+    # like a real job script: a trap and more after the command (a lone last command bash would exec)
+    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\nsleep 60 &\nwait\nexit 0\n")
     proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
     try:
         record = _record(tmp_path, proc.pid)
@@ -38,8 +39,9 @@ def test_the_jobs_own_process_is_alive_and_cancel_stops_it(tmp_path: Path):
 
 def test_a_reused_pid_is_not_the_job(tmp_path: Path):
     (tmp_path / "job.sh").write_text("sleep 60\n")
-    # this test's own process stands for an unrelated process that got the job's old pid
-    record = _record(tmp_path, os.getpid())
+    # this test's own process stands for an unrelated process that got the job's old pid: alive, but it
+    # started at another time than the one recorded for the job
+    record = _record(tmp_path, os.getpid(), started="1")
     assert not job_process_alive(record)
     assert cancel(record) == "invocation 0a1b2c3d is not running"  # and nothing was signalled
     assert not job_process_alive(_record(tmp_path, None))
