@@ -16,6 +16,7 @@ from ckpteval.cli.main import app
 from ckpteval.job.invocation import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
+from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
 pytestmark = pytest.mark.slurm
 runner = CliRunner()
@@ -69,9 +70,11 @@ def cli(*argv: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile, infra):
+def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile, infra, monkeypatch):
     env = job_profile(sbatch_flags={"hold": True})
-    submitted = cli(*tiny_args(env, "--batch", "CI"))
+    # the job exports its own results as it ends (offline here: a W&B run file in the job dir)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    submitted = cli(*tiny_args(env, "--batch", "CI", "export.wandb.enabled=true", "export.wandb.project=ckpteval-it"))
     assert submitted.exit_code == 0, submitted.output
     invocation = submitted.stdout.strip().splitlines()[-1]
     record = load_record(invocation)
@@ -112,6 +115,12 @@ def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile,
     client = cli("logs", invocation, "--source", "adlr_humaneval_greedy").output
     assert client.strip()
     assert ".sqsh" in Path(record.job_dir, "job.sh").read_text()  # the task ran in its squashed image
+
+    (run_dir,) = offline_run_dirs(Path(record.job_dir))  # written by the job's export step
+    run = read_offline_run(run_dir)
+    assert (run.run_id, run.project) == (f"ckpteval-{invocation}", "ckpteval-it")
+    assert run.summary[f"adlr_humaneval_greedy/{name}"] == metric["value"]
+    assert "exporting the results" in log
 
 
 def test_dry_run_shows_sbatch_job_script_and_squash_plan_without_connecting(job_profile, monkeypatch):
