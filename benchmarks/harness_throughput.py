@@ -17,9 +17,8 @@ the evaluator). In the same round, side by side:
 The same measurements against an instant fake endpoint give the evaluator's own ceiling on this machine.
 
 lm-eval needs an HF tokenizer for log-likelihood requests: the served checkpoint's own
-(`<checkpoint>/tokenizer`; the tiny model's is byte-level). The capacity replay sends the same token-id
-prompts lm-eval sends. The script prints a markdown record (per round, medians, ratios to capacity, load
-average); results go in harness_throughput.md next to this file.
+(`<checkpoint>/tokenizer`; the tiny model's is byte-level). The script prints a markdown record (per
+round, medians, ratios to capacity, load average); results go in harness_throughput.md next to this file.
 """
 
 from __future__ import annotations
@@ -60,25 +59,21 @@ def checkpoint_tokenizer(kind: str) -> str:
     return str(path)
 
 
-def request_bodies(output_dir: Path, model_id: str, tokenizer: str) -> list[bytes]:
-    """The completions requests lm-eval sent, rebuilt from its samples: token ids, as lm-eval's
-    `local-completions` sends them with `tokenizer_backend=huggingface` (one prompt per request)."""
-    from transformers import AutoTokenizer
+def request_bodies(output_dir: Path, model_id: str) -> list[bytes]:
+    """The completions requests lm-eval sent, rebuilt from its samples (same body, same bytes).
 
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    nemo-evaluator runs lm-eval's `local-completions` with `tokenized_requests=False`: lm-eval tokenizes
+    context and continuation with the HF tokenizer, then sends them decoded back to text, one prompt per
+    request. With a lossless tokenizer and prompts far below lm-eval's 2048-token max_length (hellaswag:
+    at most ~700 byte tokens) that text is context + continuation.
+    """
     bodies = []
     for path in output_dir.glob("*/samples_hellaswag_*.jsonl"):
         for line in path.read_text().splitlines():
             for args in json.loads(line)["arguments"].values():
-                context, continuation = args["arg_0"], args["arg_1"]
-                # lm-eval's _encode_pair: the context's trailing spaces move to the continuation
-                spaces = len(context) - len(context.rstrip())
-                if spaces:
-                    context, continuation = context[:-spaces], context[-spaces:] + continuation
-                ids = tok.encode(context + continuation, add_special_tokens=False)[-(LM_EVAL_MAX_LENGTH - 1) :]
                 payload = {
                     "model": model_id,
-                    "prompt": [ids],
+                    "prompt": args["arg_0"] + args["arg_1"],
                     "temperature": 0,
                     "max_tokens": 1,
                     "logprobs": 1,
@@ -88,9 +83,6 @@ def request_bodies(output_dir: Path, model_id: str, tokenizer: str) -> list[byte
                 }
                 bodies.append(json.dumps(payload).encode())
     return bodies
-
-
-LM_EVAL_MAX_LENGTH = 2048  # lm-eval's API models' default max_length
 
 
 def capacity(url: str, bodies: list[bytes], parallelism: int) -> float:
@@ -173,7 +165,7 @@ def measure(
         run = run_task("hellaswag", work / name.replace(" ", "_"), url=url, params=params, adapter_config=chain)
         assert run.returncode == 0, run.paths.log.read_text()[-2000:]
         if not bodies:
-            bodies = request_bodies(run.paths.output_dir, model_id, params["extra"]["tokenizer"])
+            bodies = request_bodies(run.paths.output_dir, model_id)
             out["capacity before"] = capacity(url, bodies, parallelism)
         out[f"{name}: lm-eval bar"] = lm_eval_rate(run.paths.log)
         if chain is None:  # only the default chain has response_stats, which times the requests at the proxy
