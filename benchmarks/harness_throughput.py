@@ -238,7 +238,7 @@ def render(
         "",
         f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: "
         f"`uv run python benchmarks/harness_throughput.py --model {args.model} --rounds {args.rounds} "
-        f"--parallelism {args.parallelism} --fewshot {args.fewshot} --limit {args.limit}`",
+        f"--parallelism {args.parallelism} --fewshot {args.fewshot} --limit {args.limit} --chains {args.chains!r}`",
     ]
     for label, rows in results.items():
         keys = [k for k in rows[0] if k not in ("requests", "capacity", "load")]
