@@ -16,8 +16,9 @@ the evaluator). In the same round, side by side:
 
 The same measurements against an instant fake endpoint give the evaluator's own ceiling on this machine.
 
-A byte-level HF tokenizer matching the tiny model's tokenization is built on the fly (lm-eval needs one
-for log-likelihood requests). Results go in harness_throughput.md next to this file.
+lm-eval needs an HF tokenizer for log-likelihood requests: the served checkpoint's own
+(`<checkpoint>/tokenizer`; the tiny model's is byte-level). The script prints a markdown record (per
+round, medians, ratios to capacity, load average); results go in harness_throughput.md next to this file.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import copy
 import http.client
 import json
+import os
 import re
 import shutil
 import statistics
@@ -47,37 +49,31 @@ from tests.e2e.tasks.conftest import run_task  # noqa: E402
 from ckpteval.tasks.runconfig import NO_PROXY_ADAPTER_CONFIG  # noqa: E402
 
 
-def byte_tokenizer(path: Path) -> str:
-    """An HF tokenizer whose ids are the UTF-8 bytes (what the tiny model's server uses)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def checkpoint_tokenizer(kind: str) -> str:
+    """The served checkpoint's own HF tokenizer dir (the tiny model's is byte-level: ids 0-255, EOS 256)."""
+    from tests.e2e.conftest import packaged_checkpoint
 
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    byte_to_char = dict(zip(printable, map(chr, chars), strict=True))
-    tok = Tokenizer(models.BPE(vocab={byte_to_char[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=byte_to_char[0]).save_pretrained(str(path))
+    path = packaged_checkpoint(kind) / "tokenizer"  # type: ignore[arg-type]
+    if not (path / "tokenizer.json").is_file():
+        raise RuntimeError(f"no HF tokenizer in {path}")
     return str(path)
 
 
 def request_bodies(output_dir: Path, model_id: str) -> list[bytes]:
-    """The completions requests lm-eval sent, rebuilt from its samples (same body, same bytes)."""
+    """The completions requests lm-eval sent, rebuilt from its samples (same body, same bytes).
+
+    nemo-evaluator runs lm-eval's `local-completions` with `tokenized_requests=False`: lm-eval tokenizes
+    context and continuation with the HF tokenizer, then sends them decoded back to text, one prompt per
+    request. With a lossless tokenizer and prompts far below lm-eval's 2048-token max_length (hellaswag:
+    at most ~700 byte tokens) that text is context + continuation.
+    """
     bodies = []
     for path in output_dir.glob("*/samples_hellaswag_*.jsonl"):
         for line in path.read_text().splitlines():
             for args in json.loads(line)["arguments"].values():
-                prompt = args["arg_0"] + args["arg_1"]
                 payload = {
                     "model": model_id,
-                    "prompt": prompt,
+                    "prompt": args["arg_0"] + args["arg_1"],
                     "temperature": 0,
                     "max_tokens": 1,
                     "logprobs": 1,
@@ -180,7 +176,13 @@ def measure(
     return out
 
 
+def load_average() -> str:
+    """The 1-minute load average (the machine is shared; rates move with it)."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
 def main() -> None:
+    """Run the rounds and print a markdown record: raw numbers per round, medians, ratios to capacity."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["tiny", "smol"], default="tiny")
     parser.add_argument("--rounds", type=int, default=3)
@@ -197,18 +199,24 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {model_label: []}
     if not args.no_ceiling:
         results["instant fake endpoint"] = []
+    load_before = load_average()
+    started = time.strftime("%H:%M")
     port, fake_port = free_port(), free_port()
     fake = subprocess.Popen([sys.executable, str(FAKE_ENDPOINT), "--port", str(fake_port)])
     try:
         with serve(model_server_command(args.model, port), port, work / "server.log") as model:
-            tokenizer = model.tokenizer or byte_tokenizer(work / "byte_tokenizer")
-            extra = {"tokenizer": tokenizer, "tokenizer_backend": "huggingface", "num_fewshot": args.fewshot}
+            extra = {
+                "tokenizer": checkpoint_tokenizer(args.model),
+                "tokenizer_backend": "huggingface",
+                "num_fewshot": args.fewshot,
+            }
             params = {"limit_samples": args.limit, "parallelism": args.parallelism, "request_timeout": 3600}
             params["extra"] = extra
             targets = {model_label: model.url, "instant fake endpoint": f"http://127.0.0.1:{fake_port}/v1/completions"}
             for r in range(args.rounds):
                 for label in results:
                     row = measure(targets[label], model.model_id, work / f"r{r}" / label.split()[0], params, chains)
+                    row["load"] = float(load_average())
                     results[label].append(row)
                     print(label, json.dumps(row), flush=True)
     finally:
@@ -218,18 +226,50 @@ def main() -> None:
             print(f"work directory: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"\nhellaswag, {args.fewshot}-shot, parallelism {args.parallelism}, {args.rounds} rounds; "
-        "medians, requests/s; ratio = median / median capacity"
-    )
+    print(render(results, args, started, load_before, load_average()))
+
+
+def render(
+    results: dict[str, list[dict[str, float]]], args: argparse.Namespace, started: str, before: str, after: str
+) -> str:
+    """Markdown: per target, one row per round (requests/s) and the median of the per-round ratios."""
+    lines = [
+        f"## Run ({started}, load {before} → {after})",
+        "",
+        f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: "
+        f"`uv run python benchmarks/harness_throughput.py --model {args.model} --rounds {args.rounds} "
+        f"--parallelism {args.parallelism} --fewshot {args.fewshot} --limit {args.limit} --chains {args.chains!r}`",
+    ]
     for label, rows in results.items():
-        print(f"\n{label} ({int(rows[0]['requests'])} requests per run)")
-        capacity_median = statistics.median(r["capacity"] for r in rows)
-        for key in rows[0]:
-            if key == "requests":
-                continue
-            value = statistics.median(r[key] for r in rows)
-            print(f"  {key:40s} {value:8.2f}   ratio {value / capacity_median:5.2f}")
+        keys = [k for k in rows[0] if k not in ("requests", "capacity", "load")]
+        rates = [k for k in keys if not k.startswith("capacity")]
+        lines += [
+            "",
+            f"#### {label} (hellaswag, {args.fewshot}-shot, {int(rows[0]['requests'])} requests per run, "
+            f"parallelism {args.parallelism}), requests/s",
+            "",
+            "| round | load | " + " | ".join(keys) + " | " + " | ".join(f"{k} / capacity" for k in rates) + " |",
+            "|" + "---|" * (2 + len(keys) + len(rates)),
+        ]
+        for i, row in enumerate(rows, 1):
+            cap = row["capacity"]
+            lines.append(
+                f"| {i} | {row['load']:.1f} | "
+                + " | ".join(f"{row[k]:.1f}" for k in keys)
+                + " | "
+                + " | ".join(f"{row[k] / cap:.2f}" for k in rates)
+                + " |"
+            )
+        medians = [statistics.median(r[k] for r in rows) for k in keys]
+        ratios = [statistics.median(r[k] / r["capacity"] for r in rows) for k in rates]
+        lines.append(
+            "| median | | "
+            + " | ".join(f"{v:.1f}" for v in medians)
+            + " | "
+            + " | ".join(f"**{v:.2f}**" for v in ratios)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

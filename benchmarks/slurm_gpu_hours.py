@@ -160,6 +160,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     info = json.loads(INFRA.read_text())
+    load_before = load_average()
     rows: list[tuple[str, list[JobUsage]]] = []
     for _ in range(args.rounds):
         remote_job_dir = f"{info['user_home']}/ckpteval-bench/{uuid.uuid4().hex[:10]}"
@@ -174,7 +175,13 @@ def main() -> None:
             inv = submit(env, (task,), args.limit, free_port())
             separate.append(usage(inv, (task,), wait(inv)["state"]))
         rows.append(("3 invocations, 1 task each (one job per task, like the launcher)", separate))
+    print(f"load average (1 min): {load_before} before, {load_average()} after")
     print(render(rows, args))
+
+
+def load_average() -> str:
+    """The 1-minute load average (the test cluster's nodes are this machine)."""
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def render(rows: list[tuple[str, list[JobUsage]]], args: argparse.Namespace) -> str:
