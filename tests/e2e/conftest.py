@@ -135,7 +135,8 @@ def serve(command: ServerCommand, port: int, log: Path) -> Iterator[ServedModel]
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+# module scope: a SmolLM2 server holds ~1.5-2 GiB and a share of the CPU; nothing after the module needs it
+@pytest.fixture(scope="module")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[ModelKind], ServedModel]]:
     """`served_model("tiny" | "smol")`: that model served for the whole session (started on first use)."""
     stack = contextlib.ExitStack()

@@ -25,14 +25,14 @@ def smollm2_checkpoint() -> Path:
     return ensure_prepared("smollm2", Path(cache) / "smollm2" if cache else default_checkpoint_dir("smollm2"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped once its module is done: it holds ~1.5-2 GiB
 def smollm2_server(smollm2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     server = start_server(smollm2_checkpoint, tmp_path_factory.mktemp("smollm2-logs"), name="smollm2")
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm2_loaded(smollm2_checkpoint: Path) -> Any:
     """The converted checkpoint loaded in this process, as the server loads it."""
     from ckpteval.deploy.server import load_model
@@ -40,7 +40,7 @@ def smollm2_loaded(smollm2_checkpoint: Path) -> Any:
     return load_model(smollm2_checkpoint, device="cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm2_hf() -> tuple[Any, Any]:
     """(tokenizer, transformers model) straight from the packaged GGUF: the reference."""
     from ckpteval.deploy.packaged import load_smollm2_hf
