@@ -209,6 +209,9 @@ def test_ctrl_c_while_following_leaves_the_job_running_without_a_terminal(job_pr
     env = job_profile(nodes=1)
     proc = subprocess.Popen(
         [str(REPO / ".venv" / "bin" / "evaluate"), *tiny_args(env, "--run", "CI")],
+        # as from a terminal: a test run started in the background (`cmd &` in a script) ignores SIGINT, the
+        # CLI would inherit that, and Python turns SIGINT into KeyboardInterrupt only when it is not ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -70,17 +70,18 @@ def test_first_run_imports_on_a_compute_node_second_run_hits(ci_profile, infra: 
                 {"name": "a", "container": task},
                 {"name": "b", "container": task},
                 {"name": "c", "container": "/already/there.sqsh"},
+                {"name": "d", "container": deploy},  # the same image in two places: imported once
             ]
         },
-        "execution": {"proxy": {"image": deploy}},
     }
     profile = ci_profile()
     with connect_remote(profile) as remote:
         new, result = squash_config(config, profile, remote=remote)
     cache = f"{remote_job_dir}/containers"
     deploy_path, task_path = f"{cache}/{sqsh_name(deploy)}", f"{cache}/{sqsh_name(task)}"
-    assert new["deployment"]["image"] == deploy_path == new["execution"]["proxy"]["image"]
-    assert [t["container"] for t in new["evaluation"]["tasks"]] == [task_path, task_path, "/already/there.sqsh"]
+    assert new["deployment"]["image"] == deploy_path
+    containers = [t["container"] for t in new["evaluation"]["tasks"]]
+    assert containers == [task_path, task_path, "/already/there.sqsh", deploy_path]
     assert config["deployment"]["image"] == deploy  # the input is not modified
     assert sorted(result.imported) == sorted([deploy, task])
     assert sqsh_meta(deploy_path)["uri"] == "docker://nvcr.io#" + deploy.removeprefix("nvcr.io/")
