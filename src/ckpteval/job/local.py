@@ -106,14 +106,7 @@ class LocalLaunch:
     def run(self, record: InvocationRecord) -> int:
         """Start the job, follow it, collect and print the results; the exit code is the job's."""
         self.save(record)
-        deployment = self.compiled.config.deployment
-        return run_job_here(
-            self.job_dir,
-            record,
-            model=getattr(deployment, "checkpoint_path", None),
-            label=self.compiled.config.run.name,
-            export=self.compiled.config.export,
-        )
+        return run_job_here(self.job_dir, record, export=self.compiled.config.export, **self._model_and_label())
 
     def run_quietly(self, record: InvocationRecord) -> tuple[int, InvocationResults]:
         """Start the job and wait for it without printing anything (for services such as the eval
@@ -132,19 +125,23 @@ class LocalLaunch:
 
     def collect(self, record: InvocationRecord) -> InvocationResults:
         """The job's results from its task dirs, written to `<job_dir>/results.json`."""
-        from ckpteval.results.collect import collect_results
-        from ckpteval.results.store import write_results
+        return collect_here(self.job_dir, record, **self._model_and_label())
 
-        results = collect_results(
-            self.job_dir,
-            [(t.name, t.dir) for t in self.plan.tasks],
-            invocation=self.invocation,
-            created=record.created,
-            model=getattr(self.compiled.config.deployment, "checkpoint_path", None),
-            label=self.compiled.config.run.name,
-        )
-        write_results(self.job_dir, results)
-        return results
+    def _model_and_label(self) -> dict[str, str | None]:
+        """What results.json names: the checkpoint evaluated and the run's label."""
+        deployment = self.compiled.config.deployment
+        return {"model": getattr(deployment, "checkpoint_path", None), "label": self.compiled.config.run.name}
+
+
+def collect_here(job_dir: Path, record: InvocationRecord, *, model: str | None, label: str | None) -> InvocationResults:
+    """The results of the job in `job_dir` from its task dirs (the record's), written to its results.json."""
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import write_results
+
+    tasks = list((record.extra.get("task_dirs") or {}).items())
+    results = collect_results(job_dir, tasks, invocation=record.id, created=record.created, model=model, label=label)
+    write_results(job_dir, results)
+    return results
 
 
 def run_job_here(
@@ -152,8 +149,6 @@ def run_job_here(
 ) -> int:
     """Run the job script in `job_dir` as a process group, follow it, then collect, print and export the
     results. Ctrl-C stops the job (its trap stops the deployment); finished tasks keep their results."""
-    from ckpteval.results.collect import collect_results
-    from ckpteval.results.store import write_results
     from ckpteval.results.table import print_table
     from ckpteval.tasks.progress import progress_reader
 
@@ -175,8 +170,7 @@ def run_job_here(
         _stop(proc)
     finally:
         log.close()
-    results = collect_results(job_dir, tasks, invocation=record.id, created=record.created, model=model, label=label)
-    write_results(job_dir, results)
+    results = collect_here(job_dir, record, model=model, label=label)
     print_table([results])
     _export(results, job_dir, export, task_dirs)
     if proc.returncode == 3:

@@ -157,17 +157,6 @@ def merge_adapter_config(default: dict[str, Any], user: dict[str, Any] | None) -
     return {**copy.deepcopy(default), **copy.deepcopy(user)}
 
 
-def _drop_tokenizer_backend_without_tokenizer(spec: TaskSpec, params: dict[str, Any]) -> None:
-    """A generation task with no tokenizer set keeps the task's own backend: lm-eval's `huggingface`
-    backend without a tokenizer loads one named like the served model from the hub (which fails offline,
-    and is the wrong tokenizer anyway). Log-likelihood tasks keep it: they need one (checked elsewhere)."""
-    extra = params.get("extra")
-    if spec.needs_logprobs or not isinstance(extra, dict):
-        return
-    if extra.get("tokenizer") is None and extra.get("tokenizer_backend") == "huggingface":
-        extra["tokenizer_backend"] = (spec.params.get("extra") or {}).get("tokenizer_backend", "None")
-
-
 def build_run_config(
     spec: TaskSpec,
     nemo_evaluator_config: dict[str, Any] | None,
@@ -196,7 +185,6 @@ def build_run_config(
     user_params = ((user.get("config") or {}).get("params")) or {}
     user_endpoint = ((user.get("target") or {}).get("api_endpoint")) or {}
     params = deep_merge(spec.params, user_params)
-    _drop_tokenizer_backend_without_tokenizer(spec, params)
     api_endpoint = deep_merge(dict(spec.target_defaults.get("api_endpoint") or {}), {})
     api_endpoint.update(
         {

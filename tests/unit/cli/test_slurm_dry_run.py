@@ -21,31 +21,31 @@ sbatch_flags = { exclusive = true }
 """
 
 
-def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(isolated_user: Path, write_env):
-    write_env(PROFILE)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "ckpteval.cli",
-            "-c",
-            "sft",
-            "--run",
-            "CLUSTER",
-            "-d",
-            "run.model=/lustre/me/ckpt",
-            "export.wandb.enabled=false",  # sft exports to W&B; this test has no W&B project
-        ],
+def dry_run(*overrides: str, python_flags: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
+    """`evaluate -c sft --run CLUSTER -d OVERRIDES` in a new process (wide terminal, `env` added)."""
+    return subprocess.run(
+        [sys.executable, *python_flags, "-m", "ckpteval.cli", "-c", "sft", "--run", "CLUSTER", "-d", *overrides],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "400"},
+        env={**os.environ, "COLUMNS": "400", **env},
+    )
+
+
+def unboxed(stdout: str) -> str:
+    """The panels wrap long lines: the text without the borders, lines joined by spaces."""
+    return " ".join(" ".join(line.strip().strip("│").split()) for line in stdout.splitlines())
+
+
+def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(isolated_user: Path, write_env):
+    write_env(PROFILE)
+    proc = dry_run(
+        "run.model=/lustre/me/ckpt",
+        "export.wandb.enabled=false",  # sft exports to W&B; this test has no W&B project
+        python_flags=("-X", "importtime"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # the panels wrap long lines: read the text without the borders, lines joined by spaces
-    out = " ".join(" ".join(line.strip().strip("│").split()) for line in proc.stdout.splitlines())
+    out = unboxed(proc.stdout)
     for text in (
         "#SBATCH --account=llm",
         "#SBATCH --exclusive",
@@ -69,26 +69,9 @@ def test_slurm_dry_run_shows_the_in_job_export_and_never_the_key(isolated_user: 
     an owner-only file on the cluster; the key itself appears nowhere in what the dry run shows."""
     write_env(PROFILE)
     canary = "canary-wandb-key-0123456789abcdef0123456789abcdef"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpteval.cli",
-            "-c",
-            "sft",
-            "--run",
-            "CLUSTER",
-            "-d",
-            "run.model=/lustre/me/ckpt",
-            "export.wandb.project=evals",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "400", "WANDB_API_KEY": canary, "WANDB_MODE": "online"},
-    )
+    proc = dry_run("run.model=/lustre/me/ckpt", "export.wandb.project=evals", WANDB_API_KEY=canary, WANDB_MODE="online")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(" ".join(line.strip().strip("│").split()) for line in proc.stdout.splitlines())
+    out = unboxed(proc.stdout)
     assert "-m ckpteval.export --job-dir /lustre/me/ckpteval/evaluations/" in out
     assert "--wandb-key-file /lustre/me/ckpteval/evaluations/" in out and ".secrets/wandb_api_key" in out
     assert canary not in proc.stdout + proc.stderr
@@ -96,23 +79,6 @@ def test_slurm_dry_run_shows_the_in_job_export_and_never_the_key(isolated_user: 
 
 def test_slurm_dry_run_without_export_has_no_export_step(isolated_user: Path, write_env):
     write_env(PROFILE)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpteval.cli",
-            "-c",
-            "sft",
-            "--run",
-            "CLUSTER",
-            "-d",
-            "run.model=/x",
-            "export.wandb.enabled=false",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "400"},
-    )
+    proc = dry_run("run.model=/x", "export.wandb.enabled=false")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ckpteval.export" not in proc.stdout
