@@ -86,7 +86,7 @@ def submit_plan(
     """Render, upload, record and submit (through nemo-run) the job `make_plan(job_dir)` returns."""
     from rich.console import Console
 
-    from ckpteval.cluster.remote import connect_remote
+    from ckpteval.cluster.connect import connect_remote
 
     invocation = invocation or new_invocation_id()
     assert profile.remote_job_dir

@@ -29,7 +29,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.cluster.remote import connect_remote
+from ckpteval.cluster.connect import connect_remote
 from ckpteval.config.compile import compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.config.preview import PreviewPanel, config_yaml, render_preview

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from ckpteval.cluster.remote import connect_remote
+from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.ssh import SSHRemote
 from ckpteval.errors import ClusterError
 from tests.integration.conftest import Infra, trust_infra_host

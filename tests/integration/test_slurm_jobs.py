@@ -42,8 +42,8 @@ def status_of(record):  # type: ignore[no-untyped-def]
 def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_profile, infra):
     """pending (held, with Slurm's reason) -> running -> succeeded; one deployment step for all tasks,
     across the 2 nodes the job asked for; a task runs in its (squashed) container through pyxis."""
+    from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.images import ImageRef
-    from ckpteval.cluster.remote import connect_remote
     from ckpteval.cluster.squash import ensure_squashed
 
     profile = ci_profile()

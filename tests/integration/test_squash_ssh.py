@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import ImageRef, sqsh_name
-from ckpteval.cluster.remote import LocalRemote, connect_remote
+from ckpteval.cluster.remote import LocalRemote
 from ckpteval.cluster.squash import (
     SquashEvent,
     ensure_squashed,
@@ -201,7 +202,7 @@ def test_connection_drop_mid_import_leaves_no_half_file(ci_profile, infra: Infra
     code = (
         "from ckpteval.config.profiles import load_env_file\n"
         "from ckpteval.cluster.images import ImageRef\n"
-        "from ckpteval.cluster.remote import connect_remote\n"
+        "from ckpteval.cluster.connect import connect_remote\n"
         "from ckpteval.cluster.squash import ensure_squashed\n"
         f"p = load_env_file(__import__('pathlib').Path({str(env_file)!r})).profile('CI')\n"
         f"ensure_squashed([ImageRef('deployment.image', {image!r})], p, remote=connect_remote(p))\n"

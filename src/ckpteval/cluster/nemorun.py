@@ -84,7 +84,7 @@ def _tunnel(nemo_run: Any, profile: Profile, tunnel_dir: str, home: Path) -> Any
     if profile.tunnel == "local":
         # LocalTunnel copies nothing: its job dir must be the experiment dir itself (base/experiments/...)
         return LocalTunnel(job_dir=str(home / "experiments"))
-    from ckpteval.cluster.ssh import resolve_target
+    from ckpteval.cluster.ssh_hosts import resolve_target
 
     target = resolve_target(profile.host or "", user=profile.user, port=profile.port, identity=profile.identity)
     tunnel = SSHTunnel(

@@ -3,7 +3,7 @@
 `Remote` is what the squash step, the Slurm helper and the results fetcher talk to. Two
 implementations: `LocalRemote` (subprocess, for a CLI that runs on the login node, tunnel="local")
 and `SSHRemote` (paramiko, one connection reused for a whole invocation, tunnel="ssh";
-in `ckpteval.cluster.ssh`). `connect_remote(profile)` picks one.
+in `ckpteval.cluster.ssh`). `ckpteval.cluster.connect.connect_remote(profile)` picks one.
 
 A command is an argv list (each word is quoted with `shlex.quote`, so nothing in it is ever
 interpreted by the remote shell) or, for the rare pipeline, a string the caller has built from
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 from ckpteval.errors import ClusterError
 
 if TYPE_CHECKING:
-    from ckpteval.config.profiles import Profile
+    pass
 
 log = logging.getLogger("ckpteval.remote")
 
@@ -69,11 +69,11 @@ def check_result(result: RunResult, cmd: str, where: str) -> RunResult:
         return result
     detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
     raise ClusterError(
-        f"Command failed on {where} (exit {result.returncode}): {_short(cmd)}" + (f"\n{detail}" if detail else ""),
+        f"Command failed on {where} (exit {result.returncode}): {shorten(cmd)}" + (f"\n{detail}" if detail else ""),
     )
 
 
-def _short(cmd: str, limit: int = 300) -> str:
+def shorten(cmd: str, limit: int = 300) -> str:
     return cmd if len(cmd) <= limit else cmd[: limit - 3] + "..."
 
 
@@ -185,7 +185,7 @@ class LocalRemote:
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {_short(cmd)}") from None
+            raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {shorten(cmd)}") from None
         except FileNotFoundError as exc:
             return RunResult(127, "", f"{exc.filename}: command not found")
         result = RunResult(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
@@ -212,7 +212,7 @@ class LocalRemote:
         except FileNotFoundError as exc:
             return RunResult(127, "", f"{exc.filename}: command not found")
         assert proc.stdout is not None and proc.stderr is not None
-        collected = {"stdout": _LineBuffer("stdout", on_line), "stderr": _LineBuffer("stderr", on_line)}
+        collected = {"stdout": LineBuffer("stdout", on_line), "stderr": LineBuffer("stderr", on_line)}
         deadline = None if timeout is None else time.monotonic() + timeout
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
@@ -223,7 +223,7 @@ class LocalRemote:
                 if wait is not None and wait <= 0:
                     proc.kill()
                     proc.wait()
-                    raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {_short(cmd)}")
+                    raise ClusterError(f"Command timed out after {timeout:g} s on this machine: {shorten(cmd)}")
                 for key, _ in sel.select(timeout=wait):
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
@@ -317,7 +317,7 @@ def _copy_atomic(src: Path, dst: Path) -> None:
         raise ClusterError(f"Cannot copy {src} to {dst}: {exc.strerror}.") from None
 
 
-class _LineBuffer:
+class LineBuffer:
     """Splits a byte stream into lines for a callback and keeps the whole text."""
 
     def __init__(self, name: str, on_line: LineCallback) -> None:
@@ -338,15 +338,3 @@ class _LineBuffer:
             self._on_line(self._name, self._pending.decode(errors="replace").rstrip("\r"))
             self._pending = b""
         return b"".join(self._parts).decode(errors="replace")
-
-
-def connect_remote(profile: Profile, *, connect_timeout: float = 20.0) -> Remote:
-    """The Remote for a profile: this machine for tunnel="local", an SSH connection otherwise.
-
-    Raises ClusterError (unknown host key, authentication failure, unreachable host) with a hint.
-    """
-    if profile.tunnel == "local":
-        return LocalRemote()
-    from ckpteval.cluster.ssh import SSHRemote
-
-    return SSHRemote.connect(profile, connect_timeout=connect_timeout)

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ckpteval.cluster.remote import ConnectionLost, Remote, connect_remote
+from ckpteval.cluster.connect import connect_remote
+from ckpteval.cluster.remote import ConnectionLost, Remote
 from ckpteval.errors import ClusterError
 
 if TYPE_CHECKING:

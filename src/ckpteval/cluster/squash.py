@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import (
     ImageRef,
     collect_images,
@@ -28,7 +29,7 @@ from ckpteval.cluster.images import (
     sqsh_name,
     validate_image,
 )
-from ckpteval.cluster.remote import Remote, RunResult, connect_remote
+from ckpteval.cluster.remote import Remote, RunResult
 from ckpteval.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:

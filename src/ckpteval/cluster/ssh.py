@@ -1,23 +1,13 @@
 """`SSHRemote`: the Remote seam over one paramiko connection, reused for a whole invocation.
 
-How the login node is reached, like the `ssh` command would:
-- host, user, port and key come from the profile, falling back to `~/.ssh/config` (a Host alias,
-  its HostName/User/Port/IdentityFile/IdentitiesOnly/UserKnownHostsFile, and `ProxyJump` through
-  one or more bastions, or `ProxyCommand`);
-- keys: the profile's `identity`, the config's IdentityFile, the ssh-agent, then ~/.ssh/id_*;
-- host keys are checked against known_hosts (~/.ssh/known_hosts or the config's
-  UserKnownHostsFile, and /etc/ssh/ssh_known_hosts). An unknown host is refused with the command
-  that trusts it, unless the profile says `host_key_policy = "accept-new"` (then its key is
-  added to known_hosts, as `ssh -o StrictHostKeyChecking=accept-new` does). A changed key is
-  always refused.
+Where it connects and which host keys it trusts is `ckpteval.cluster.ssh_hosts` (profile over
+~/.ssh/config, ProxyJump/ProxyCommand, known_hosts); keys: the profile's `identity`, the config's
+IdentityFile, the ssh-agent, then ~/.ssh/id_*.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import getpass
-import hashlib
 import logging
 import os
 import select
@@ -34,12 +24,21 @@ import paramiko
 
 from ckpteval.cluster.remote import (
     ConnectionLost,
+    LineBuffer,
     LineCallback,
     RunResult,
-    _LineBuffer,
-    _short,
     check_result,
     command_line,
+    shorten,
+)
+from ckpteval.cluster.ssh_hosts import (
+    SYSTEM_KNOWN_HOSTS,
+    HostKeyPolicy,
+    SSHTarget,
+    UnknownHostKey,
+    fingerprint,
+    resolve_target,
+    trust_command,
 )
 from ckpteval.errors import ClusterError
 
@@ -50,156 +49,6 @@ log = logging.getLogger("ckpteval.remote")
 # paramiko logs a failed handshake with a traceback from its transport thread; without a handler
 # Python would print it to stderr. Our ClusterError says what went wrong; -v logging still sees it.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    """One SSH endpoint, fully resolved (profile values over ~/.ssh/config over defaults)."""
-
-    name: str  # what the user wrote (an alias or a hostname)
-    hostname: str
-    port: int
-    user: str
-    identities: tuple[str, ...] = ()
-    identities_only: bool = False
-    known_hosts: tuple[str, ...] = (DEFAULT_KNOWN_HOSTS,)
-    proxy_jump: tuple[SSHTarget, ...] = ()
-    proxy_command: str | None = None
-
-    @property
-    def address(self) -> str:
-        """`user@host:port` for messages."""
-        return f"{self.user}@{self.hostname}:{self.port}"
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name this host's key is stored under in known_hosts (OpenSSH's convention)."""
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
-
-def ssh_config_path() -> Path:
-    """The user's OpenSSH client config (`~/.ssh/config`)."""
-    return Path(os.path.expanduser("~/.ssh/config"))
-
-
-def _load_ssh_config(path: Path | None) -> paramiko.SSHConfig:
-    path = path or ssh_config_path()
-    if not path.is_file():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
-        raise ClusterError(f"Cannot read the SSH config {path}: {exc}.", hint="Fix the file or move it away.") from None
-
-
-def resolve_target(
-    host: str,
-    *,
-    user: str | None = None,
-    port: int | None = None,
-    identity: str | None = None,
-    ssh_config: Path | None = None,
-) -> SSHTarget:
-    """Resolve `host` (a hostname or a ~/.ssh/config alias) into everything needed to connect."""
-    config = _load_ssh_config(ssh_config)
-    return _resolve(config, host, user=user, port=port, identity=identity, with_jumps=True)
-
-
-def _resolve(
-    config: paramiko.SSHConfig,
-    host: str,
-    *,
-    user: str | None,
-    port: int | None,
-    identity: str | None,
-    with_jumps: bool,
-) -> SSHTarget:
-    entry: dict[str, Any] = dict(config.lookup(host))
-    identities: list[str] = []
-    if identity:
-        identities.append(os.path.expanduser(identity))
-    identities += [os.path.expanduser(p) for p in entry.get("identityfile", [])]
-    known = entry.get("userknownhostsfile")
-    known_hosts = tuple(os.path.expanduser(p) for p in known.split()) if known else (DEFAULT_KNOWN_HOSTS,)
-    jumps: tuple[SSHTarget, ...] = ()
-    jump_spec = entry.get("proxyjump")
-    if with_jumps and jump_spec and jump_spec.lower() != "none":
-        jumps = tuple(_resolve_jump(config, hop) for hop in jump_spec.split(","))
-    proxy_command = entry.get("proxycommand")
-    if proxy_command and proxy_command.lower() == "none":
-        proxy_command = None
-    try:
-        resolved_port = int(port or entry.get("port") or 22)
-    except ValueError:
-        raise ClusterError(f"~/.ssh/config: Port for '{host}' is not a number: {entry.get('port')!r}.") from None
-    return SSHTarget(
-        name=host,
-        hostname=entry.get("hostname", host),
-        port=resolved_port,
-        user=user or entry.get("user") or getpass.getuser(),
-        identities=tuple(dict.fromkeys(identities)),
-        identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
-        known_hosts=known_hosts,
-        proxy_jump=jumps,
-        proxy_command=None if jumps else proxy_command,  # OpenSSH: ProxyJump wins over ProxyCommand
-    )
-
-
-def _resolve_jump(config: paramiko.SSHConfig, spec: str) -> SSHTarget:
-    # [user@]host[:port], where host may itself be an alias
-    spec = spec.strip().removeprefix("ssh://")
-    user, _, rest = spec.rpartition("@")
-    host, port = rest, None
-    if rest.count(":") == 1:
-        host, _, port_text = rest.partition(":")
-        port = int(port_text) if port_text.isdigit() else None
-    return _resolve(config, host, user=user or None, port=port, identity=None, with_jumps=False)
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's SHA256 fingerprint of a host key, e.g. `SHA256:ab12...`."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def trust_command(target: SSHTarget) -> str:
-    """The shell command that adds `target`'s host key to the user's known_hosts."""
-    port = [] if target.port == 22 else ["-p", str(target.port)]
-    known = target.known_hosts[0]
-    shown = known if known.startswith("~") else shlex.quote(known)
-    return f"{shlex.join(['ssh-keyscan', *port, target.hostname])} >> {shown}"
-
-
-class _UnknownHostKey(Exception):
-    """Raised from inside paramiko's handshake; turned into a ClusterError once it is closed."""
-
-    def __init__(self, key: paramiko.PKey) -> None:
-        super().__init__("unknown host key")
-        self.key = key
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, target: SSHTarget, accept_new: bool) -> None:
-        self._target = target
-        self._accept_new = accept_new
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self._accept_new:
-            raise _UnknownHostKey(key)
-        path = Path(os.path.expanduser(self._target.known_hosts[0]))
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"  # the format ssh-keyscan writes
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a", encoding="utf-8") as f:
-                f.write(line)
-        except OSError as exc:
-            raise ClusterError(f"Cannot add the host key of {hostname} to {path}: {exc.strerror}.") from None
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        log.warning("Permanently added %s (%s %s) to %s.", hostname, key.get_name(), fingerprint(key), path)
 
 
 def _open_socket(target: SSHTarget, timeout: float) -> Any:
@@ -238,7 +87,7 @@ def _connect_hop(
                 client.load_system_host_keys(expanded)
             except (OSError, paramiko.SSHException) as exc:
                 raise ClusterError(f"Cannot read known_hosts file {expanded}: {exc}.") from None
-    client.set_missing_host_key_policy(_HostKeyPolicy(target, accept_new))
+    client.set_missing_host_key_policy(HostKeyPolicy(target, accept_new))
     where = target.address + (f" (via {via})" if via else "")
     keys = [k for k in target.identities if os.path.isfile(k)]
     try:
@@ -254,7 +103,7 @@ def _connect_hop(
             auth_timeout=timeout,
             sock=sock,
         )
-    except _UnknownHostKey as exc:
+    except UnknownHostKey as exc:
         client.close()
         raise ClusterError(
             f"The host key of {target.known_hosts_name} is not known ({exc.key.get_name()} {fingerprint(exc.key)}).",
@@ -445,7 +294,7 @@ class SSHRemote:
                 raise self._lost("starting a command", exc) from None
             raise ClusterError(f"Cannot start a command on {self.description}: {exc}.") from None
         sink = on_line or (lambda _s, _l: None)
-        out, err = _LineBuffer("stdout", sink), _LineBuffer("stderr", sink)
+        out, err = LineBuffer("stdout", sink), LineBuffer("stderr", sink)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             chan.exec_command(cmd)
@@ -466,7 +315,7 @@ class SSHRemote:
                 if chan.closed and not got:
                     break
                 if deadline is not None and time.monotonic() > deadline:
-                    raise ClusterError(f"Command timed out after {timeout:g} s on {self.description}: {_short(cmd)}")
+                    raise ClusterError(f"Command timed out after {timeout:g} s on {self.description}: {shorten(cmd)}")
                 if not got:
                     select.select([chan], [], [], 0.5)
             # drain what arrived with the exit status
@@ -476,13 +325,13 @@ class SSHRemote:
                 err.feed(chan.recv_stderr(65536))
             status = chan.recv_exit_status() if chan.exit_status_ready() else -1
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise self._lost(f"running: {_short(cmd)}", exc) from None
+            raise self._lost(f"running: {shorten(cmd)}", exc) from None
         finally:
             chan.close()
         if status == -1:
             self._sftp = None
             raise ConnectionLost(
-                f"Lost the SSH connection to {self.description} while running: {_short(cmd)}.",
+                f"Lost the SSH connection to {self.description} while running: {shorten(cmd)}.",
                 hint="Run the command again; nothing half-done is kept.",
             )
         return RunResult(status, out.finish(), err.finish())

@@ -92,10 +92,10 @@ def init_runtime(device: str = "auto", dtype: str = "auto", *, trained_in: str =
     runtime = Runtime(device=resolve_device(device), dtype="float32")
     runtime = Runtime(device=runtime.device, dtype=resolve_dtype(dtype, device=runtime.device, trained_in=trained_in))
 
-    from ckpteval.deploy import cpu
+    from ckpteval.deploy.cpu import apply_cpu_patches, initialize_rng_tracker
 
     if runtime.on_cpu:
-        cpu.apply_cpu_patches()
+        apply_cpu_patches()
     else:
         torch.cuda.set_device(torch.device(runtime.device))
     if not dist.is_initialized():
@@ -107,7 +107,7 @@ def init_runtime(device: str = "auto", dtype: str = "auto", *, trained_in: str =
 
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    cpu.initialize_rng_tracker()
+    initialize_rng_tracker()
     return runtime
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.cluster.ssh import SSHRemote, resolve_target, trust_command
+from ckpteval.cluster.ssh import SSHRemote
+from ckpteval.cluster.ssh_hosts import resolve_target, trust_command
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError
 
