@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from ckpteval.cluster.images import collect_images
-from ckpteval.cluster.remote import connect_remote
+from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.squash import plan_squash, squash_config
 from ckpteval.config.profiles import Profile
 
