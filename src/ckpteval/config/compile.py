@@ -25,6 +25,8 @@ from ckpteval.config.schema import (
 from ckpteval.config.secrets import SecretValues
 from ckpteval.config.typed import from_mapping
 from ckpteval.errors import ConfigError
+from ckpteval.merge import deep_merge
+from ckpteval.routes import BY_ENDPOINT_TYPE, COMPLETIONS
 from ckpteval.tasks.catalog import Catalog, TaskSpec, load_catalog
 
 
@@ -135,17 +137,6 @@ def _check_deployment_keys(data: dict[str, Any]) -> None:
             )
 
 
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `base` with `top` merged in, key by key (top wins; nested mappings merge)."""
-    out = copy.deepcopy(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def _drop_unset_params(cfg: dict[str, Any]) -> dict[str, Any]:
     """Remove params left null: null means "the task's own default" (the catalog's, e.g. hellaswag's
     temperature), so a global `temperature: null` must not override it."""
@@ -223,9 +214,6 @@ def _default_endpoint_type(config: EvalConfig, spec: TaskSpec) -> str:
     return wanted if wanted in spec.endpoint_types or not spec.endpoint_types else spec.default_endpoint_type
 
 
-_ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-
 def endpoint_url_for(config: EvalConfig, endpoint_type: str) -> str:
     """With `deployment: none`, the URL a task of `endpoint_type` talks to: `target.api_endpoint.url` for
     tasks of the endpoint's own type; for the other type, the same server's other OpenAI route
@@ -234,7 +222,7 @@ def endpoint_url_for(config: EvalConfig, endpoint_type: str) -> str:
     url = api.url or ""
     if endpoint_type == api.type:
         return url
-    own, wanted = _ROUTES[api.type], _ROUTES[endpoint_type]
+    own, wanted = BY_ENDPOINT_TYPE[api.type], BY_ENDPOINT_TYPE[endpoint_type]
     base = url.rstrip("/")
     if not base.endswith(own):
         raise ConfigError(
@@ -313,7 +301,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
         if not config.target.api_endpoint.url:
             raise ConfigError(
                 "deployment: none evaluates an endpoint that already runs, but no URL is set.",
-                hint="Set target.api_endpoint.url=http://HOST:PORT/v1/completions.",
+                hint=f"Set target.api_endpoint.url=http://HOST:PORT{COMPLETIONS}.",
             )
         for task in tasks:
             endpoint_url_for(config, task.endpoint_type)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from ckpteval.config.typed import did_you_mean, from_mapping
 from ckpteval.errors import ConfigError
+from ckpteval.merge import deep_merge
 
 ENV_FILE_NAME = "env.toml"
 ENV_FILE_VAR = "CKPTEVAL_ENV_FILE"
@@ -136,14 +137,8 @@ class EnvFile:
             return own
         if not isinstance(parent, str):
             raise ConfigError(f"{self.path}: [{name}] extends must be a profile name, not {parent!r}.")
-        base = self._merged(parent, chain=(*chain, name))
         # dict-valued keys (env_vars, sbatch_flags) merge key by key; everything else is replaced.
-        for key, value in own.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                base[key] = {**base[key], **value}
-            else:
-                base[key] = value
-        return base
+        return deep_merge(self._merged(parent, chain=(*chain, name)), own)
 
 
 def user_config_dir() -> Path:

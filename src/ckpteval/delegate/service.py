@@ -24,10 +24,11 @@ import yaml
 
 from ckpteval.delegate.protocol import Benchmark, EvalRequest, flat_delegate_metrics, raw_metrics
 from ckpteval.errors import EvaluationError
+from ckpteval.routes import BY_ENDPOINT_TYPE
 
 log = logging.getLogger(__name__)
 
-ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ROUTES = BY_ENDPOINT_TYPE
 LOG_TAIL_LINES = 200
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from ckpteval import routes
 from ckpteval.deploy.engine import Generation, ScoredRow
 from ckpteval.deploy.protocol import (
     ApiError,
@@ -145,12 +146,12 @@ class OpenAIServer:
     def routes(self) -> dict[str, dict[str, Handler]]:
         """Path (without trailing slash) -> method -> handler."""
         return {
-            "/v1/completions": {"POST": self.completions},
-            "/v1/chat/completions": {"POST": self.chat},
-            "/v1/models": {"GET": self.models},
-            "/v1/health": {"GET": self.health},
+            routes.COMPLETIONS: {"POST": self.completions},
+            routes.CHAT: {"POST": self.chat},
+            routes.MODELS: {"GET": self.models},
+            routes.HEALTH: {"GET": self.health},
             "/health": {"GET": self.health},
-            "/v1/stats": {"GET": self.stats},
+            routes.STATS: {"GET": self.stats},
             "/tokenizer_info": {"GET": self.tokenizer_info},
             "/tokenize": {"POST": self.tokenize},
             "/detokenize": {"POST": self.detokenize},

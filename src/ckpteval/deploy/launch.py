@@ -16,8 +16,9 @@ from pathlib import Path
 from types import TracebackType
 
 from ckpteval.errors import DeploymentError
+from ckpteval.routes import HEALTH
 
-HEALTH_ROUTE = "/v1/health"
+HEALTH_ROUTE = HEALTH
 
 
 def serve_command(

@@ -18,6 +18,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ckpteval.errors import ConfigError
+from ckpteval.merge import deep_merge
+from ckpteval.routes import HEALTH
 from ckpteval.tasks.catalog import TaskSpec
 from ckpteval.tasks.repeats import with_request_params
 
@@ -53,7 +55,7 @@ class EndpointSpec:
         if self.health_url:
             return self.health_url
         parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.netloc}/v1/health"
+        return f"{parts.scheme}://{parts.netloc}{HEALTH}"
 
 
 @dataclass(frozen=True)
@@ -83,17 +85,6 @@ class TaskPaths:
 # harness_throughput.md: ~3-4x fewer requests/s than lm-eval alone). Without it there is no progress file
 # (the bar shows no count) and no response cache; lm-eval's own --use_cache still makes reruns resume.
 NO_PROXY_ADAPTER_CONFIG: dict[str, Any] = {"interceptors": [{"name": "endpoint", "enabled": False}]}
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """`override` merged onto a copy of `base`; nested dicts merge, anything else is replaced."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def default_adapter_config(output_dir: str, endpoint: EndpointSpec) -> dict[str, Any]:
