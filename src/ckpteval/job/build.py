@@ -1,9 +1,8 @@
 """Make a `JobPlan` from a compiled config: which command serves the model, which client runs each task.
 
-Deployment commands by `deployment.type` (and megatron's backend):
-- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.deploy serve ...`)
-- megatron/export-deploy: Export-Deploy's Ray in-framework deployment inside the NeMo container
-- vllm: `vllm serve` in the vLLM image;  generic: the configured command;  none: nothing (an endpoint runs)
+Deployment commands by `deployment.type` (and megatron's backend) come from `ckpteval.deploy.commands`
+(builtin, vllm, generic); megatron/export-deploy's Ray in-framework deployment inside the NeMo container
+is `_export_deploy_step` here; none: nothing (an endpoint runs).
 Task clients are what the launcher runs in each eval-factory container: `nemo-evaluator run_eval`.
 """
 
@@ -23,6 +22,7 @@ from ckpteval.config.schema import (
     SlurmExecution,
     VllmDeployment,
 )
+from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
@@ -130,44 +130,16 @@ def _deployment_step(
     env = dict(getattr(deployment, "env_vars", {}) or {})
     if isinstance(deployment, MegatronDeployment):
         if deployment.backend == "builtin":
-            from ckpteval.deploy import serve_command
-
-            argv = serve_command(
-                python=toolchain.python,
-                checkpoint=deployment.checkpoint_path,
-                port=port,
-                host="127.0.0.1",
-                served_model_name=deployment.served_model_name,
-                device=deployment.device,
-                max_batch_size=deployment.max_batch_size,
-                prepare=deployment.prepare,
-            )
-            command = "exec " + shlex.join(argv)
+            command = builtin_command(deployment, python=toolchain.python, port=port)
             # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
             image = deployment.image if launcher == "slurm" else None
             return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
         return _export_deploy_step(deployment, port=port, env=env, mounts=mounts)
     if isinstance(deployment, VllmDeployment):
-        model = deployment.hf_model_handle or deployment.checkpoint_path or ""
-        argv = [
-            "vllm",
-            "serve",
-            model,
-            f"--tensor-parallel-size={deployment.tensor_parallel_size}",
-            f"--pipeline-parallel-size={deployment.pipeline_parallel_size}",
-            f"--data-parallel-size={deployment.data_parallel_size}",
-            "--port",
-            str(port),
-            "--served-model-name",
-            deployment.served_model_name,
-            "--gpu-memory-utilization",
-            str(deployment.gpu_memory_utilization),
-            "--trust-remote-code",
-        ]
-        command = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+        command = vllm_command(deployment, port=port)
         return Step(command=command, env=env, image=deployment.image, mounts=mounts), "vllm"
     assert isinstance(deployment, GenericDeployment)
-    return Step(command=deployment.command, env=env, image=deployment.image, mounts=mounts), "generic"
+    return Step(command=generic_command(deployment), env=env, image=deployment.image, mounts=mounts), "generic"
 
 
 def _export_deploy_step(

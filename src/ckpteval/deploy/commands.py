@@ -1,0 +1,57 @@
+"""The command lines that start a deployment inside a job, by `deployment.type` (and megatron's backend).
+
+- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.deploy serve ...`)
+- vllm: `vllm serve` in the vLLM image
+- generic: the configured command, as written
+
+(megatron/export-deploy's Ray Serve script lives with the job plan, `ckpteval.job.build`.)
+Each returns one bash command line; every argument that comes from the config is quoted.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ckpteval.config.schema import GenericDeployment, MegatronDeployment, VllmDeployment
+from ckpteval.deploy.launch import serve_command
+
+
+def builtin_command(deployment: MegatronDeployment, *, python: str, port: int) -> str:
+    """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval)."""
+    argv = serve_command(
+        python=python,
+        checkpoint=deployment.checkpoint_path,
+        port=port,
+        host="127.0.0.1",
+        served_model_name=deployment.served_model_name,
+        device=deployment.device,
+        max_batch_size=deployment.max_batch_size,
+        prepare=deployment.prepare,
+    )
+    return "exec " + shlex.join(argv)
+
+
+def vllm_command(deployment: VllmDeployment, *, port: int) -> str:
+    """`vllm serve` of the HF handle (or the checkpoint path) on `port`; `extra_args` go last, as written."""
+    model = deployment.hf_model_handle or deployment.checkpoint_path or ""
+    argv = [
+        "vllm",
+        "serve",
+        model,
+        f"--tensor-parallel-size={deployment.tensor_parallel_size}",
+        f"--pipeline-parallel-size={deployment.pipeline_parallel_size}",
+        f"--data-parallel-size={deployment.data_parallel_size}",
+        "--port",
+        str(port),
+        "--served-model-name",
+        deployment.served_model_name,
+        "--gpu-memory-utilization",
+        str(deployment.gpu_memory_utilization),
+        "--trust-remote-code",
+    ]
+    return shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+
+
+def generic_command(deployment: GenericDeployment) -> str:
+    """The user's own command line (a shell line they wrote; not re-quoted)."""
+    return deployment.command
