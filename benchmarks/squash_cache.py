@@ -22,9 +22,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ckpteval.cluster.images import collect_images
 from ckpteval.cluster.connect import connect_remote
-from ckpteval.cluster.squash import plan_squash, squash_config
+from ckpteval.cluster.images import ImageRef
+from ckpteval.cluster.squash import ensure_squashed, plan_squash
 from ckpteval.config.profiles import Profile
 
 INFRA = Path("/tmp/ci-infra/infra.json")
@@ -70,20 +70,19 @@ def main() -> None:
             time="00:10:00",
             remote_job_dir=rjd,
         )
-        config = {
-            "deployment": {"image": f"nvcr.io/bench/nemo:{tag}"},
-            "evaluation": {
-                "tasks": [{"container": f"nvcr.io/bench/lm-eval:{tag}"}, {"container": f"nvcr.io/bench/lm-eval:{tag}"}]
-            },
-            "execution": {"proxy": {"image": f"nvcr.io/bench/proxy:{tag}"}},
-        }
+        # a job's images as `job_images(plan)` lists them: the deployment's and two tasks' (one image)
+        images = [
+            ImageRef("deployment.image", f"nvcr.io/bench/nemo:{tag}"),
+            ImageRef("evaluation.tasks[0].container", f"nvcr.io/bench/lm-eval:{tag}"),
+            ImageRef("evaluation.tasks[1].container", f"nvcr.io/bench/lm-eval:{tag}"),
+        ]
         measured = {}
         for run in ("first", "second"):
             before_imports, before_cmds = _imports(info["enroot_log"], tag), counter.count
             t0 = time.perf_counter()
             with connect_remote(profile) as remote:
                 t1 = time.perf_counter()
-                squash_config(config, profile, remote=remote)
+                ensure_squashed(images, profile, remote=remote)
                 t2 = time.perf_counter()
             measured[run] = {
                 "connect": t1 - t0,
@@ -92,7 +91,6 @@ def main() -> None:
                 "commands": counter.count - before_cmds,
             }
         # baseline for the check itself: one round trip per image vs. one for all
-        images = collect_images(config)
         paths = [i.path for i in plan_squash(images, profile, check=False).items]
         with connect_remote(profile) as remote:
             t0 = time.perf_counter()

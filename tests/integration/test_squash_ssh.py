@@ -15,15 +15,16 @@ import pytest
 
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import ImageRef, sqsh_name
+from ckpteval.cluster.launch import job_images, with_images
 from ckpteval.cluster.remote import LocalRemote
 from ckpteval.cluster.squash import (
     SquashEvent,
     ensure_squashed,
     import_image,
     plan_squash,
-    squash_config,
 )
 from ckpteval.errors import ClusterError, ConfigError
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from tests.integration.conftest import Infra
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,28 +63,48 @@ def sqsh_meta(path: str) -> dict:
     return json.loads(out.stdout)
 
 
+def job_plan(deployment_image: str, *task_images: str) -> JobPlan:
+    """A Slurm job's plan as build_plan makes it, reduced to what squashing reads: the steps' images."""
+    tasks = tuple(
+        TaskPlan(
+            name=f"t{i}",
+            dir_name=f"t{i}",
+            runs=(TaskRun(run_config={}, step=Step(command="true", image=image)),),
+            endpoint_url="http://127.0.0.1:8000/v1/completions",
+        )
+        for i, image in enumerate(task_images)
+    )
+    deployment = DeploymentPlan(
+        kind="megatron/export-deploy",
+        step=Step(command="true", image=deployment_image),
+        health_url=None,
+        readiness_timeout=60,
+    )
+    return JobPlan(invocation="inv", job_dir="/unused", deployment=deployment, tasks=tasks)
+
+
+def squash_plan(plan: JobPlan, profile, *, remote) -> tuple[JobPlan, object]:
+    """What `evaluate --run` does before submitting (cluster/launch.py): squash the plan's images, swap them in."""
+    result = ensure_squashed(job_images(plan), profile, remote=remote)
+    return with_images(plan, result.mapping), result
+
+
+def images_of(plan: JobPlan) -> list[str | None]:
+    assert plan.deployment.step is not None
+    return [plan.deployment.step.image, *(t.runs[0].step.image for t in plan.tasks)]
+
+
 def test_first_run_imports_on_a_compute_node_second_run_hits(ci_profile, infra: Infra, remote_job_dir):
     deploy, task = unique("nemo"), unique("lm-eval")
-    config = {
-        "deployment": {"image": deploy},
-        "evaluation": {
-            "tasks": [
-                {"name": "a", "container": task},
-                {"name": "b", "container": task},
-                {"name": "c", "container": "/already/there.sqsh"},
-                {"name": "d", "container": deploy},  # the same image in two places: imported once
-            ]
-        },
-    }
+    # the same image in two places (deployment, task d) is imported once; a .sqsh path is used as it is
+    plan = job_plan(deploy, task, task, "/already/there.sqsh", deploy)
     profile = ci_profile()
     with connect_remote(profile) as remote:
-        new, result = squash_config(config, profile, remote=remote)
+        new, result = squash_plan(plan, profile, remote=remote)
     cache = f"{remote_job_dir}/containers"
     deploy_path, task_path = f"{cache}/{sqsh_name(deploy)}", f"{cache}/{sqsh_name(task)}"
-    assert new["deployment"]["image"] == deploy_path
-    containers = [t["container"] for t in new["evaluation"]["tasks"]]
-    assert containers == [task_path, task_path, "/already/there.sqsh", deploy_path]
-    assert config["deployment"]["image"] == deploy  # the input is not modified
+    assert images_of(new) == [deploy_path, task_path, task_path, "/already/there.sqsh", deploy_path]
+    assert images_of(plan)[0] == deploy  # the input is not modified
     assert sorted(result.imported) == sorted([deploy, task])
     assert sqsh_meta(deploy_path)["uri"] == "docker://nvcr.io#" + deploy.removeprefix("nvcr.io/")
     assert leftovers(cache) == []
@@ -97,7 +118,7 @@ def test_first_run_imports_on_a_compute_node_second_run_hits(ci_profile, infra: 
     assert oct(os.stat(f"{cache}/.enroot/cache").st_mode)[-3:] in ("755", "750", "700")
 
     with connect_remote(profile) as remote:
-        again, second = squash_config(config, profile, remote=remote)
+        again, second = squash_plan(plan, profile, remote=remote)
     assert again == new
     assert second.imported == ()
     for image in (deploy, task):
@@ -135,7 +156,8 @@ def test_shell_metacharacters_never_run_anything(ci_profile, infra: Infra, remot
     ]
     for image in nasty:
         with pytest.raises(ConfigError, match="is not a container image reference"):
-            squash_config({"deployment": {"image": image}}, profile)  # refused before connecting
+            # refused before connecting (the profile's host is never contacted)
+            plan_squash(job_images(job_plan(image)), profile, check=True)
     # and when such a string does reach the cluster (validation bypassed), it is one quoted word
     with connect_remote(profile) as remote:
         plan = plan_squash([ImageRef("deployment.image", "repo/img:1")], profile, check=False)
@@ -306,10 +328,10 @@ def test_local_tunnel_on_the_login_node(ci_profile, infra: Infra, tmp_path, monk
     image = unique("local")
     remote = connect_remote(profile)
     assert isinstance(remote, LocalRemote)
-    new, result = squash_config({"deployment": {"image": image}}, profile, remote=remote)
+    new, result = squash_plan(job_plan(image), profile, remote=remote)
     assert result.imported == (image,)
-    assert Path(new["deployment"]["image"]).read_bytes()[:4] == b"hsqs"
+    assert Path(images_of(new)[0]).read_bytes()[:4] == b"hsqs"
     (call,) = infra.enroot_calls(image.split(":")[1])
     assert call[1] == "root" and call[3] != "-"
-    _, again = squash_config({"deployment": {"image": image}}, profile, remote=remote)
+    _, again = squash_plan(job_plan(image), profile, remote=remote)
     assert again.imported == ()

@@ -85,7 +85,7 @@ def squash_command(
 class SquashProgress:
     """Shows what an import is doing: enroot's [INFO] lines as they come, and a live elapsed time.
 
-    Pass `progress.on_event` as `on_event` to `ensure_squashed`/`squash_config`, inside `with progress:`.
+    Pass `progress.on_event` as `on_event` to `ensure_squashed`, inside `with progress:`.
     """
 
     def __init__(self, console: Console) -> None:

@@ -1,18 +1,15 @@
-"""Container image references in a resolved config: find them, name their .sqsh, rewrite them.
+"""Container image references: check them, turn them into enroot URIs, name their .sqsh.
 
-Images live at `deployment.image` and `evaluation.tasks[i].container`.
-A Docker reference there (`nvcr.io/nvidia/nemo:25.09`) is squashed on the cluster; a value that
-already ends in `.sqsh` or is an absolute path is a file on the cluster and is left alone.
+The images a job runs in are its plan's steps' (`ckpteval.cluster.launch.job_images`). A Docker
+reference there (`nvcr.io/nvidia/nemo:25.09`) is squashed on the cluster; a value that already ends
+in `.sqsh` or is an absolute path is a file on the cluster and is left alone.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ckpteval.errors import ConfigError
 
@@ -34,56 +31,6 @@ class ImageRef:
 def is_squashable(value: str) -> bool:
     """True for a registry reference; False for a .sqsh file or an absolute path (used as they are)."""
     return not (value.endswith(".sqsh") or value.startswith("/"))
-
-
-def _locations(config: Mapping[str, Any]) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    """(key path, dotpath) of every place an image may be, whether set or not."""
-    yield ("deployment", "image"), "deployment.image"
-    evaluation = config.get("evaluation")
-    tasks = evaluation.get("tasks") if isinstance(evaluation, Mapping) else None
-    if isinstance(tasks, list):
-        for i, task in enumerate(tasks):
-            if isinstance(task, Mapping):
-                yield ("evaluation", "tasks", i, "container"), f"evaluation.tasks[{i}].container"
-
-
-def _get(config: Any, keys: tuple[str | int, ...]) -> Any:
-    node = config
-    for key in keys:
-        if isinstance(key, int):
-            if not isinstance(node, list) or key >= len(node):
-                return None
-            node = node[key]
-        else:
-            if not isinstance(node, Mapping):
-                return None
-            node = node.get(key)
-    return node
-
-
-def collect_images(config: Mapping[str, Any]) -> list[ImageRef]:
-    """Every registry image reference in a resolved config dict that needs a .sqsh, in config order."""
-    found = []
-    for keys, dotpath in _locations(config):
-        value = _get(config, keys)
-        if isinstance(value, str) and value.strip() and is_squashable(value.strip()):
-            found.append(ImageRef(dotpath=dotpath, image=value.strip()))
-    return found
-
-
-def rewrite_images(config: Mapping[str, Any], mapping: Mapping[str, str]) -> dict[str, Any]:
-    """A copy of `config` with every image reference that is a key of `mapping` replaced by its value.
-
-    `mapping` is image reference -> .sqsh path (as `SquashResult.mapping` gives it); places
-    holding other values are untouched.
-    """
-    new = copy.deepcopy(dict(config))
-    for keys, _ in _locations(new):
-        value = _get(new, keys)
-        if isinstance(value, str) and value.strip() in mapping:
-            parent = _get(new, keys[:-1])
-            parent[keys[-1]] = mapping[value.strip()]
-    return new
 
 
 def validate_image(image: str, *, where: str = "") -> None:

@@ -16,16 +16,14 @@ from __future__ import annotations
 import importlib.resources
 import posixpath
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import (
     ImageRef,
-    collect_images,
     enroot_uri,
-    rewrite_images,
     sqsh_name,
     validate_image,
 )
@@ -99,7 +97,7 @@ class SquashPlan:
 
     @property
     def mapping(self) -> dict[str, str]:
-        """image reference -> .sqsh path, for `rewrite_images`."""
+        """image reference -> .sqsh path (what `ckpteval.cluster.launch.with_images` swaps in)."""
         return {item.image: item.path for item in self.items}
 
 
@@ -369,31 +367,3 @@ def ensure_squashed(
             imported.append(item.image)
             durations[item.image] = time.monotonic() - t0
     return SquashResult(plan=plan, imported=tuple(imported), seconds=time.monotonic() - start, import_seconds=durations)
-
-
-def squash_config(
-    config: Mapping[str, Any],
-    profile: Profile,
-    *,
-    remote: Remote | None = None,
-    force: bool = False,
-    on_event: EventCallback | None = None,
-) -> tuple[dict[str, Any], SquashResult | None]:
-    """The squash step of a run: squash every image of `config` and return it rewritten to the .sqsh paths.
-
-    Returns the config unchanged and None when the profile needs no squashing or no image does.
-    Uses `remote` if given (the invocation's connection), else opens and closes one.
-    """
-    images = collect_images(config)
-    if not squash_applies(profile) or not images:
-        return dict(config), None
-    _group(images)  # validate every reference before connecting
-    containers_dir(profile)
-    own = remote is None
-    conn = remote if remote is not None else connect_remote(profile)
-    try:
-        result = ensure_squashed(images, profile, remote=conn, force=force, on_event=on_event)
-    finally:
-        if own:
-            conn.close()
-    return rewrite_images(config, result.mapping), result

@@ -1,61 +1,71 @@
-"""Finding, naming and rewriting container image references in a resolved config."""
+"""The images a job plan runs in: finding, checking, naming and swapping in their .sqsh files."""
 
 from __future__ import annotations
 
 import pytest
 
-from ckpteval.cluster.images import (
-    ImageRef,
-    collect_images,
-    enroot_uri,
-    is_squashable,
-    rewrite_images,
-    sqsh_name,
-    validate_image,
-)
+from ckpteval.cluster.images import ImageRef, enroot_uri, is_squashable, sqsh_name, validate_image
+from ckpteval.cluster.launch import job_images, with_images
 from ckpteval.errors import ConfigError
-
-CONFIG = {
-    "deployment": {"type": "megatron", "image": "nvcr.io/nvidia/nemo:25.09"},
-    "evaluation": {
-        "tasks": [
-            {"name": "adlr_mmlu", "container": "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10"},
-            "hellaswag",  # a bare task name has no container of its own
-            {"name": "gsm8k", "container": "/lustre/images/lm-eval.sqsh"},
-            {"name": "humaneval", "container": "nvcr.io/nvidia/nemo:25.09"},
-            {"name": "x", "container": None},
-        ]
-    },
-    "execution": {"proxy": {"image": "nginx:1.27"}},
-}
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
+from ckpteval.tasks.repeats import run_layouts
 
 
-def test_collect_finds_registry_references_in_config_order():
-    assert collect_images(CONFIG) == [
+def _step(image: str | None) -> Step:
+    return Step(command="true", image=image)
+
+
+def _task(i: int, image: str | None, *, repeats: int = 0) -> TaskPlan:
+    layouts = run_layouts(repeats)
+    runs = tuple(TaskRun(run_config={}, step=_step(image), layout=layout) for layout in layouts)
+    return TaskPlan(name=f"t{i}", dir_name=f"t{i}", runs=runs, endpoint_url="http://127.0.0.1:8000/v1/completions")
+
+
+# what build_plan makes for a Slurm job: the deployment's image and each task's container on its steps
+PLAN = JobPlan(
+    invocation="inv",
+    job_dir="/rjd/inv",
+    deployment=DeploymentPlan(
+        kind="megatron/export-deploy", step=_step("nvcr.io/nvidia/nemo:25.09"), health_url=None, readiness_timeout=60
+    ),
+    tasks=(
+        _task(0, "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10", repeats=2),
+        _task(1, None),  # no container of its own
+        _task(2, "/lustre/images/lm-eval.sqsh"),  # a file on the cluster: used as it is
+        _task(3, "nvcr.io/nvidia/nemo:25.09"),
+    ),
+)
+
+
+def test_job_images_lists_the_registry_references_of_the_steps_in_order():
+    assert job_images(PLAN) == [
         ImageRef("deployment.image", "nvcr.io/nvidia/nemo:25.09"),
-        ImageRef("evaluation.tasks[0].container", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10"),
-        ImageRef("evaluation.tasks[3].container", "nvcr.io/nvidia/nemo:25.09"),
+        ImageRef("evaluation.tasks[0].container (t0)", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10"),
+        ImageRef("evaluation.tasks[3].container (t3)", "nvcr.io/nvidia/nemo:25.09"),
     ]
 
 
-def test_collect_tolerates_missing_sections():
-    assert collect_images({}) == []
-    assert collect_images({"deployment": {"image": None}, "evaluation": {"tasks": None}}) == []
-    assert collect_images({"deployment": {"image": "relative/path.sqsh"}}) == []
+def test_a_plan_without_images_has_nothing_to_squash():
+    bare = JobPlan(
+        invocation="inv",
+        job_dir="/j",
+        deployment=DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=1),
+        tasks=(_task(0, None),),
+    )
+    assert job_images(bare) == []
 
 
-def test_rewrite_replaces_every_use_and_leaves_the_input_alone():
-    mapping = {"nvcr.io/nvidia/nemo:25.09": "/rjd/containers/nemo.sqsh", "nginx:1.27": "/rjd/containers/nginx.sqsh"}
-    new = rewrite_images(CONFIG, mapping)
-    assert new["deployment"]["image"] == "/rjd/containers/nemo.sqsh"
-    assert new["evaluation"]["tasks"][3]["container"] == "/rjd/containers/nemo.sqsh"
-    assert new["evaluation"]["tasks"][0]["container"].startswith("nvcr.io/")  # not in the mapping
-    assert new["evaluation"]["tasks"][2]["container"] == "/lustre/images/lm-eval.sqsh"
-    assert new["evaluation"]["tasks"][1] == "hellaswag"
-    assert new["execution"]["proxy"]["image"] == "nginx:1.27"  # not a place ckpteval runs images from
-    assert CONFIG["deployment"]["image"] == "nvcr.io/nvidia/nemo:25.09"
-    assert collect_images(new) == [
-        ImageRef("evaluation.tasks[0].container", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10")
+def test_with_images_swaps_every_step_and_leaves_the_plan_alone():
+    mapping = {"nvcr.io/nvidia/nemo:25.09": "/rjd/containers/nemo.sqsh"}
+    new = with_images(PLAN, mapping)
+    assert new.deployment.step is not None and new.deployment.step.image == "/rjd/containers/nemo.sqsh"
+    assert [r.step.image for r in new.tasks[3].runs] == ["/rjd/containers/nemo.sqsh"]
+    assert {r.step.image for r in new.tasks[0].runs} == {"nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10"}
+    assert new.tasks[1].runs[0].step.image is None
+    assert new.tasks[2].runs[0].step.image == "/lustre/images/lm-eval.sqsh"
+    assert PLAN.deployment.step is not None and PLAN.deployment.step.image == "nvcr.io/nvidia/nemo:25.09"
+    assert job_images(new) == [
+        ImageRef("evaluation.tasks[0].container (t0)", "nvcr.io/nvidia/eval-factory/lm-evaluation-harness:25.10")
     ]
 
 

@@ -16,7 +16,6 @@ from ckpteval.cluster.squash import (
     import_script,
     plan_squash,
     squash_applies,
-    squash_config,
 )
 from ckpteval.cluster.squash_view import squash_plan_panel
 from ckpteval.config.profiles import Profile
@@ -88,15 +87,13 @@ def test_bad_reference_fails_before_any_connection():
     # host is unresolvable: reaching the network would raise ClusterError, not ConfigError
     profile = Profile(name="C", host="no-such-host.invalid", remote_job_dir="/x")
     with pytest.raises(ConfigError, match="not a container image reference"):
-        squash_config({"deployment": {"image": "img:1; rm -rf ~"}}, profile)
+        plan_squash([ImageRef("deployment.image", "img:1; rm -rf ~")], profile, check=True)
 
 
-def test_no_squash_for_local_runs_or_configs_without_images():
+def test_no_squash_for_local_runs():
     local = Profile(name="local", executor="local", tunnel="local")
     assert not squash_applies(local)
-    config = {"deployment": {"image": "nvcr.io/nvidia/nemo:25.09"}}
-    assert squash_config(config, local) == (config, None)
-    assert squash_config({"deployment": {"image": "/x.sqsh"}}, PROFILE) == ({"deployment": {"image": "/x.sqsh"}}, None)
+    assert squash_applies(PROFILE)
 
 
 def test_import_command_passes_every_value_as_its_own_word():
