@@ -49,7 +49,7 @@ def squash_command(
 
     from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.images import ImageRef, validate_image
-    from ckpteval.cluster.squash import ensure_squashed, plan_squash, squash_applies
+    from ckpteval.cluster.squash import containers_dir, ensure_squashed, plan_squash, squash_applies
     from ckpteval.cluster.squash_view import squash_plan_panel
     from ckpteval.config.profiles import load_env_file
     from ckpteval.errors import ConfigError
@@ -61,6 +61,7 @@ def squash_command(
             f'Profile [{profile.name}] does not run on a Slurm cluster (executor = "{profile.executor}").',
             hint='Squashing is for Slurm profiles; pick one with executor = "slurm".',
         )
+    containers_dir(profile)  # remote_job_dir set and absolute, before connecting
     for image in images:
         validate_image(image)  # before connecting: a bad reference never reaches the cluster
     refs = [ImageRef(dotpath="command line", image=image) for image in images]

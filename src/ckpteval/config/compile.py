@@ -87,7 +87,7 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
     config = from_mapping(EvalConfig, data, where="config")
     catalog = catalog or load_catalog()
     tasks = resolve_tasks(config, data, catalog)
-    check_config(config, tasks, cwd=request.cwd)
+    check_config(config, tasks, cwd=request.cwd, profile=composed.profile)
     notes.extend(t.sampling_note for t in tasks if t.sampling_note)
     return CompiledConfig(
         config=config,
@@ -234,15 +234,79 @@ def endpoint_url_for(config: EvalConfig, endpoint_type: str) -> str:
     return base[: -len(own)] + wanted
 
 
-def check_config(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Path) -> None:
+def check_config(
+    config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cwd: Path, profile: Profile | None = None
+) -> None:
     """Semantic checks the types cannot express; the first failure is a ConfigError naming the fix."""
     if not tasks:
         raise ConfigError(
             "No tasks to evaluate.", hint="Use a stage config that lists tasks (-c sft), or name tasks with -t."
         )
+    _check_ranges(config, tasks)
+    if profile is not None:
+        check_cluster_paths(config, profile)
     _check_tasks(config, tasks)
     _check_deployment(config, tasks, cwd=cwd)
     _check_export(config)
+
+
+MAX_PORT = 65535
+MAX_REPEATS = 1000  # samples per problem; each is a full client run of the task
+
+
+def _check_ranges(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
+    """Numbers the types accept but nothing can use (a port past 65535, a zero batch, a million repeats)."""
+    deployment, execution = config.deployment, config.execution
+    bounds: list[tuple[str, Any, int, int | None]] = [
+        ("execution.endpoint_readiness_timeout", execution.endpoint_readiness_timeout, 1, None),
+    ]
+    if not isinstance(deployment, NoDeployment):
+        bounds.append(("deployment.port", deployment.port, 1, MAX_PORT))
+    if isinstance(deployment, MegatronDeployment):
+        bounds += [
+            ("deployment.num_nodes", deployment.num_nodes, 1, None),
+            ("deployment.num_replicas", deployment.num_replicas, 1, None),
+            ("deployment.max_batch_size", deployment.max_batch_size, 1, None),
+        ]
+    if isinstance(execution, SlurmExecution):
+        bounds += [("execution.num_nodes", execution.num_nodes, 1, None)]
+        bounds += [("execution.gpus_per_node", execution.gpus_per_node, 0, None)]
+    for key, value, low, high in bounds:
+        if value is not None and (value < low or (high is not None and value > high)):
+            allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{key} must be {allowed}, not {value}.", hint=f"Set {key}=VALUE.")
+    for task in tasks:
+        if task.repeats > MAX_REPEATS:
+            raise ConfigError(
+                f"evaluation.tasks[{task.index}] ({task.name}): {task.repeats} samples per problem is more than "
+                f"{MAX_REPEATS}; each sample is a full run of the task.",
+                hint=f"Use -t {task.name}:K with K at most {MAX_REPEATS}.",
+            )
+
+
+def check_cluster_paths(config: EvalConfig, profile: Profile) -> None:
+    """A Slurm run needs the profile's `remote_job_dir`, and its output_dir absolute on the cluster
+    (nothing there expands ~ or $HOME). Checked here, before anything is contacted or written."""
+    execution = config.execution
+    if not isinstance(execution, SlurmExecution):
+        return
+    if not profile.remote_job_dir:
+        raise ConfigError(
+            f"Profile [{profile.name}] has no `remote_job_dir`, where jobs and results go on the cluster.",
+            hint='Set remote_job_dir = "/lustre/.../ckpteval" (a directory you can write on the cluster) in env.toml.',
+        )
+    if not profile.remote_job_dir.startswith("/"):
+        raise ConfigError(
+            f"Profile [{profile.name}]: remote_job_dir must be an absolute path on the cluster, "
+            f"not {profile.remote_job_dir!r}.",
+            hint="Write it out in full (~ and $HOME are not expanded).",
+        )
+    output_dir = execution.output_dir
+    if not output_dir.startswith("/"):
+        raise ConfigError(
+            f"execution.output_dir must be an absolute path on the cluster, not {output_dir!r}.",
+            hint="Set remote_job_dir in the env.toml profile to an absolute path (~ and $HOME are not expanded).",
+        )
 
 
 def _check_export(config: EvalConfig) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.profiles import EnvFile, Profile, load_env_file, user_config_dir
 from ckpteval.config.secrets import SecretValues, collect_environment_secrets
 from ckpteval.errors import CkptevalError, ConfigError
@@ -30,6 +31,7 @@ CONFIG_PATH_VAR = "CKPTEVAL_CONFIG_PATH"
 _PRIMARY = "__ckpteval_primary__"
 _PROFILE = "__ckpteval_profile__"
 _TASK_FILTER = "__ckpteval_task_filter__"
+_MAX_NAME = 200  # a config name longer than this cannot be a file name (most filesystems: 255 bytes)
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,30 @@ def locate_config(ref: str, search_path: Sequence[Path], cwd: Path) -> tuple[str
     if _is_path(ref):
         path = Path(ref).expanduser()
         path = path if path.is_absolute() else cwd / path
-        if not path.is_file():
+        if is_dir(path):
+            raise ConfigError(
+                f"Config {ref} is a directory, not a YAML file.",
+                hint="Pass a YAML file (-c path/to/stage.yaml), or add the directory to env.toml [cli] config_dirs "
+                "and pass a config name.",
+            )
+        if not is_file(path):
             raise ConfigError(f"Config file {ref} does not exist.", hint="Check the path, or pass a config name.")
         if not os.access(path, os.R_OK):
             raise ConfigError(f"Config file {ref} is not readable.", hint=f"Check its permissions: chmod u+r {ref}")
         return "", path.resolve()
+    names = [n for n in available_configs(search_path) if n != "default"]
+    if len(ref) > _MAX_NAME:
+        raise ConfigError(
+            f"Unknown config '{ref[:40]}...' ({len(ref)} characters; config names are file names).",
+            hint="Configs that exist: " + ", ".join(names) + ". Or pass a path to a YAML file.",
+        )
     for directory in search_path:
         for suffix in (".yaml", ".yml"):
             candidate = directory / f"{ref}{suffix}"
-            if candidate.is_file():
+            if is_file(candidate):
                 return ref, candidate
     from ckpteval.config.typed import did_you_mean
 
-    names = [n for n in available_configs(search_path) if n != "default"]
     raise ConfigError(
         f"Unknown config '{ref}'.{did_you_mean(ref, names)}",
         hint="Configs that exist: " + ", ".join(names) + ". Or pass a path to a YAML file.",
@@ -166,6 +179,7 @@ def compose(request: CompileRequest) -> ComposedConfig:
     store.store(name=_PROFILE, node=layers.profile_node)
     store.store(name=_PRIMARY, node={"defaults": [*layers.configs, "_self_"]})
 
+    check_overrides_are_text(layers.overrides)
     cfg = _hydra_compose(search_path, layers.overrides)
     added = apply_task_filter(cfg, layers.task_filter)
 
@@ -203,11 +217,30 @@ def _load_yaml(path: Path) -> Any:
         node = OmegaConf.load(path)
     except (YAMLError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{path} is not a text file (it is not UTF-8), so it cannot be a YAML config.",
+            hint="Pass a stage config YAML (-c path/to/stage.yaml) or a config name.",
+        ) from None
     except OSError as exc:
         raise ConfigError(f"Cannot read {path}: {exc.strerror}.") from None
     if not isinstance(OmegaConf.to_container(node), dict):
         raise ConfigError(f"{path} must hold a mapping (sections like evaluation:, deployment:).")
     return OmegaConf.to_container(node)
+
+
+def check_overrides_are_text(overrides: Sequence[str]) -> None:
+    """An override holding bytes that are not UTF-8 (a shell passes them through) is refused by name,
+    before Hydra's parser reports it as a syntax error at some odd character."""
+    for ov in overrides:
+        try:
+            ov.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = ov.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise ConfigError(
+                f"Override {shown!r} holds bytes that are not UTF-8 text.",
+                hint="Write the value as UTF-8 text (check the shell variable or file it came from).",
+            ) from None
 
 
 def _hydra_compose(search_path: Sequence[Path], overrides: Sequence[str]) -> Any:
@@ -278,7 +311,7 @@ def parse_task_ref(ref: str) -> tuple[str, int | None]:
     name, sep, count = ref.partition(":")
     if not sep:
         return ref, None
-    if not name or not count.isdigit():
+    if not name or not (count.isascii() and count.isdigit()):
         raise ConfigError(
             f"Bad task '{ref}': the part after ':' must be a number of samples per problem.",
             hint=f"Write {name or 'TASK'}:4 for 4 samples per problem, {name or 'TASK'}:0 (or no suffix) for greedy.",

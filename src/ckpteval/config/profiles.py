@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.typed import did_you_mean, from_mapping
 from ckpteval.errors import ConfigError
 from ckpteval.merge import deep_merge
@@ -115,7 +116,9 @@ class EnvFile:
             )
         merged = self._merged(name, chain=())
         merged.pop("extends", None)
-        return from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
+        profile = from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
+        _check_numbers(profile, where=f"{self.path} [{name}]")
+        return profile
 
     def _merged(self, name: str, chain: tuple[str, ...]) -> dict[str, Any]:
         if name in chain:
@@ -147,16 +150,32 @@ def user_config_dir() -> Path:
     return Path(root) / "ckpteval"
 
 
+def _check_numbers(profile: Profile, *, where: str) -> None:
+    """Numbers a profile may hold but nothing can use (a port past 65535, zero nodes)."""
+    for key, value, low, high in (
+        ("port", profile.port, 1, 65535),
+        ("nodes", profile.nodes, 1, None),
+        ("gpus_per_node", profile.gpus_per_node, 0, None),
+    ):
+        if value is not None and (value < low or (high is not None and value > high)):
+            allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{where}: '{key}' must be {allowed}, not {value}.", hint=f"Fix {key} in that profile.")
+
+
 def find_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> Path | None:
     """The env.toml to use: --env-file, $CKPTEVAL_ENV_FILE, walking up from cwd, the user config dir."""
     if explicit is not None:
-        if not explicit.is_file():
+        if is_dir(explicit):
+            raise ConfigError(
+                f"--env-file {explicit} is a directory.", hint=f"Pass the file: --env-file {explicit}/env.toml"
+            )
+        if not is_file(explicit):
             raise ConfigError(f"--env-file {explicit}: no such file.")
         return explicit
     from_env = os.environ.get(ENV_FILE_VAR)
     if from_env:
         path = Path(from_env).expanduser()
-        if not path.is_file():
+        if not is_file(path):
             raise ConfigError(
                 f"${ENV_FILE_VAR} is {from_env!r}, which is not a file.", hint=f"Fix or unset {ENV_FILE_VAR}."
             )
@@ -179,6 +198,11 @@ def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> E
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}.", hint="Fix the line it names.") from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{path} is not a text file (it is not UTF-8), so it cannot be an env.toml.",
+            hint="Point --env-file at your env.toml (see env.toml.example).",
+        ) from None
     except OSError as exc:
         raise ConfigError(f"Cannot read {path}: {exc.strerror}.") from None
 
@@ -187,7 +211,13 @@ def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> E
     cli_raw = data.get("cli", {})
     if not isinstance(cli_raw, dict) or set(cli_raw) - {"config_dirs"}:
         raise ConfigError(f"{path} [cli]: only `config_dirs` is allowed there.")
-    config_dirs = tuple((path.parent / Path(d).expanduser()).resolve() for d in cli_raw.get("config_dirs", []))
+    dirs = cli_raw.get("config_dirs", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+        raise ConfigError(
+            f"{path} [cli]: config_dirs must be a list of directory paths, not {dirs!r}.",
+            hint='Write config_dirs = ["~/my-configs"].',
+        )
+    config_dirs = tuple((path.parent / Path(d).expanduser()).resolve() for d in dirs)
 
     profiles: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
