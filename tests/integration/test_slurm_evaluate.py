@@ -163,6 +163,20 @@ def test_bad_cluster_input_is_one_clear_message(job_profile, tmp_path: Path, ove
     assert list_records() == []  # nothing recorded, nothing submitted
 
 
+def test_a_profile_python_without_ckpteval_is_refused_before_sbatch(job_profile, infra, remote_job_dir):
+    # the builtin server runs `<python> -m ckpteval.deploy` on the node: the system python3 there has no ckpteval
+    result = cli(*tiny_args(job_profile(python="/usr/bin/python3"), "--batch", "CI"))
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert (
+        f"Profile [CI]: python = /usr/bin/python3 cannot import ckpteval on {infra.ssh_user}@127.0.0.1:"
+        f"{infra.ssh_port} (ModuleNotFoundError: No module named 'ckpteval')"
+    ) in text, text
+    assert "Install ckpteval for that Python on the cluster" in text
+    assert list_records() == []  # nothing recorded, so nothing submitted
+    assert not os.path.exists(remote_job_dir)  # nothing uploaded or squashed either
+
+
 def test_sbatch_rejection_is_one_clear_message_and_status_says_so(job_profile):
     result = cli(*tiny_args(job_profile(gpus_per_node=16), "--batch", "CI"))
     assert result.exit_code == 1

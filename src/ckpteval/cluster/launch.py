@@ -244,6 +244,7 @@ class SlurmLaunch:
         from rich.console import Console
 
         from ckpteval.cluster.attach import attach, print_submitted
+        from ckpteval.cluster.preflight import check_builtin_python
         from ckpteval.cluster.slurm import check_request, cluster_facts
         from ckpteval.cluster.squash import ensure_squashed
 
@@ -254,6 +255,7 @@ class SlurmLaunch:
             console.print(f"[dim]connected to {remote.description}[/]")
             facts = cluster_facts(remote)
             check_request(facts, partition=self.spec.partition, account=self.spec.account, where=remote.description)
+            check_builtin_python(remote, self.plan, self.profile)  # the job's python imports ckpteval there
             plan = self.plan
             if plan.after_tasks and self.compiled.config.export.wandb.enabled:
                 from ckpteval.export.job import stage_wandb_key
