@@ -28,6 +28,7 @@ from ckpteval.errors import ConfigError
 from ckpteval.merge import deep_merge
 from ckpteval.routes import BY_ENDPOINT_TYPE, COMPLETIONS
 from ckpteval.tasks.catalog import Catalog, TaskSpec, load_catalog
+from ckpteval.tasks.repeats import RunLayout, run_layouts
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class ResolvedTask:
     dataset_dir: str | None
     request_params: dict[str, Any] = field(default_factory=dict)  # added to every request body
     sampling_note: str | None = None  # repeated tasks: samples per problem, temperature, who chose it
+
+    @property
+    def layouts(self) -> tuple[RunLayout, ...]:
+        """The task's client runs (one greedy run, or one per repeat): where each keeps its files."""
+        return run_layouts(self.repeats)
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,8 @@ class CompiledConfig:
 
 def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -> CompiledConfig:
     """Compose, type and validate the config a request describes. Raises ConfigError on bad input."""
-    composed = compose(request)
+    catalog = catalog or load_catalog()
+    composed = compose(request, catalog=catalog)  # -t names are resolved against this catalog, once
     data = composed.data
     notes: list[str] = [
         f"task '{n}' is not in the config's task list; -t added it with the global settings"
@@ -85,7 +92,6 @@ def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -
     notes.extend(_settle_backend(data))
     _check_deployment_keys(data)
     config = from_mapping(EvalConfig, data, where="config")
-    catalog = catalog or load_catalog()
     tasks = resolve_tasks(config, data, catalog)
     check_config(config, tasks, cwd=request.cwd, profile=composed.profile)
     notes.extend(t.sampling_note for t in tasks if t.sampling_note)

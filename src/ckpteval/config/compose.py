@@ -18,12 +18,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.profiles import EnvFile, Profile, load_env_file, user_config_dir
 from ckpteval.config.secrets import SecretValues, collect_environment_secrets
 from ckpteval.errors import CkptevalError, ConfigError
+
+if TYPE_CHECKING:
+    from ckpteval.tasks.catalog import Catalog
 
 Mode = Literal["local", "run", "batch"]
 PACKAGED_CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -154,8 +157,11 @@ def composition_layers(request: CompileRequest, profile: Profile, env: EnvFile, 
     )
 
 
-def compose(request: CompileRequest) -> ComposedConfig:
-    """Compose and resolve the config a request describes (no typing or semantic checks yet)."""
+def compose(request: CompileRequest, *, catalog: Catalog | None = None) -> ComposedConfig:
+    """Compose and resolve the config a request describes (no typing or semantic checks yet).
+
+    `-t` names are looked up in `catalog` (the one `compile_config` then resolves every task against;
+    loaded here only when none is given and `-t` is used)."""
     env = load_env_file(request.env_file, cwd=request.cwd)
     profile = env.profile(request.profile)
     if request.mode != "local" and profile.executor == "local" and request.profile is None:
@@ -181,7 +187,7 @@ def compose(request: CompileRequest) -> ComposedConfig:
 
     check_overrides_are_text(layers.overrides)
     cfg = _hydra_compose(search_path, layers.overrides)
-    added = apply_task_filter(cfg, layers.task_filter)
+    added = apply_task_filter(cfg, layers.task_filter, catalog)
 
     from ckpteval.config.resolvers import collecting_secrets, register_resolvers, resolved_artifacts, stop_collecting
 
@@ -319,17 +325,19 @@ def parse_task_ref(ref: str) -> tuple[str, int | None]:
     return name, int(count)
 
 
-def apply_task_filter(cfg: Any, refs: Sequence[str]) -> tuple[str, ...]:
+def apply_task_filter(cfg: Any, refs: Sequence[str], catalog: Catalog | None = None) -> tuple[str, ...]:
     """Keep only the tasks named by `-t` (in `-t` order). A catalog task the config does not list is
     added with the global defaults; returns the names added that way. Unknown names are errors.
-    `NAME:K` also sets the task's repeats (see `parse_task_ref`)."""
+    `NAME:K` also sets the task's repeats (see `parse_task_ref`): the `-t` layer is the top of the
+    config, and the count goes down from there (compile -> plan layouts -> job files), never back."""
     if not refs:
         return ()
     from omegaconf import OmegaConf, open_dict
 
-    from ckpteval.tasks.catalog import load_catalog
+    if catalog is None:
+        from ckpteval.tasks.catalog import load_catalog
 
-    catalog = load_catalog()
+        catalog = load_catalog()
     configured = list(cfg.evaluation.tasks)
     chosen: list[Any] = []
     added: list[str] = []

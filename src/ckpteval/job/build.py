@@ -199,7 +199,6 @@ def _task_plan(
     mounts: tuple[str, ...],
 ) -> TaskPlan:
     from ckpteval.tasks.client import client_command, client_env
-    from ckpteval.tasks.repeats import run_layouts
     from ckpteval.tasks.runconfig import EndpointSpec, build_run_config
 
     config = compiled.config
@@ -223,7 +222,7 @@ def _task_plan(
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     image = task.container if launcher == "slurm" else None
     runs = []
-    for layout in run_layouts(task.repeats):
+    for layout in task.layouts:
         request_params = dict(task.request_params)
         if layout.seed is not None:
             request_params["seed"] = layout.seed
@@ -239,4 +238,4 @@ def _task_plan(
         )
         step = Step(command=command, env=env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
-    return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url)
+    return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)

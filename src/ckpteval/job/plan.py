@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpteval.tasks.repeats import RunLayout
+from ckpteval.tasks.repeats import RunLayout, run_layouts
 
 
 @dataclass(frozen=True)
@@ -48,21 +48,30 @@ class TaskRun:
 
 @dataclass(frozen=True)
 class TaskPlan:
-    """One task against the deployment: one client run, or one per repeat (`repeats` samples per problem)."""
+    """One task against the deployment: one client run, or one per repeat (`repeats` samples per problem).
+
+    `repeats` is the compiled task's (it comes down from `-t NAME:K` or the config, never back up from
+    the runs); `runs` has one run per layout of `run_layouts(repeats)`, in order.
+    """
 
     name: str
     dir_name: str
     runs: tuple[TaskRun, ...]
     endpoint_url: str
+    repeats: int = 0  # samples per problem; 0: greedy, one run
+
+    def __post_init__(self) -> None:
+        if self.layouts != run_layouts(self.repeats):
+            raise ValueError(f"task {self.name}: runs {self.layouts} do not match {self.repeats} repeats")
 
     @property
     def dir(self) -> str:
         return f"tasks/{self.dir_name}"
 
     @property
-    def repeats(self) -> int:
-        """Samples per problem (0: greedy, one run)."""
-        return 0 if len(self.runs) == 1 and self.runs[0].layout.repeat is None else len(self.runs)
+    def layouts(self) -> tuple[RunLayout, ...]:
+        """Where each run keeps its files (output dir, run config, log, done marker), in run order."""
+        return tuple(run.layout for run in self.runs)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ replayed by the response cache, and a task's repeats can only be changed by rewr
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,18 @@ def run_layouts(repeats: int) -> tuple[RunLayout, ...]:
     if repeats == 0:
         return (RunLayout(),)
     return tuple(RunLayout(i) for i in range(repeats))
+
+
+def current_log(layouts: Sequence[RunLayout], started: Callable[[str], bool]) -> str:
+    """The client log (relative to the task dir) to show for a task: its newest run whose log exists
+    (`started(relative path)`), or the first run's when none has started. A greedy task has one run.
+
+    The same answer on this machine (`started` checks the job dir) and on a cluster (`started` asks
+    the remote, or a snapshot of the task dir), so no caller spells a repeat's log name itself."""
+    if not layouts:
+        raise ValueError("a task has at least one run")
+    begun = [layout.log for layout in layouts if started(layout.log)]
+    return begun[-1] if begun else layouts[0].log
 
 
 def read_repeats(text: str | None) -> int:

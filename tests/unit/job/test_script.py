@@ -74,6 +74,7 @@ def make_plan(
                 for layout in run_layouts(repeats)
             ),
             endpoint_url=f"http://127.0.0.1:{port}/v1/completions/",
+            repeats=repeats,
         )
         for name, cmd in tasks
     )
