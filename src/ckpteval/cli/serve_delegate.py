@@ -9,7 +9,7 @@ import typer
 
 
 def serve_delegate_command(
-    port: Annotated[int, typer.Option("--port", help="TCP port to listen on.")] = 9050,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")] = 9050,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")] = "0.0.0.0",
     max_concurrent_requests: Annotated[
         int, typer.Option("--max-concurrent-requests", min=1, help="Most requests in flight toward the model.")

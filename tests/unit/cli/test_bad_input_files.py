@@ -193,3 +193,10 @@ def test_squash_checks_remote_job_dir_before_connecting(isolated_user: Path):
     result = runner.invoke(app, ["squash", "nvcr.io/nvidia/nemo:25.09", "--run", "C"])
     assert result.exit_code == 2, result.output
     assert "remote_job_dir must be an absolute path on the cluster, not 'rel/dir'" in result.output
+
+
+def test_serve_delegate_refuses_a_port_past_65535_before_binding(isolated_user: Path):
+    result = runner.invoke(app, ["serve-delegate", "--port", "99999999"])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--port'" in result.output and "65535" in result.output
+    assert "Traceback" not in result.output and "OverflowError" not in result.output
