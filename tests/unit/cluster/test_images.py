@@ -18,7 +18,9 @@ def _step(image: str | None) -> Step:
 def _task(i: int, image: str | None, *, repeats: int = 0) -> TaskPlan:
     layouts = run_layouts(repeats)
     runs = tuple(TaskRun(run_config={}, step=_step(image), layout=layout) for layout in layouts)
-    return TaskPlan(name=f"t{i}", dir_name=f"t{i}", runs=runs, endpoint_url="http://127.0.0.1:8000/v1/completions")
+    return TaskPlan(
+        name=f"t{i}", dir_name=f"t{i}", runs=runs, endpoint_url="http://127.0.0.1:8000/v1/completions", repeats=repeats
+    )
 
 
 # what build_plan makes for a Slurm job: the deployment's image and each task's container on its steps
