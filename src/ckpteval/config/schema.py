@@ -90,6 +90,7 @@ class MegatronDeployment:
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
     model_type: str = "gpt"
+    ray_start_args: str = ""  # export-deploy on several nodes: appended to every node's `ray start`
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints

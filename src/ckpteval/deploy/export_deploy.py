@@ -235,17 +235,24 @@ def export_deploy_command(deployment: MegatronDeployment, entry: EntryPoint, *, 
         return f"exec {serve}"
     per_node = max(1, deployment.num_gpus // nodes)
     ray = f"--num-gpus={per_node} --disable-usage-stats"
+    if deployment.ray_start_args:
+        ray += f" {deployment.ray_start_args}"
     head = f"$PRIMARY_NODE:{RAY_PORT}"
     return (
-        # on every way out: Ray stopped on this node, and whatever this rank started (Ray's daemons leave the
-        # process tree, so Slurm's proctrack/linuxproc would not find them; they stay in this session)
-        "stop_ray() { ray stop --force >/dev/null 2>&1; "
-        'for p in $(pgrep -s 0 2>/dev/null); do [ "$p" = $$ ] || kill -KILL "$p" 2>/dev/null; done; }; '
-        "trap stop_ray EXIT; trap 'exit 143' TERM INT; "
+        # on every way out, at once (Slurm's SIGKILL follows its SIGTERM soon): whatever this rank started
+        # (Ray's daemons leave the process tree, where Slurm's proctrack/linuxproc would look, but stay in
+        # this session), then `ray stop` for anything that left the session too
+        "stop_ray() { trap '' TERM INT; "
+        'for p in $(pgrep -s 0 2>/dev/null); do [ "$p" = $$ ] || kill -KILL "$p" 2>/dev/null; done; '
+        "ray stop --force >/dev/null 2>&1; }; "
+        "trap stop_ray EXIT; trap 'exit 143' TERM INT; n=0; "
         'if [ "${SLURM_PROCID:-0}" = 0 ]; then '
-        f"ray start --head --port={RAY_PORT} {ray} --include-dashboard=false && {serve} & wait $!; "
-        # a worker joins once the head is up (`ray start` gives up when the head is not registered yet),
-        # then stays until the step is stopped; `--port` belongs to the head alone
-        f'else n=0; until ray start --address="{head}" {ray}; do n=$((n + 1)); '
-        '[ "$n" -lt 60 ] || exit 1; sleep 5; done; sleep infinity & wait $!; fi'
+        # `ray start` gives its node 30 s to register, too little on a busy node: try again, a few times
+        f"until ray start --head --port={RAY_PORT} {ray} --include-dashboard=false; do "
+        '[ "$((n += 1))" -lt 5 ] || exit 1; ray stop --force >/dev/null 2>&1; sleep 5; done; '
+        f"{serve} & wait $!; "
+        # a worker joins the head (retrying while it starts, and if it starts again) and stays until the
+        # step is stopped; `--port` belongs to the head alone
+        f'else until [ "$n" -ge 60 ]; do ray start --address="{head}" {ray} --block; '
+        "n=$((n + 1)); sleep 5; done & wait $!; fi"
     )

@@ -187,19 +187,21 @@ def test_version_01_takes_gpus_per_node_and_nodes():
 
 
 def test_several_nodes_run_a_ray_head_and_workers_and_stop_ray_on_every_node():
-    command = export_deploy_command(
-        deployment(num_gpus=16, num_nodes=2, num_replicas=2, tensor_model_parallel_size=8),
+    d = deployment(num_gpus=16, num_nodes=2, num_replicas=2, tensor_model_parallel_size=8)
+    command = export_deploy_command(d, DEFAULT_ENTRY_POINT, port=8000)
+    assert command.startswith("stop_ray() {") and "ray stop --force" in command and "pgrep -s 0" in command
+    assert "trap stop_ray EXIT;" in command
+    assert (
+        "until ray start --head --port=6379 --num-gpus=8 --disable-usage-stats --include-dashboard=false; do" in command
+    )
+    assert 'ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats --block;' in command
+    assert "--num_gpus 16" in command and "--num_replicas 2" in command
+    extra = export_deploy_command(
+        deployment(num_gpus=16, num_nodes=2, num_replicas=16, ray_start_args="--num-cpus=$((4 + 1))"),
         DEFAULT_ENTRY_POINT,
         port=8000,
     )
-    assert command.startswith("stop_ray() { ray stop --force")
-    assert "trap stop_ray EXIT;" in command
-    assert (
-        "ray start --head --port=6379 --num-gpus=8 --disable-usage-stats --include-dashboard=false && python "
-        in command
-    )
-    assert 'until ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats; do' in command
-    assert "--num_gpus 16" in command and "--num_replicas 2" in command
+    assert extra.count("--disable-usage-stats --num-cpus=$((4 + 1))") == 2  # head and workers alike
     single = export_deploy_command(deployment(), DEFAULT_ENTRY_POINT, port=8000)
     assert single.startswith("exec python ") and "ray start" not in single
 
