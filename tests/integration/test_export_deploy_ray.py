@@ -132,7 +132,9 @@ def test_export_deploy_on_two_nodes_with_ray_scores_like_the_builtin_server(
     monkeypatch.chdir(tmp_path)
 
     run = cli(*export_deploy_args(ray_profile, tiny_checkpoint, "--run", "CI"))
-    (record,) = list_records()
+    records = list_records()
+    assert records, run.output  # submitted (nothing fails before the queue)
+    (record,) = records
     job_dir = Path(record.job_dir)
     deployment_log = (job_dir / "logs" / "deployment.log").read_text(errors="replace")
     assert run.exit_code == 0, run.output + "\n" + deployment_log[-4000:]

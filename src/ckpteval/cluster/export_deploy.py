@@ -15,6 +15,8 @@ import dataclasses
 import hashlib
 import posixpath
 import re
+import shlex
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ckpteval.config.schema import MegatronDeployment
@@ -77,14 +79,16 @@ def read_cached(remote: Remote, cache: str, image_path: str) -> EntryPoint | Non
         return None  # a damaged cache file is probed again and overwritten
 
 
-def probe_argv(profile: Profile, image_path: str) -> list[str]:
-    """The `srun` that runs the probe in `image_path` on a compute node (squash's build settings)."""
+def probe_argv(profile: Profile, image_path: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The `srun` that runs the probe in `image_path` on a compute node (squash's build settings), with the
+    deployment step's environment `env` (execution.env_vars, deployment.env_vars)."""
     from ckpteval.cluster.squash import build_settings
 
     argv = build_settings(profile).srun_argv()
     argv = [a for a in argv if not a.startswith("--job-name=")]
     argv += ["--job-name=ckpteval-probe", f"--container-image={image_path}", "--no-container-mount-home"]
-    return [*argv, "bash", "-c", _PROBE_SCRIPT, "ckpteval-probe", EXPORT_DEPLOY_ROOT, *CANDIDATES]
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted((env or {}).items()))
+    return [*argv, "bash", "-c", exports + _PROBE_SCRIPT, "ckpteval-probe", EXPORT_DEPLOY_ROOT, *CANDIDATES]
 
 
 def parse_probe(output: str, *, image: str) -> EntryPoint:
@@ -119,9 +123,11 @@ def parse_probe(output: str, *, image: str) -> EntryPoint:
     )
 
 
-def probe(remote: Remote, profile: Profile, image_path: str, cache: str) -> EntryPoint:
+def probe(
+    remote: Remote, profile: Profile, image_path: str, cache: str, env: Mapping[str, str] | None = None
+) -> EntryPoint:
     """Run the probe on the cluster, cache its answer beside the image, and return it."""
-    result = remote.run(probe_argv(profile, image_path), timeout=PROBE_TIMEOUT_S, check=False)
+    result = remote.run(probe_argv(profile, image_path, env), timeout=PROBE_TIMEOUT_S, check=False)
     output = result.stdout + ("\n" + result.stderr if result.stderr else "")
     if _MARK not in result.stdout:
         raise ClusterError(
@@ -135,12 +141,20 @@ def probe(remote: Remote, profile: Profile, image_path: str, cache: str) -> Entr
     return dataclasses.replace(entry, where=cache)
 
 
-def resolve_entry_point(remote: Remote, profile: Profile, image_path: str) -> EntryPoint:
+def resolve_entry_point(
+    remote: Remote, profile: Profile, image_path: str, env: Mapping[str, str] | None = None
+) -> EntryPoint:
     """The entry point of the image at `image_path` on the cluster: cached, else probed now (and cached)."""
     from ckpteval.cluster.squash import containers_dir
 
     cache = cache_path(containers_dir(profile), image_path)
-    return read_cached(remote, cache, image_path) or probe(remote, profile, image_path, cache)
+    return read_cached(remote, cache, image_path) or probe(remote, profile, image_path, cache, env)
+
+
+def _step_env(plan: JobPlan) -> dict[str, str]:
+    """The environment the deployment step runs with (the job's, then the step's own)."""
+    step = plan.deployment.step
+    return {**plan.env, **(step.env if step else {})}
 
 
 def _export_deploy(compiled: CompiledConfig, plan: JobPlan) -> MegatronDeployment | None:
@@ -167,7 +181,7 @@ def resolve_for_run(plan: JobPlan, compiled: CompiledConfig, remote: Remote) -> 
     step = plan.deployment.step
     if _export_deploy(compiled, plan) is None or step is None or not step.image:
         return plan, None
-    entry = resolve_entry_point(remote, compiled.profile, step.image)
+    entry = resolve_entry_point(remote, compiled.profile, step.image, _step_env(plan))
     where = f"probed, cached in {entry.where}" if entry.source == "probe" else f"cached probe {entry.where}"
     return with_entry_point(plan, compiled, entry), f"Export-Deploy entry point {entry.script} ({where})"
 
@@ -188,7 +202,7 @@ def preview_entry_point(
         from ckpteval.cluster.remote import connect_remote
 
         with connect_remote(compiled.profile) as remote:
-            entry = resolve_entry_point(remote, compiled.profile, image)
+            entry = resolve_entry_point(remote, compiled.profile, image, _step_env(plan))
     elif check:
         entry = dataclasses.replace(
             DEFAULT_ENTRY_POINT, where="the image is not squashed yet; the run probes it after squashing"

@@ -68,6 +68,10 @@ def test_probe_command_runs_the_candidates_in_the_image_on_a_compute_node():
     assert argv[0] == "srun" and "--job-name=ckpteval-probe" in argv and "--account=acct" in argv
     assert "--container-image=/c/containers/nemo.sqsh" in argv
     assert argv[-len(CANDIDATES) - 1 :] == [probe.EXPORT_DEPLOY_ROOT, *CANDIDATES]
+    # the deployment step's environment (PATH, ...) reaches the probe, quoted
+    with_env = probe.probe_argv(_profile(), "/c/x.sqsh", {"PATH": "/opt/py/bin:/usr/bin", "A": "it's"})
+    script = with_env[with_env.index("-c") + 1]
+    assert script.startswith("export A='it'\"'\"'s'\nexport PATH=/opt/py/bin:/usr/bin\n")
 
 
 def test_the_new_layout_is_preferred_and_its_flags_read_from_help(tmp_path: Path):
