@@ -251,8 +251,8 @@ def export_deploy_command(deployment: MegatronDeployment, entry: EntryPoint, *, 
         f"until ray start --head --port={RAY_PORT} {ray} --include-dashboard=false; do "
         '[ "$((n += 1))" -lt 5 ] || exit 1; ray stop --force >/dev/null 2>&1; sleep 5; done; '
         f"{serve} & wait $!; "
-        # a worker joins the head (retrying while it starts, and if it starts again) and stays until the
-        # step is stopped; `--port` belongs to the head alone
-        f'else until [ "$n" -ge 60 ]; do ray start --address="{head}" {ray} --block; '
-        "n=$((n + 1)); sleep 5; done & wait $!; fi"
+        # a worker joins the head (retrying while it starts; `--port` belongs to the head alone) and stays
+        # while its raylet lives: when the head goes, so does the raylet, and the worker's rank ends
+        f'else until ray start --address="{head}" {ray}; do [ "$((n += 1))" -lt 60 ] || exit 1; sleep 5; done; '
+        "while pgrep -s 0 -f ray/raylet >/dev/null; do sleep 5; done; fi"
     )

@@ -194,7 +194,8 @@ def test_several_nodes_run_a_ray_head_and_workers_and_stop_ray_on_every_node():
     assert (
         "until ray start --head --port=6379 --num-gpus=8 --disable-usage-stats --include-dashboard=false; do" in command
     )
-    assert 'ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats --block;' in command
+    assert 'until ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats; do' in command
+    assert "while pgrep -s 0 -f ray/raylet" in command  # a worker leaves when its raylet does (head gone)
     assert "--num_gpus 16" in command and "--num_replicas 2" in command
     extra = export_deploy_command(
         deployment(num_gpus=16, num_nodes=2, num_replicas=16, ray_start_args="--num-cpus=$((4 + 1))"),
