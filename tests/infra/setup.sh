@@ -6,7 +6,8 @@
 #   * a real sshd on 127.0.0.1:$SSH_PORT with key auth for $CI_USER and root, `ssh` CLI known_hosts
 #     entries and ~/.ssh/config aliases (one of them reached through a ProxyJump hop);
 #   * stand-ins for the two NVIDIA tools no package provides: a pyxis SPANK plugin
-#     (fake_pyxis.c) and `enroot` (fake-enroot) on the remote PATH;
+#     (fake_pyxis.c) and `enroot` (fake-enroot) on the remote PATH; and for the NeMo image's
+#     Export-Deploy entry point (export-deploy/, installed under /opt/Export-Deploy);
 #   * $CI_INFRA_DIR/infra.json and infra.env: what tests need (host, port, user, key, paths).
 #
 # Idempotent: what is installed and running is left alone (a re-run with everything up takes ~5 s).
@@ -236,6 +237,16 @@ install_fake_enroot() {
   chmod 666 "$INFRA/enroot-calls.log"
 }
 
+# The NeMo image's Export-Deploy entry point, where the fake pyxis finds it (a step sees the node's own
+# filesystem): a stand-in that takes the real script's arguments and serves through Ray Serve (see its
+# docstring). Copied, not linked, so it does not depend on which checkout ran this.
+install_export_deploy_stand_in() {
+  install -D -m 0755 "$HERE/export-deploy/scripts/deploy/llm/mlm/deploy_ray.py" \
+    /opt/Export-Deploy/scripts/deploy/llm/mlm/deploy_ray.py
+  # node names resolve, as on a real cluster (Ray workers join the head at $PRIMARY_NODE:6379)
+  getent hosts "${NODES[0]}" >/dev/null || echo "127.0.0.1 ${NODES[*]}" >>/etc/hosts
+}
+
 create_user_and_keys() {
   id "$CI_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$CI_USER"
   # useradd leaves the account locked ("!"), which sshd refuses with UsePAM no; "*" = no password
@@ -419,6 +430,7 @@ main() {
   say "slurm config";   configure_slurm
   say "slurm daemons";  start_slurm
   say "fake enroot";    install_fake_enroot
+  say "export-deploy";  install_export_deploy_stand_in
   say "ssh user+keys";  create_user_and_keys
   say "sshd";           start_sshd
   say "ssh client";     configure_ssh_client

@@ -202,14 +202,18 @@ class SlurmLaunch:
 
         self.force_squash = self.force_squash or force_squash
         squash = plan_squash(self.images, self.profile, check=check, force=self.force_squash)
+        from ckpteval.cluster.export_deploy import preview_entry_point  # Export-Deploy's script (issue 17)
+
+        plan, entry_panel = preview_entry_point(self.plan, self.compiled, squash, check=check)
         # the script as it will run: images shown as their .sqsh files
-        script = render_job_script(with_images(self.plan, squash.mapping), launcher="slurm")
+        script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
         return [
             PreviewPanel(
                 title="sbatch script (submitted by nemo-run)", body=render_sbatch_preview(self.spec), language="bash"
             ),
             PreviewPanel(title=f"job script ({self.spec.job_script})", body=script, language="bash"),
             PreviewPanel(title="squash plan", body="", renderable=squash_plan_panel(squash)),
+            *([entry_panel] if entry_panel else []),
         ]
 
     def record(self) -> InvocationRecord:
@@ -271,6 +275,11 @@ class SlurmLaunch:
                         self.images, self.profile, remote=remote, force=self.force_squash, on_event=progress.on_event
                     )
                 plan = with_images(plan, squashed.mapping)
+            from ckpteval.cluster.export_deploy import resolve_for_run  # probe/cache Export-Deploy's script
+
+            plan, entry_note = resolve_for_run(plan, self.compiled, remote)
+            if entry_note:
+                console.print(f"[dim]{entry_note}[/]")
             files = job_files(self.compiled, plan, launcher="slurm")
             hook = _local_hook_dir() if self.toolchain.hook_dir else None
             upload_job_files(remote, self.job_dir, files, hook)

@@ -16,6 +16,7 @@ from ckpteval.config.compose import CompileRequest, Mode, compose
 from ckpteval.config.profiles import Profile
 from ckpteval.config.schema import (
     EvalConfig,
+    Execution,
     LocalExecution,
     MegatronDeployment,
     NemoEvaluatorConfig,
@@ -384,46 +385,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
                 "deployment=none target.api_endpoint.url=...",
             )
         return
-    tp = deployment.tensor_model_parallel_size
-    pp = deployment.pipeline_model_parallel_size
-    ep = deployment.expert_model_parallel_size
-    for key, value in (
-        ("tensor_model_parallel_size", tp),
-        ("pipeline_model_parallel_size", pp),
-        ("expert_model_parallel_size", ep),
-    ):
-        if value < 1:
-            raise ConfigError(f"deployment.{key} must be at least 1, not {value}.")
-    if deployment.num_gpus < 0:
-        raise ConfigError(f"deployment.num_gpus must not be negative, not {deployment.num_gpus}.")
-    if deployment.backend == "builtin":
-        if tp * pp > 1:
-            raise ConfigError(
-                f"The builtin server runs on one device; it cannot shard the model (TP={tp}, PP={pp}).",
-                hint="Use deployment.backend=export-deploy on a cluster for TP/PP > 1.",
-            )
-    else:
-        gpus = deployment.num_gpus
-        if isinstance(execution, LocalExecution):
-            raise ConfigError(
-                "deployment.backend=export-deploy runs in the NeMo container on GPUs, which this machine lacks.",
-                hint="Use deployment.backend=builtin here, or --run/--batch a Slurm profile.",
-            )
-        if gpus == 0 or gpus % (tp * pp) != 0:
-            raise ConfigError(
-                f"TP×PP = {tp}×{pp} = {tp * pp} does not divide deployment.num_gpus={gpus}.",
-                hint="Choose tensor/pipeline parallel sizes whose product divides the GPU count.",
-            )
-        if gpus % ep != 0:
-            raise ConfigError(f"deployment.expert_model_parallel_size={ep} does not divide num_gpus={gpus}.")
-        if isinstance(execution, SlurmExecution):
-            available = execution.gpus_per_node * deployment.num_nodes
-            if gpus > available:
-                raise ConfigError(
-                    f"deployment.num_gpus={gpus} is more than {deployment.num_nodes} node(s) × "
-                    f"{execution.gpus_per_node} GPUs.",
-                    hint="Raise deployment.num_nodes (and the profile's nodes) or lower num_gpus.",
-                )
+    _check_megatron_parallelism(deployment, execution)
     if isinstance(execution, LocalExecution) and deployment.prepare is None:
         path = Path(deployment.checkpoint_path).expanduser()
         path = path if path.is_absolute() else cwd / path
@@ -438,3 +400,101 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             "deployment.backend=export-deploy needs the NeMo container image.",
             hint="Set container_image in the env.toml profile, or deployment.image=...",
         )
+
+
+def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execution) -> None:
+    """Parallel sizes and speed settings. Export-Deploy gives each replica num_gpus / num_replicas GPUs and
+    starts Megatron on exactly that many ranks, so TP×PP×CP×EP×replicas must be the GPU count (0.2 exits
+    with "Parallelism per replica must equal GPUs per replica" otherwise, 0.1 checks the same without EP;
+    0.3+ no longer check and run the spare GPUs as idle data-parallel copies)."""
+    tp = deployment.tensor_model_parallel_size
+    pp = deployment.pipeline_model_parallel_size
+    ep = deployment.expert_model_parallel_size
+    cp = deployment.context_parallel_size
+    sizes = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "expert_model_parallel_size": ep,
+        "context_parallel_size": cp,
+        "max_batch_size": deployment.max_batch_size,
+        "num_nodes": deployment.num_nodes,
+        "num_replicas": deployment.num_replicas,
+        "micro_batch_size": deployment.micro_batch_size,
+        "num_layers_in_first_pipeline_stage": deployment.num_layers_in_first_pipeline_stage,
+        "num_layers_in_last_pipeline_stage": deployment.num_layers_in_last_pipeline_stage,
+    }
+    for key, value in sizes.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"deployment.{key} must be at least 1, not {value}.")
+    if deployment.num_gpus < 0:
+        raise ConfigError(f"deployment.num_gpus must not be negative, not {deployment.num_gpus}.")
+    if deployment.backend == "builtin":
+        if tp * pp * cp > 1:
+            raise ConfigError(
+                f"The builtin server runs on one device; it cannot shard the model (TP={tp}, PP={pp}, CP={cp}).",
+                hint="Use deployment.backend=export-deploy on a cluster for TP/PP/CP > 1.",
+            )
+        only_export = {
+            "micro_batch_size": deployment.micro_batch_size is not None,
+            "enable_cuda_graphs": deployment.enable_cuda_graphs,
+            "enable_flash_decode": deployment.enable_flash_decode,
+            "num_layers_in_first_pipeline_stage": deployment.num_layers_in_first_pipeline_stage is not None,
+            "num_layers_in_last_pipeline_stage": deployment.num_layers_in_last_pipeline_stage is not None,
+            "num_replicas": (deployment.num_replicas or 1) > 1,
+        }
+        for key, is_set in only_export.items():
+            if is_set:
+                raise ConfigError(
+                    f"deployment.{key} is an Export-Deploy setting; the builtin server does not use it.",
+                    hint=f"Remove it (~deployment.{key}), or use deployment.backend=export-deploy on a cluster.",
+                )
+        return
+    gpus = deployment.num_gpus
+    if isinstance(execution, LocalExecution):
+        raise ConfigError(
+            "deployment.backend=export-deploy runs in the NeMo container on GPUs, which this machine lacks.",
+            hint="Use deployment.backend=builtin here, or --run/--batch a Slurm profile.",
+        )
+    if deployment.prepare is not None:
+        raise ConfigError(
+            f"deployment.prepare={deployment.prepare} writes a packaged model in the builtin server's job step; "
+            "Export-Deploy serves a checkpoint that exists already.",
+            hint=f"Prepare it first (`evaluate prepare {deployment.prepare} --output DIR` on the cluster's "
+            "filesystem) and pass run.model=DIR deployment.prepare=null.",
+        )
+    per_replica = tp * pp * cp * ep
+    replicas = deployment.num_replicas if deployment.num_replicas is not None else max(1, gpus // per_replica)
+    if gpus == 0 or per_replica * replicas != gpus:
+        raise ConfigError(
+            f"TP×PP×CP×EP×replicas = {tp}×{pp}×{cp}×{ep}×{replicas} = {per_replica * replicas} GPUs, but "
+            f"deployment.num_gpus={gpus}: Export-Deploy gives each replica num_gpus / num_replicas GPUs, "
+            "and each replica must use all of its GPUs.",
+            hint=f"Set deployment.num_replicas={max(1, gpus // per_replica)} (or leave it unset: as many as fit), "
+            "or change the parallel sizes or num_gpus so that the product matches.",
+        )
+    if gpus % deployment.num_nodes != 0:
+        raise ConfigError(
+            f"deployment.num_gpus={gpus} does not split evenly over deployment.num_nodes={deployment.num_nodes}.",
+            hint="Each node runs the same number of GPUs; use a multiple of num_nodes.",
+        )
+    stages = (deployment.num_layers_in_first_pipeline_stage, deployment.num_layers_in_last_pipeline_stage)
+    if pp == 1 and any(n is not None for n in stages):
+        raise ConfigError(
+            "deployment.num_layers_in_first/last_pipeline_stage split the layers unevenly over pipeline stages, "
+            "but pipeline_model_parallel_size is 1.",
+            hint="Set pipeline_model_parallel_size > 1, or remove the layer counts.",
+        )
+    if deployment.micro_batch_size is not None and deployment.micro_batch_size > deployment.max_batch_size:
+        raise ConfigError(
+            f"deployment.micro_batch_size={deployment.micro_batch_size} is larger than "
+            f"max_batch_size={deployment.max_batch_size}.",
+            hint="A micro batch is a slice of a batch: keep micro_batch_size <= max_batch_size.",
+        )
+    if isinstance(execution, SlurmExecution):
+        available = execution.gpus_per_node * deployment.num_nodes
+        if gpus > available:
+            raise ConfigError(
+                f"deployment.num_gpus={gpus} is more than {deployment.num_nodes} node(s) × "
+                f"{execution.gpus_per_node} GPUs.",
+                hint="Raise deployment.num_nodes (and the profile's nodes) or lower num_gpus.",
+            )

@@ -105,6 +105,14 @@ def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+def _mul(*values: Any) -> int:
+    """`${ckpteval_mul:a,b}`: the product of integers (GPUs per node times nodes)."""
+    product = 1
+    for value in values:
+        product *= int(value)
+    return product
+
+
 def register_resolvers() -> None:
     """Register our resolvers with OmegaConf (once per process)."""
     global _registered
@@ -116,6 +124,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("secret", _secret, replace=True)
     OmegaConf.register_new_resolver("ckpteval_cache", _cache, replace=True)
     OmegaConf.register_new_resolver("first_set", _first_set, replace=True)
+    OmegaConf.register_new_resolver("ckpteval_mul", _mul, replace=True)
     _registered = True
 
 

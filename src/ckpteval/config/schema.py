@@ -79,9 +79,18 @@ class MegatronDeployment:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     expert_model_parallel_size: int = 1
-    num_replicas: int = 1
+    context_parallel_size: int = 1  # export-deploy only
+    num_replicas: int | None = None  # export-deploy: None = as many as fit, num_gpus / (TP×PP×CP×EP)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = 16
+    # export-deploy speed settings (see docs/deploy.md); None/False: Export-Deploy's default
+    micro_batch_size: int | None = None
+    enable_cuda_graphs: bool = False
+    enable_flash_decode: bool = False
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    model_type: str = "gpt"
+    ray_start_args: str = ""  # export-deploy on several nodes: appended to every node's `ray start`
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints

@@ -26,9 +26,7 @@ from ckpteval.deploy.commands import builtin_command, generic_command, vllm_comm
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
-EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
 HOOK_SUBDIR = "hook"
-RAY_PORT = 6379
 
 
 @dataclass(frozen=True)
@@ -145,47 +143,13 @@ def _deployment_step(
 def _export_deploy_step(
     deployment: MegatronDeployment, *, port: int, env: dict[str, str], mounts: tuple[str, ...]
 ) -> tuple[Step, str]:
-    """Export-Deploy's in-framework Ray Serve deployment (`deploy_ray_inframework.py`, NeMo container).
+    """Export-Deploy's Ray Serve deployment in the NeMo container (see `ckpteval.deploy.export_deploy`);
+    unprobed, the entry point is the 0.4+ layout (a cluster run swaps in what the image really has)."""
+    from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, export_deploy_command
 
-    Its arguments as of Export-Deploy 0.2-0.6 (NeMo 25.09+): `--megatron_checkpoint`, `--num_gpus` (the
-    total over all nodes), the parallel sizes, `--model_id`, `--host`, `--port`, `--num_replicas`; there
-    is no `--num_nodes`. On several nodes the script joins a Ray cluster (`address="auto"`): rank 0 starts
-    the Ray head and then the script, the other ranks join the head (`$PRIMARY_NODE`, exported by the job
-    script) as workers and wait.
-    """
-    argv = [
-        "python",
-        EXPORT_DEPLOY_SCRIPT,
-        "--megatron_checkpoint",
-        deployment.checkpoint_path,
-        "--model_id",
-        deployment.served_model_name,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(port),
-        "--num_gpus",
-        str(deployment.num_gpus),
-        "--tensor_model_parallel_size",
-        str(deployment.tensor_model_parallel_size),
-        "--pipeline_model_parallel_size",
-        str(deployment.pipeline_model_parallel_size),
-        "--expert_model_parallel_size",
-        str(deployment.expert_model_parallel_size),
-        "--num_replicas",
-        str(deployment.num_replicas),
-    ]
-    serve = shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
-    nodes = deployment.num_nodes
-    if nodes > 1:
-        per_node = max(1, deployment.num_gpus // nodes)
-        ray = f"--port={RAY_PORT} --num-gpus={per_node} --disable-usage-stats"
-        serve = (
-            'if [ "${SLURM_PROCID:-0}" = 0 ]; then '
-            f"ray start --head {ray} && exec {serve}; "
-            f'else exec ray start --address="$PRIMARY_NODE:{RAY_PORT}" {ray} --block; fi'
-        )
-    return Step(command=serve, env=env, image=deployment.image, mounts=mounts, nodes=nodes), "megatron/export-deploy"
+    command = export_deploy_command(deployment, DEFAULT_ENTRY_POINT, port=port)
+    step = Step(command=command, env=env, image=deployment.image, mounts=mounts, nodes=deployment.num_nodes)
+    return step, "megatron/export-deploy"
 
 
 def _task_plan(

@@ -53,8 +53,12 @@ def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(is
         "#SBATCH --nodes=2",
         "--nodes=1 --ntasks=1 --overlap bash /lustre/me/ckpteval/evaluations/",
         "srun --job-name=deployment",
-        "deploy_ray_inframework.py --megatron_checkpoint /lustre/me/ckpt --model_id megatron-model",
+        "/opt/Export-Deploy/scripts/deploy/llm/mlm/deploy_ray.py --megatron_checkpoint /lustre/me/ckpt "
+        "--model_id megatron-model",
         "--num_gpus 8 --tensor_model_parallel_size 1",
+        "--num_replicas 8 --max_batch_size 16",  # one model copy per GPU: Export-Deploy uses every GPU it is given
+        "Export-Deploy entry point",
+        "known from: default (not probed: the Export-Deploy 0.4-0.6 layout; `--dry-run --check` or a real run",
         "Squash plan",
         "nvcr.io/nvidia/nemo:25.11",
     ):
@@ -82,3 +86,30 @@ def test_slurm_dry_run_without_export_has_no_export_step(isolated_user: Path, wr
     proc = dry_run("run.model=/x", "export.wandb.enabled=false")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ckpteval.export" not in proc.stdout
+
+
+def test_slurm_dry_run_refuses_a_parallel_layout_export_deploy_would_refuse(isolated_user: Path, write_env):
+    write_env(PROFILE)
+    proc = dry_run("run.model=/x", "export.wandb.enabled=false", "deployment.num_replicas=2")
+    assert proc.returncode == 2
+    assert "TP×PP×CP×EP×replicas = 1×1×1×1×2 = 2 GPUs, but deployment.num_gpus=8" in unboxed(proc.stderr)
+    assert "deployment.num_replicas=8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_slurm_dry_run_shows_the_speed_settings_it_passes(isolated_user: Path, write_env):
+    write_env(PROFILE)
+    proc = dry_run(
+        "run.model=/x",
+        "export.wandb.enabled=false",
+        "deployment.tensor_model_parallel_size=4",
+        "deployment.pipeline_model_parallel_size=2",
+        "deployment.enable_cuda_graphs=true",
+        "deployment.enable_flash_decode=true",
+        "deployment.micro_batch_size=8",
+        "deployment.max_batch_size=64",
+        "deployment.num_layers_in_first_pipeline_stage=15",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = unboxed(proc.stdout)
+    assert "--num_replicas 1 --max_batch_size 64 --micro_batch_size 8 --enable_cuda_graphs --enable_flash_decode" in out
+    assert "--num_layers_in_first_pipeline_stage 15" in out
