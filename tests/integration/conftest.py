@@ -60,6 +60,13 @@ class Infra:
         return calls
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the cluster is marked `slurm`, so `-m "not slurm"` runs all the others."""
+    for item in items:
+        if "infra" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
 def _is_up(info_path: Path) -> bool:
     if not info_path.is_file():
         return False
@@ -86,10 +93,14 @@ def _run_setup(request: pytest.FixtureRequest, *args: str) -> None:
     )
     if done.returncode != 0:
         pytest.fail(f"{SETUP_SCRIPT} {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    changes = [line for line in done.stdout.splitlines() if " traversable by others " in line]
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    for line in done.stdout.splitlines():
-        if " traversable by others " in line and reporter is not None:
-            reporter.write_line(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if changes and reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # past the output capture, as pytest's own lines
+            reporter.write_line("")
+            for line in changes:
+                reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
