@@ -1,8 +1,9 @@
 """Fixtures for tests against the real test cluster (Slurm + sshd) that tests/infra/setup.sh brings up.
 
 `infra` checks that it is up (sshd answers, Slurm answers, infra.json exists); run as root with
-it down, it runs the setup script (~50 s on a fresh machine, ~8 s otherwise). Without root and
-without the cluster, the tests fail and say how to bring it up.
+it down, it runs the setup script (~50 s on a fresh machine, ~8 s otherwise), with it up, the
+script's `project` step (the CI user must be able to run this venv's python, whichever Python 3.11
+uv linked it to). Without root and without the cluster, the tests fail and say how to bring it up.
 """
 
 from __future__ import annotations
