@@ -13,10 +13,11 @@
 # Idempotent: what is installed and running is left alone (a re-run with everything up takes ~5 s).
 # Stop everything with teardown.sh. Every daemon listens on 127.0.0.1 only.
 #
-# The project directory ($PROJECT_DIR, default: the repository this script is in) is made
-# traversable by $CI_USER, because jobs submitted as $CI_USER run the project's venv python
-# (.venv/bin/python -> /usr/bin/python3.11): each directory from / down to it gets o+x (search
-# only, no listing), and nothing else is changed. What was changed is printed.
+# The project directory ($PROJECT_DIR, default: the repository this script is in) and the
+# interpreter its venv links to are made reachable by $CI_USER, because jobs submitted as $CI_USER
+# run the project's .venv/bin/python: each directory from / down to them gets o+x (search only, no
+# listing), and nothing else is changed. What was changed is printed. `setup.sh project` does only
+# this step (for a venv created after the cluster came up; the integration-test fixture runs it).
 #
 # Environment: CI_INFRA_DIR (/tmp/ci-infra), SSH_PORT (2222), CI_USER (ciuser), FAKE_GPUS (8),
 #              PROJECT_DIR (this repository).
@@ -350,21 +351,41 @@ EOF
   rm -f /root/.ssh/config.tmp
 }
 
-make_project_traversable() {
-  # jobs run as $CI_USER execute $PROJECT_DIR/.venv/bin/python and import from $PROJECT_DIR/src,
-  # so every directory above the project needs the search (x) bit for others
-  local d=$PROJECT_DIR
-  while [ "$d" != / ]; do
+# traversable DIR WHY: give DIR and each directory above it the search bit for others (o+x: pass
+# through, not list) where it lacks it, and print each change
+traversable() {
+  local d=$1
+  while [ "$d" != / ] && [ "$d" != . ]; do
     if [ "$(( $(stat -c '%a' "$d" | sed 's/^/0/') & 1 ))" = 0 ]; then
       chmod o+x "$d"
-      say "made $d traversable by others (o+x) so $CI_USER can reach $PROJECT_DIR"
+      say "made $d traversable by others (o+x) so $CI_USER can reach $2"
     fi
     d=$(dirname "$d")
   done
-  if [ -x "$PROJECT_DIR/.venv/bin/python" ]; then
-    runuser -u "$CI_USER" -- "$PROJECT_DIR/.venv/bin/python" -c 'import sys' \
-      || die "$CI_USER cannot run $PROJECT_DIR/.venv/bin/python (create the venv with UV_PYTHON=/usr/bin/python3.11)"
-  fi
+}
+
+make_project_traversable() {
+  # jobs run as $CI_USER import from $PROJECT_DIR/src and execute $PROJECT_DIR/.venv/bin/python,
+  # a symlink to whichever Python 3.11 uv found (Debian's /usr/bin/python3.11, a pyenv build or a
+  # uv-managed one, both under root's 0700 home by default): the directories above the project,
+  # above each link of that symlink chain, and above the interpreter's install tree (its stdlib)
+  # need the search bit for others. The install tree itself is world-readable as installed.
+  traversable "$PROJECT_DIR" "$PROJECT_DIR"
+  local venv_python=$PROJECT_DIR/.venv/bin/python p target prefix
+  [ -L "$venv_python" ] || [ -e "$venv_python" ] || return 0 # no venv yet: the test fixture calls us again
+  p=$venv_python
+  while [ -L "$p" ]; do
+    target=$(readlink "$p")
+    case $target in /*) p=$target ;; *) p=$(dirname "$p")/$target ;; esac
+    traversable "$(dirname "$p")" "$venv_python"
+  done
+  p=$(readlink -f "$venv_python")
+  traversable "$(dirname "$p")" "$venv_python"
+  prefix=$("$venv_python" -c 'import sys; print(sys.base_prefix)') \
+    || die "$venv_python does not run (recreate the venv: rm -rf $PROJECT_DIR/.venv && uv sync)"
+  traversable "$prefix" "the standard library under $prefix"
+  runuser -u "$CI_USER" -- "$venv_python" -c 'import sys' \
+    || die "$CI_USER cannot run $venv_python (its interpreter $p, under $prefix): make that install tree readable by others (chmod -R o+rX $prefix), or recreate the venv with another Python 3.11 (rm -rf $PROJECT_DIR/.venv && UV_PYTHON=/usr/bin/python3.11 uv sync)"
 }
 
 write_env_files() {
@@ -420,6 +441,11 @@ smoke_test() {
 
 main() {
   [ "$(id -u)" = 0 ] || die "run as root (it installs packages and starts daemons)"
+  if [ "${1:-}" = project ]; then
+    # only the project step, for a venv made after the cluster came up (the test fixture runs it)
+    make_project_traversable
+    return
+  fi
   mkdir -p "$INFRA"
   chmod 755 "$INFRA"
   say "packages";       install_packages

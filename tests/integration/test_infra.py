@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from tests.integration.conftest import REPO, Infra
+import pytest
+
+from tests.integration.conftest import REPO, SETUP_SCRIPT, Infra
 
 
 def ssh(infra: Infra, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -73,6 +78,43 @@ def test_ci_user_runs_the_project_python_in_a_job(infra: Infra):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ckpteval"
+
+
+def test_setup_makes_a_venv_on_an_interpreter_in_a_private_home_runnable(infra: Infra):
+    """As with a pyenv or uv-managed Python under root's 0700 home: `setup.sh project` opens the way."""
+    if os.geteuid() != 0:
+        pytest.skip("setup.sh changes permissions as root")
+    base = Path(tempfile.mkdtemp(prefix="ckpteval-venv-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        private = base / "home"  # a user's home, 0700
+        (private / "py" / "bin").mkdir(parents=True)
+        (private / "py" / "bin" / "python3.11").symlink_to("/usr/bin/python3.11")
+        (private / "py" / "bin" / "python3").symlink_to("python3.11")
+        private.chmod(0o700)
+        project = base / "project"
+        (project / ".venv" / "bin").mkdir(parents=True)
+        python = project / ".venv" / "bin" / "python"
+        python.symlink_to(private / "py" / "bin" / "python3")  # what uv writes
+        run_as_ci_user = ["runuser", "-u", infra.ssh_user, "--", str(python), "-c", "print('ok')"]
+        assert subprocess.run(run_as_ci_user, capture_output=True, check=False).returncode != 0
+
+        def setup() -> subprocess.CompletedProcess[str]:
+            env = {**os.environ, "PROJECT_DIR": str(project), "CI_USER": infra.ssh_user}
+            return subprocess.run(
+                ["bash", str(SETUP_SCRIPT), "project"], capture_output=True, text=True, env=env, check=False
+            )
+
+        first = setup()
+        assert first.returncode == 0, first.stderr
+        assert f"made {private} traversable by others (o+x) so {infra.ssh_user} can reach {python}" in first.stdout
+        assert private.stat().st_mode & 0o777 == 0o701  # search only: the CI user cannot list it
+        ran = subprocess.run(run_as_ci_user, capture_output=True, text=True, check=False)
+        assert (ran.returncode, ran.stdout) == (0, "ok\n"), ran.stderr
+        again = setup()
+        assert (again.returncode, again.stdout) == (0, "")  # nothing left to change
+    finally:
+        shutil.rmtree(base)
 
 
 def test_jobs_show_in_accounting(infra: Infra):
