@@ -333,6 +333,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
         ("tensor_model_parallel_size", tp),
         ("pipeline_model_parallel_size", pp),
         ("expert_model_parallel_size", ep),
+        ("num_replicas", deployment.num_replicas),
     ):
         if value < 1:
             raise ConfigError(f"deployment.{key} must be at least 1, not {value}.")

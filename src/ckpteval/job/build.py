@@ -141,6 +141,7 @@ def _deployment_step(
                 device=deployment.device,
                 max_batch_size=deployment.max_batch_size,
                 prepare=deployment.prepare,
+                replicas=deployment.num_replicas,
             )
             command = "exec " + shlex.join(argv)
             # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
