@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -331,18 +332,18 @@ def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
             replica.process.wait()
 
 
-def serve_replicas(options: Any) -> None:
-    """Serve `options.replicas` replicas behind `options.host:options.port` until Ctrl-C or SIGTERM."""
-    from ckpteval.deploy.server import _say, bind_socket
+def serve_replicas(options: Any, sock: Any, say: Callable[[str], None]) -> None:
+    """Serve `options.replicas` replicas behind the bound socket `sock` until Ctrl-C or SIGTERM.
 
+    `say` reports progress to the operator (the server's own start-up lines).
+    """
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    sock = bind_socket(options.host, options.port)
     started = time.perf_counter()
-    _say(f"Starting {options.replicas} replicas of {options.checkpoint} ...")
+    say(f"Starting {options.replicas} replicas of {options.checkpoint} ...")
     replicas: list[Replica] = []
     try:
         # SIGTERM while the replicas load: stop them too (KeyboardInterrupt unwinds to the finally)
@@ -353,19 +354,18 @@ def serve_replicas(options: Any) -> None:
             signal.signal(signal.SIGTERM, previous)
         router = Router(replicas)
         url = f"http://{options.host}:{options.port}"
-        _say(
+        say(
             f"Serving '{options.served_model_name}' on {url} with {len(replicas)} replicas (ports "
             f"{', '.join(str(r.port) for r in replicas)}), ready in {time.perf_counter() - started:.1f} s. "
             "Ctrl-C stops it."
         )
         with contextlib.suppress(KeyboardInterrupt):
             _run_loop(_route(router, sock))
-        _say("Server stopped.")
+        say("Server stopped.")
     except KeyboardInterrupt:
         pass
     finally:
         stop_replicas(replicas)
-        sock.close()
 
 
 def _run_loop(main: Any) -> None:

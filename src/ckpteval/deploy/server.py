@@ -142,7 +142,11 @@ def serve(options: ServeOptions) -> None:
     if options.replicas > 1:
         from ckpteval.deploy.router import serve_replicas
 
-        serve_replicas(options)
+        sock = bind_socket(options.host, options.port)
+        try:
+            serve_replicas(options, sock, _say)
+        finally:
+            sock.close()
         return
     import uvicorn
 
