@@ -360,6 +360,8 @@ def bench_shape(shape: str, args: argparse.Namespace, baseline: Path | None) -> 
 
 
 def replica_scaling(checkpoint: Path, args: argparse.Namespace, bodies: list[bytes], clients: int) -> list[str]:
+    if args.replicas == [1]:
+        return []
     rows = []
     single = None
     for replicas in args.replicas:
@@ -426,11 +428,10 @@ def main() -> None:
         f"Command: `python benchmarks/deploy_bench.py {' '.join(sys.argv[1:])}`",
         "",
     ]
-    for shape in args.shape or ["135m", "1.7b"]:
-        lines += bench_shape(shape, args, baseline)
-        lines.append(f"Load average after {shape}: {os.getloadavg()[0]:.2f}.")
-        lines.append("")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
+    for shape in args.shape or ["135m", "1.7b"]:  # each shape's report as soon as it is measured
+        lines = [*bench_shape(shape, args, baseline), f"Load average after {shape}: {os.getloadavg()[0]:.2f}.", ""]
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
