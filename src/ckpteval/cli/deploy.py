@@ -32,6 +32,13 @@ def deploy_command(
     max_batch_size: Annotated[
         int | None, typer.Option("--max-batch-size", help="Most requests run in one forward pass. [default: 16]")
     ] = None,
+    max_batch_tokens: Annotated[
+        int | None,
+        typer.Option("--max-batch-tokens", help="Most padded tokens in one scoring forward. [default: 32768]"),
+    ] = None,
+    replicas: Annotated[
+        int, typer.Option("--replicas", help="Server processes behind this port; each request goes to the least busy.")
+    ] = 1,
     tokenizer: Annotated[
         Path | None,
         typer.Option("--tokenizer", help="A Hugging Face tokenizer directory. Default: CHECKPOINT/tokenizer."),
@@ -57,6 +64,8 @@ def deploy_command(
             device=device,
             dtype=dtype,
             max_batch_size=max_batch_size,
+            max_batch_tokens=max_batch_tokens,
+            replicas=replicas,
             tokenizer=tokenizer,
             access_log=access_log,
         )

@@ -440,7 +440,6 @@ def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execu
             "enable_flash_decode": deployment.enable_flash_decode,
             "num_layers_in_first_pipeline_stage": deployment.num_layers_in_first_pipeline_stage is not None,
             "num_layers_in_last_pipeline_stage": deployment.num_layers_in_last_pipeline_stage is not None,
-            "num_replicas": (deployment.num_replicas or 1) > 1,
         }
         for key, is_set in only_export.items():
             if is_set:

@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="auto")
     serve.add_argument("--dtype", default="auto")
     serve.add_argument("--max-batch-size", type=int, default=None)
+    serve.add_argument("--max-batch-tokens", type=int, default=None, help="padded tokens per scoring forward")
+    serve.add_argument(
+        "--replicas", type=int, default=1, help="server processes behind this port, each request to the least busy"
+    )
     serve.add_argument("--tokenizer", type=Path, default=None)
     serve.add_argument(
         "--prepare",
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                     device=args.device,
                     dtype=args.dtype,
                     max_batch_size=args.max_batch_size,
+                    max_batch_tokens=args.max_batch_tokens,
+                    replicas=args.replicas,
                     tokenizer=args.tokenizer,
                     access_log=args.access_log,
                 )

@@ -27,6 +27,7 @@ def builtin_command(deployment: MegatronDeployment, *, python: str, port: int) -
         device=deployment.device,
         max_batch_size=deployment.max_batch_size,
         prepare=deployment.prepare,
+        replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
     )
     return "exec " + shlex.join(argv)
 

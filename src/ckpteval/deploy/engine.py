@@ -8,7 +8,8 @@ Generation batches rows of different prompt lengths by left-padding them into on
 per row. Padded keys are masked in every step; megatron stores keys before rotating them and
 rotates the whole cache by slot, so with rotary embeddings a left-padded row attends exactly as an
 unpadded one (attention depends only on relative positions). Rows that finish are dropped from
-the batch and their cache rows with them.
+the batch and their cache rows with them, and rows that arrive later join a running batch at its
+next step (`GenerationBatch.join`: continuous batching).
 
 Everything here runs on the one model thread (see `scheduler`); nothing is thread-safe.
 """
@@ -64,6 +65,15 @@ class Generation:
     top: list[list[tuple[int, float]]] | None = None
 
 
+@dataclass
+class PendingScores:
+    """A scoring forward that was launched and not yet collected."""
+
+    rows: list[list[int]]
+    outputs: tuple[Any, Any, Any]  # target log-probs, top ids, top log-probs
+    event: Any  # a torch.cuda.Event on a GPU, else None
+
+
 class ModelRunner:
     """Forward passes of one GPTModel on one device."""
 
@@ -114,11 +124,20 @@ class ModelRunner:
 
     def score(self, rows: list[list[int]], top_k: int = 1) -> list[ScoredRow]:
         """One forward over `rows` (right-padded); log-probs of each next token and the top-k."""
+        return self.collect_scores(self.launch_scores(rows, top_k))
+
+    def launch_scores(self, rows: list[list[int]], top_k: int = 1) -> PendingScores:
+        """Start a scoring forward; `collect_scores` waits for it and turns it into rows.
+
+        On a GPU the kernels run asynchronously: the caller can prepare (or launch) the next
+        batch before collecting this one. On the CPU the work is done here.
+        """
         import torch
 
         with torch.inference_mode():
             batch, length = len(rows), max(len(r) for r in rows)
-            ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.long, device=self.device)
+            ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.long)
+            ids = ids.to(self.device, non_blocking=True)
             positions = torch.arange(length, device=self.device).expand(batch, length)
             logits = self.model(input_ids=ids, position_ids=positions, attention_mask=self.causal_mask(length))
             logits = logits.float()
@@ -130,14 +149,28 @@ class ModelRunner:
             target = logits[:, :-1].gather(-1, ids[:, 1:, None]).sub_(norm[:, :-1]).squeeze(-1)
             top_values, top_ids = logits.topk(top_k, dim=-1)
             top_values.sub_(norm)
-            target_l, top_ids_l, top_values_l = target.tolist(), top_ids.tolist(), top_values.tolist()
+            outputs = (target, top_ids, top_values)
+            if self.device.type == "cuda":  # copy out without blocking; collect waits for the event
+                outputs = tuple(t.to("cpu", non_blocking=True) for t in outputs)
+                event = torch.cuda.Event()
+                event.record()
+            else:
+                event = None
+        return PendingScores(rows, outputs, event)
+
+    def collect_scores(self, pending: PendingScores) -> list[ScoredRow]:
+        """The rows of a launched scoring forward (waits for the device)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        target, top_ids, top_values = pending.outputs
+        target_l, top_ids_l, top_values_l = target.tolist(), top_ids.tolist(), top_values.tolist()
         return [
             ScoredRow(
                 token_logprobs=target_l[i][: len(r) - 1],
                 top_ids=top_ids_l[i][: len(r)],
                 top_logprobs=top_values_l[i][: len(r)],
             )
-            for i, r in enumerate(rows)
+            for i, r in enumerate(pending.rows)
         ]
 
     def generate(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
@@ -174,7 +207,14 @@ class _Row:
 class GenerationBatch:
     """Rows generated together with one KV cache; `step()` advances every row by one token."""
 
-    def __init__(self, runner: ModelRunner, requests: list[tuple[list[int], SamplingParams]]) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        requests: list[tuple[list[int], SamplingParams]],
+        *,
+        tags: list[int] | None = None,
+    ) -> None:
+        """`tags` name the rows in what `step()` returns (default: their positions in `requests`)."""
         import torch
         from megatron.core.inference.contexts import StaticInferenceContext
 
@@ -192,7 +232,7 @@ class GenerationBatch:
             if params.temperature > 0:
                 generator = torch.Generator(device=device)
                 generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
-            self.rows.append(_Row(index=i, params=params, generator=generator))
+            self.rows.append(_Row(index=tags[i] if tags else i, params=params, generator=generator))
         batch = len(requests)
         self.pads = torch.tensor([longest - len(p) for p, _ in requests], device=device)
         self.key_padding = torch.arange(capacity, device=device)[None, :] < self.pads[:, None]  # True = masked
@@ -251,7 +291,92 @@ class GenerationBatch:
             self.next_input = tokens[:, None]
             if len(keep) < len(self.rows):
                 self._drop_rows(keep)
+                self._trim_front()
         return finished
+
+    @property
+    def offset(self) -> int:
+        """Cache slots filled so far (the next step writes slot `offset`)."""
+        return int(self.context.sequence_len_offset)
+
+    def join(self, other: GenerationBatch) -> None:
+        """Take over the rows of `other`, whose prompt step has run: they decode with these from the next step.
+
+        The two caches are aligned at their current slot: the batch at the lower slot is shifted right
+        by left-padding (masked keys) so that both write their next token into the same slot. Keys are
+        stored unrotated and rotated by slot, so a uniform shift changes no row's relative positions.
+        """
+        import torch
+
+        assert not self.done and not other.done and self.steps and other.steps, "join two running batches"
+        shift = other.offset - self.offset
+        if shift > 0:
+            self._shift_right(shift)
+        elif shift < 0:
+            other._shift_right(-shift)
+        capacity = max(self.capacity, other.capacity)
+        self._grow(capacity)
+        other._grow(capacity)
+        mine, theirs = self.context.key_value_memory_dict, other.context.key_value_memory_dict
+        for layer, (k, v) in mine.items():
+            k2, v2 = theirs[layer]
+            mine[layer] = (torch.cat([k, k2], dim=1), torch.cat([v, v2], dim=1))
+        theirs.clear()
+        other.done = True
+        self.rows += other.rows
+        self.pads = torch.cat([self.pads, other.pads])
+        self.key_padding = torch.cat([self.key_padding, other.key_padding])
+        self.next_input = torch.cat([self.next_input, other.next_input])
+        self.context.max_batch_size = len(self.rows)
+
+    def _shift_right(self, slots: int) -> None:
+        """Prepend `slots` masked cache slots to every row."""
+        import torch
+
+        memory = self.context.key_value_memory_dict
+        for layer, (k, v) in memory.items():
+            pad = k.new_zeros((slots, *k.shape[1:]))
+            memory[layer] = (torch.cat([pad, k]), torch.cat([pad, v]))
+        self.pads = self.pads + slots
+        masked = torch.ones(len(self.rows), slots, dtype=torch.bool, device=self.key_padding.device)
+        self.key_padding = torch.cat([masked, self.key_padding], dim=1)
+        self.context.sequence_len_offset += slots
+        self.capacity += slots
+        self.context.max_sequence_length = self.capacity
+
+    def _grow(self, capacity: int) -> None:
+        """Make room for `capacity` cache slots."""
+        import torch
+
+        extra = capacity - self.capacity
+        if extra <= 0:
+            return
+        memory = self.context.key_value_memory_dict
+        for layer, (k, v) in memory.items():
+            pad = k.new_zeros((extra, *k.shape[1:]))
+            memory[layer] = (torch.cat([k, pad]), torch.cat([v, pad]))
+        free = torch.zeros(len(self.rows), extra, dtype=torch.bool, device=self.key_padding.device)
+        self.key_padding = torch.cat([self.key_padding, free], dim=1)
+        self.capacity = capacity
+        self.context.max_sequence_length = capacity
+
+    def _trim_front(self) -> None:
+        """Drop leading cache slots that every row masks (rows that joined late padded them).
+
+        Without this a batch fed new rows forever would grow its cache, and every step's attention,
+        without bound. Trimmed only when it pays: a quarter of the cache or more.
+        """
+        unused = int(self.pads.min())
+        if unused == 0 or unused * 4 < self.offset:
+            return
+        memory = self.context.key_value_memory_dict
+        for layer, (k, v) in memory.items():
+            memory[layer] = (k[unused:].contiguous(), v[unused:].contiguous())
+        self.pads = self.pads - unused
+        self.key_padding = self.key_padding[:, unused:]
+        self.context.sequence_len_offset -= unused
+        self.capacity -= unused
+        self.context.max_sequence_length = self.capacity
 
     def _advance(self, row: _Row, token: int, *, full: bool) -> Generation | None:
         tokenizer = self.runner.tokenizer

@@ -31,6 +31,7 @@ def serve_command(
     device: str = "auto",
     max_batch_size: int | None = None,
     prepare: str | None = None,
+    replicas: int = 1,
 ) -> list[str]:
     """The argv that starts the server (`python -m ckpteval.deploy serve ...`), for a job script.
 
@@ -57,6 +58,8 @@ def serve_command(
         command += ["--max-batch-size", str(max_batch_size)]
     if prepare is not None:
         command += ["--prepare", prepare]
+    if replicas != 1:
+        command += ["--replicas", str(replicas)]
     return command
 
 
@@ -157,6 +160,7 @@ def start_local_server(
     device: str = "auto",
     max_batch_size: int | None = None,
     prepare: str | None = None,
+    replicas: int = 1,
     timeout: float = 600.0,
     python: str = sys.executable,
 ) -> LocalServer:
@@ -174,6 +178,7 @@ def start_local_server(
         device=device,
         max_batch_size=max_batch_size,
         prepare=prepare,
+        replicas=replicas,
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}

@@ -83,7 +83,20 @@ def build_gpt_model(
         rope_scaling_factor=arch.rope_scaling_factor,
         seq_len_interpolation_factor=arch.rotary_seq_len_interpolation_factor,
     )
+    cast_parameters(model, params_dtype)
     return model.eval()
+
+
+def cast_parameters(model: Any, dtype: Any) -> None:
+    """Every parameter in `dtype`, the norms included.
+
+    megatron-core builds its norms without `params_dtype`, so in a bf16 model their weights stay
+    fp32, and every forward mixes dtypes (torch then falls back from its fused kernels). Only
+    parameters are cast: buffers such as RoPE's inverse frequencies keep their precision.
+    """
+    for parameter in model.parameters():
+        if parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
 
 
 def _model_tensors(model: GPTModel) -> dict[str, tuple[int, ...]]:

@@ -1,27 +1,35 @@
 """The model thread: batches concurrent requests and hands results back to the event loop.
 
 HTTP handlers (on the asyncio loop) submit jobs; one thread owns the model and runs, in turn, a
-scoring forward over the waiting score jobs and one step of each running generation batch, so
-loglikelihood requests are never stuck behind a long generation. Generation requests that arrive
-while a batch runs start a batch of their own (up to `max_batch_size` rows in all), so they do not
-wait for the slowest row of the earlier one.
+scoring forward over waiting score jobs and one decode step of the running generation batch, so
+loglikelihood requests are never stuck behind a long generation.
 
-Batching is adaptive, with no fixed wait: the thread takes what is queued. When fewer jobs are
-waiting than the previous batch held (clients are still sending their next request), it waits a
-short while for them: at most `gather_fraction` of the previous forward's duration, so a single
-client never waits and sixteen clients fill a batch of sixteen.
+Scoring batches are formed by budgets, not by halves of the queue: up to `max_batch_size` rows,
+`max_batch_tokens` padded tokens and `max_batch_memory` bytes of working memory, taken oldest
+first from the rows whose lengths lie within `bucket_ratio` of each other (so padding stays
+bounded: lm-eval sends the longest first, so neighbours are alike). When fewer rows are waiting
+than are expected (those still queued when the last batch was delivered, plus the clients of that
+batch, who send their next request as soon as they read their answer), the thread waits a short
+while for them: at most `gather_fraction` of the last forward's duration. A single client never
+waits. On a GPU the next batch is launched before the previous one is collected
+(double-buffering: the kernels of one batch run while the host turns the other into responses).
+
+Generation is continuously batched: rows that arrive while a batch is generating run their
+prompt forward and join the running batch at its next decode step; finished rows leave it at
+once (`GenerationBatch.join`). One decode step serves every running row.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpteval.deploy.engine import Generation, GenerationBatch, ModelRunner, SamplingParams, ScoredRow
+from ckpteval.deploy.engine import Generation, GenerationBatch, ModelRunner, PendingScores, SamplingParams, ScoredRow
 
 
 @dataclass
@@ -50,12 +58,15 @@ class SchedulerStats:
 
     score_forwards: int = 0
     score_rows: int = 0
-    generation_batches: int = 0
+    score_tokens: int = 0  # real tokens scored
+    score_padded_tokens: int = 0  # rows x longest row, summed over forwards
+    generation_batches: int = 0  # prompt forwards (each starts rows or joins them to the running batch)
     generation_rows: int = 0
-    generation_steps: int = 0
+    generation_joins: int = 0  # prompt forwards whose rows joined a batch that was already generating
+    generation_steps: int = 0  # decode steps of the running batch
     generated_tokens: int = 0
     max_score_batch: int = 0
-    max_generation_batch: int = 0
+    max_generation_batch: int = 0  # most rows decoded in one step
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -84,17 +95,19 @@ def _deliver_each(items: list[tuple[asyncio.Future[Any], Any]]) -> None:
         _deliver(future, result, None)
 
 
+def _fail(jobs: list[Any], error: BaseException) -> None:
+    for job in jobs:
+        if not job.loop.is_closed():
+            job.loop.call_soon_threadsafe(_deliver, job.future, None, error)
+
+
 @dataclass
-class _RunningBatch:
-    batch: GenerationBatch
-    jobs: list[GenerateJob]
+class _InFlight:
+    """A scoring batch launched and not yet collected."""
+
+    jobs: list[ScoreJob]
+    pending: PendingScores
     started: float
-
-
-@dataclass
-class _Gather:
-    last_size: int = 1
-    last_seconds: float = 0.0
 
 
 @dataclass
@@ -103,12 +116,19 @@ class Scheduler:
 
     runner: ModelRunner
     max_batch_size: int = 16
+    # Padded tokens (rows x longest row) one scoring forward may take; a single request always runs.
+    max_batch_tokens: int = 32768
     # Working memory one forward may take beyond the weights (logits, attention scores, KV cache):
     # batches stop growing there; a single request always runs.
     max_batch_memory: int = 2 * 1024**3
-    max_generation_batches: int = 4  # batches stepped in turn: new requests need not wait for stragglers
+    # Rows of one scoring batch are at most this many times longer than its shortest row.
+    bucket_ratio: float = 1.5
     gather_fraction: float = 0.1
+    min_gather_seconds: float = 0.002
     max_gather_seconds: float = 0.05
+    # Launch the next scoring batch before collecting the previous one (useful where kernels run
+    # asynchronously: on a GPU). None: on when the model is on a GPU.
+    overlap: bool | None = None
     stats: SchedulerStats = field(default_factory=SchedulerStats)
 
     def __post_init__(self) -> None:
@@ -117,8 +137,14 @@ class Scheduler:
         self._generations: deque[GenerateJob] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ckpteval-model", daemon=True)
-        self._score_gather = _Gather()
-        self._generation_gather = _Gather()
+        self._expected = 1  # score rows expected soon: see the module docstring
+        self._last_seconds = 0.0
+        self._in_flight: _InFlight | None = None
+        self._running: GenerationBatch | None = None
+        self._generating: dict[int, GenerateJob] = {}
+        self._tags = itertools.count()
+        if self.overlap is None:
+            self.overlap = self.runner.device.type == "cuda"
 
     def start(self) -> None:
         self._thread.start()
@@ -140,63 +166,90 @@ class Scheduler:
             self._cond.notify()
 
     def _run(self) -> None:
-        batches: list[_RunningBatch] = []
         while True:
             with self._cond:
-                while not (self._stopping or self._scores or self._generations or batches):
+                while not (self._stopping or self._scores or self._generations or self._running or self._in_flight):
                     self._cond.wait()
                 if self._stopping:
                     break
-            if self._scores:
+            if self._scores or self._in_flight is not None:
                 self._run_scores()
-            active_rows = sum(len(b.batch.rows) for b in batches)
-            if self._generations and active_rows < self.max_batch_size and len(batches) < self.max_generation_batches:
-                # With a batch already running, start the next one from what is queued, without waiting.
-                started = self._start_generation(wait=not batches, limit=self.max_batch_size - active_rows)
-                if started is not None:
-                    batches.append(started)
-            batches = [b for b in batches if self._step_generation(b)]
-        self._fail_waiting(RuntimeError("the server is shutting down"), running=[j for b in batches for j in b.jobs])
+            if self._generations and len(self._generating) < self.max_batch_size:
+                self._admit_generations()
+            if self._running is not None:
+                self._step_generation()
+        if self._in_flight is not None:
+            _fail(self._in_flight.jobs, RuntimeError("the server is shutting down"))
+        self._fail_waiting(RuntimeError("the server is shutting down"))
 
-    def _take(self, queue: deque[Any], gather: _Gather, *, memory: Any, limit: int, wait: bool = True) -> list[Any]:
-        """Up to `limit` queued jobs, in order, while `memory(jobs)` stays within the budget."""
-        want = min(limit, gather.last_size)
-        window = min(self.max_gather_seconds, self.gather_fraction * gather.last_seconds) if wait else 0.0
+    # -- scoring --------------------------------------------------------------------------------
+
+    def _fits(self, jobs: list[ScoreJob], candidate: ScoreJob, shortest: int, longest: int) -> bool:
+        length = len(candidate.tokens)
+        low, high = min(shortest, length), max(longest, length)
+        if high > self.bucket_ratio * low:
+            return False
+        if (len(jobs) + 1) * high > self.max_batch_tokens:
+            return False
+        return self.runner.score_memory(len(jobs) + 1, high) <= self.max_batch_memory
+
+    def _take_scores(self, *, wait: bool) -> list[ScoreJob]:
+        """The next scoring batch (possibly empty), after waiting briefly for expected rows if `wait`."""
+        want = min(self.max_batch_size, self._expected)
+        window = 0.0
+        if wait:
+            window = self.gather_fraction * self._last_seconds
+            window = min(self.max_gather_seconds, max(self.min_gather_seconds, window))
         deadline = time.monotonic() + window
         with self._cond:
-            while len(queue) < want and not self._stopping:
+            while len(self._scores) < want and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            taken: list[Any] = []
-            while queue and len(taken) < limit:
-                if taken and memory([*taken, queue[0]]) > self.max_batch_memory:
-                    break
-                taken.append(queue.popleft())
-        return taken
+            if not self._scores:
+                return []
+            first = self._scores.popleft()
+            jobs = [first]
+            shortest = longest = len(first.tokens)
+            skipped: list[ScoreJob] = []
+            # scan a bounded window of the queue: rows outside the bucket wait for the next batch
+            scan = 4 * self.max_batch_size
+            while self._scores and len(jobs) < self.max_batch_size and scan > 0:
+                scan -= 1
+                candidate = self._scores.popleft()
+                if self._fits(jobs, candidate, shortest, longest):
+                    jobs.append(candidate)
+                    shortest = min(shortest, len(candidate.tokens))
+                    longest = max(longest, len(candidate.tokens))
+                else:
+                    skipped.append(candidate)
+            self._scores.extendleft(reversed(skipped))
+        return jobs
 
-    def _run_scores(self) -> None:
-        jobs: list[ScoreJob] = self._take(
-            self._scores,
-            self._score_gather,
-            memory=lambda jobs: self.runner.score_memory(len(jobs), max(len(j.tokens) for j in jobs)),
-            limit=self.max_batch_size,
-        )
-        if not jobs:
-            return
+    def _launch(self, jobs: list[ScoreJob]) -> _InFlight | None:
         started = time.perf_counter()
         try:
-            rows = self.runner.score([j.tokens for j in jobs], top_k=max(j.top_k for j in jobs))
+            pending = self.runner.launch_scores([j.tokens for j in jobs], top_k=max(j.top_k for j in jobs))
         except Exception as exc:  # a failed forward fails its requests, not the server
-            for job in jobs:
-                job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
+            _fail(jobs, exc)
+            return None
+        return _InFlight(jobs, pending, started)
+
+    def _collect(self, flight: _InFlight) -> None:
+        jobs = flight.jobs
+        try:
+            rows = self.runner.collect_scores(flight.pending)
+        except Exception as exc:
+            _fail(jobs, exc)
             return
-        self._score_gather.last_size = len(jobs)
-        self._score_gather.last_seconds = time.perf_counter() - started
-        self.stats.score_forwards += 1
-        self.stats.score_rows += len(jobs)
-        self.stats.max_score_batch = max(self.stats.max_score_batch, len(jobs))
+        self._last_seconds = time.perf_counter() - flight.started
+        stats = self.stats
+        stats.score_forwards += 1
+        stats.score_rows += len(jobs)
+        stats.score_tokens += sum(len(j.tokens) for j in jobs)
+        stats.score_padded_tokens += len(jobs) * max(len(j.tokens) for j in jobs)
+        stats.max_score_batch = max(stats.max_score_batch, len(jobs))
         results = []
         for job, row in zip(jobs, rows, strict=True):
             if job.top_k < len(row.top_ids[0]):  # trim to what this request asked for
@@ -206,59 +259,99 @@ class Scheduler:
                     [t[: job.top_k] for t in row.top_logprobs],
                 )
             results.append((job, row))
+        with self._cond:
+            # what will be waiting soon: the rows queued now, and the clients this batch answers
+            self._expected = max(1, len(self._scores) + len(jobs))
         _deliver_all(results)
 
-    def _start_generation(self, *, wait: bool, limit: int) -> _RunningBatch | None:
-        jobs: list[GenerateJob] = self._take(
-            self._generations,
-            self._generation_gather,
-            memory=lambda jobs: self.runner.generation_memory(
-                len(jobs),
-                max(len(j.prompt) for j in jobs),
-                max(len(j.prompt) for j in jobs) + max(j.params.max_tokens for j in jobs),
-            ),
-            limit=limit,
-            wait=wait,
-        )
-        if not jobs:
-            return None
-        try:
-            batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs])
-        except Exception as exc:  # a failed batch fails its requests, not the server
-            for job in jobs:
-                job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
-            return None
-        self.stats.generation_batches += 1
-        self.stats.generation_rows += len(jobs)
-        self.stats.max_generation_batch = max(self.stats.max_generation_batch, len(jobs))
-        return _RunningBatch(batch, jobs, time.perf_counter())
+    def _run_scores(self) -> None:
+        """Run (or, overlapping, launch) one scoring batch, and collect the one in flight."""
+        # no waiting with a batch in flight or rows generating: both would idle behind the wait
+        jobs = self._take_scores(wait=self._in_flight is None and self._running is None) if self._scores else []
+        flight = self._launch(jobs) if jobs else None
+        if self._in_flight is not None:
+            self._collect(self._in_flight)
+            self._in_flight = None
+        if flight is None:
+            return
+        if self.overlap and self._scores:
+            self._in_flight = flight  # collected after the next batch is launched
+        else:
+            self._collect(flight)
 
-    def _step_generation(self, running: _RunningBatch) -> bool:
-        """One step of a running batch; False when it is finished (or failed)."""
-        try:
-            finished = running.batch.step()
-        except Exception as exc:  # a failed step fails its requests, not the server
-            for job in running.jobs:
-                job.loop.call_soon_threadsafe(_deliver, job.future, None, exc)
-            return False
-        self.stats.generation_steps += 1
-        for index, result in finished.items():
-            self.stats.generated_tokens += result.num_generated
-            job = running.jobs[index]
-            job.loop.call_soon_threadsafe(_deliver, job.future, result, None)
-        if running.batch.done:
-            self._generation_gather.last_size = len(running.jobs)
-            # the window scales with one step, not the whole batch: a step is what a late request waits behind
-            elapsed = time.perf_counter() - running.started
-            self._generation_gather.last_seconds = elapsed / max(1, running.batch.steps)
-            return False
-        return True
+    # -- generation -----------------------------------------------------------------------------
 
-    def _fail_waiting(self, error: BaseException, *, running: list[GenerateJob]) -> None:
+    def _admit_generations(self) -> None:
+        """Run the prompt forward of queued generations and join them to the running batch."""
+        room = self.max_batch_size - len(self._generating)
+        running_rows = list(self._generating.values())
         with self._cond:
-            waiting: list[Any] = [*running, *self._scores, *self._generations]
+            jobs: list[GenerateJob] = []
+            while self._generations and len(jobs) < room:
+                candidate = self._generations[0]
+                rows = [*running_rows, *jobs, candidate]
+                if jobs or running_rows:
+                    longest = max(len(j.prompt) for j in rows)
+                    need = self.runner.generation_memory(
+                        len(rows), longest, longest + max(j.params.max_tokens for j in rows)
+                    )
+                    if need > self.max_batch_memory:
+                        break
+                jobs.append(self._generations.popleft())
+        if not jobs:
+            return
+        tags = [next(self._tags) for _ in jobs]
+        try:
+            batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs], tags=tags)
+            finished = batch.step()  # the prompt forward: every row's first token
+        except Exception as exc:  # a failed batch fails its requests, not the server
+            _fail(jobs, exc)
+            return
+        self._generating.update(zip(tags, jobs, strict=True))
+        stats = self.stats
+        stats.generation_batches += 1
+        stats.generation_rows += len(jobs)
+        self._finish(finished)
+        if batch.done:
+            return
+        if self._running is None:
+            self._running = batch
+        else:
+            stats.generation_joins += 1
+            try:
+                self._running.join(batch)
+            except Exception as exc:
+                self._abort_running(exc, extra=batch)
+
+    def _step_generation(self) -> None:
+        running = self._running
+        assert running is not None
+        try:
+            finished = running.step()
+        except Exception as exc:  # a failed step fails its requests, not the server
+            self._abort_running(exc)
+            return
+        self.stats.generation_steps += 1
+        self.stats.max_generation_batch = max(self.stats.max_generation_batch, len(running.rows))
+        self._finish(finished)
+        if running.done:
+            self._running = None
+
+    def _finish(self, finished: dict[int, Generation]) -> None:
+        for tag, result in finished.items():
+            self.stats.generated_tokens += result.num_generated
+            job = self._generating.pop(tag)
+            job.loop.call_soon_threadsafe(_deliver, job.future, result, None)
+
+    def _abort_running(self, error: BaseException, extra: GenerationBatch | None = None) -> None:
+        rows = [*(self._running.rows if self._running else []), *(extra.rows if extra else [])]
+        _fail([self._generating.pop(r.index) for r in rows if r.index in self._generating], error)
+        self._running = None
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        with self._cond:
+            waiting: list[Any] = [*self._generating.values(), *self._scores, *self._generations]
+            self._generating.clear()
             self._scores.clear()
             self._generations.clear()
-        for job in waiting:
-            if not job.loop.is_closed():
-                job.loop.call_soon_threadsafe(_deliver, job.future, None, error)
+        _fail(waiting, error)

@@ -36,8 +36,10 @@ class ServeOptions:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int | None = None
+    max_batch_tokens: int | None = None
     tokenizer: Path | None = None
     access_log: bool = False
+    replicas: int = 1  # > 1: that many server processes behind one router (see `deploy.router`)
 
 
 @dataclass
@@ -97,7 +99,11 @@ def load_model(
 
 
 def build_app(
-    loaded: LoadedModel, *, served_model_name: str = DEFAULT_MODEL_NAME, max_batch_size: int | None = None
+    loaded: LoadedModel,
+    *,
+    served_model_name: str = DEFAULT_MODEL_NAME,
+    max_batch_size: int | None = None,
+    max_batch_tokens: int | None = None,
 ) -> tuple[Any, Any]:
     """(ASGI app, started Scheduler) for a loaded model. Stop the scheduler when done."""
     from ckpteval.deploy.app import AsgiApp, OpenAIServer
@@ -105,7 +111,11 @@ def build_app(
 
     if max_batch_size is not None and max_batch_size < 1:
         raise DeploymentError(f"--max-batch-size must be at least 1, not {max_batch_size}.")
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise DeploymentError(f"--max-batch-tokens must be at least 1, not {max_batch_tokens}.")
     scheduler = Scheduler(loaded.runner, max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE)
+    if max_batch_tokens is not None:
+        scheduler.max_batch_tokens = max_batch_tokens
     handlers = OpenAIServer(
         scheduler,
         loaded.runner.tokenizer,
@@ -127,6 +137,17 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def serve(options: ServeOptions) -> None:
     """Serve `options.checkpoint` until interrupted (Ctrl-C or SIGTERM end it cleanly)."""
+    if options.replicas < 1:
+        raise DeploymentError(f"--replicas must be at least 1, not {options.replicas}.")
+    if options.replicas > 1:
+        from ckpteval.deploy.router import serve_replicas
+
+        sock = bind_socket(options.host, options.port)
+        try:
+            serve_replicas(options, sock, _say)
+        finally:
+            sock.close()
+        return
     import uvicorn
 
     from ckpteval.deploy.runtime import quiet_library_logs
@@ -144,7 +165,10 @@ def serve(options: ServeOptions) -> None:
         _say(f"Loading {options.checkpoint} ...")
         loaded = load_model(options.checkpoint, device=options.device, dtype=options.dtype, tokenizer=options.tokenizer)
         app, scheduler = build_app(
-            loaded, served_model_name=options.served_model_name, max_batch_size=options.max_batch_size
+            loaded,
+            served_model_name=options.served_model_name,
+            max_batch_size=options.max_batch_size,
+            max_batch_tokens=options.max_batch_tokens,
         )
         arch = loaded.info.architecture
         config = uvicorn.Config(

@@ -125,6 +125,7 @@ CASES = [
         "builtin server runs on one device",
         "export-deploy",
     ),
+    ("no-replicas", ["-c", "tiny", "-d", "deployment.num_replicas=0"], None, "num_replicas must be at least 1", ""),
 ]
 
 

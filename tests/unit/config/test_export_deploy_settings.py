@@ -94,9 +94,14 @@ def test_valid_layouts_compile(env: Path):
         "deployment.enable_cuda_graphs=true",
         "deployment.enable_flash_decode=true",
         "deployment.micro_batch_size=2",
-        "deployment.num_replicas=2",
     ],
 )
 def test_the_builtin_server_refuses_export_deploy_settings(isolated_user: Path, override: str):
     with pytest.raises(ConfigError, match="is an Export-Deploy setting; the builtin server does not use it"):
         compile_config(CompileRequest(configs=("tiny",), overrides=(override,)))
+
+
+def test_the_builtin_server_takes_num_replicas(isolated_user: Path):
+    """The builtin backend runs num_replicas server processes behind one port (deploy/router.py)."""
+    compiled = compile_config(CompileRequest(configs=("tiny",), overrides=("deployment.num_replicas=2",)))
+    assert compiled.config.deployment.num_replicas == 2

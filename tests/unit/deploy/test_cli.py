@@ -40,6 +40,17 @@ def test_port_in_use(tiny_checkpoint: Path) -> None:
     assert_clean_failure(result, f"Port {port} on 127.0.0.1 is already in use", "--port")
 
 
+def test_replicas_bad_count_and_port_in_use(tiny_checkpoint: Path) -> None:
+    result = run("deploy", "--checkpoint", str(tiny_checkpoint), "--replicas", "0", timeout=60)
+    assert_clean_failure(result, "--replicas must be at least 1")
+    with socket.socket() as taken:  # the router binds the port before starting any replica
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("deploy", "--checkpoint", str(tiny_checkpoint), "--port", str(port), "--replicas", "2")
+    assert_clean_failure(result, f"Port {port} on 127.0.0.1 is already in use")
+
+
 def test_checkpoint_that_does_not_exist(tmp_path: Path) -> None:
     result = run("deploy", "--checkpoint", str(tmp_path / "nope"), "--port", str(free_port()))
     assert_clean_failure(result, "does not exist", "evaluate prepare")

@@ -64,3 +64,48 @@ def test_generation_rows_are_batched_up_to_the_batch_size(tiny_loaded: Any) -> N
     for i, result in enumerate(results):
         alone = tiny_loaded.runner.generate([([70 + i] * (3 + i), params)])[0]
         assert result.token_ids == alone.token_ids
+
+
+def test_batches_hold_one_length_bucket_within_the_token_budget(tiny_loaded: Any) -> None:
+    rows = [[66] * (200 if i % 2 else 20) for i in range(12)]  # long and short, interleaved
+    scheduler = Scheduler(tiny_loaded.runner, max_batch_tokens=4 * 200)
+    results = run_jobs(
+        scheduler, lambda loop: [ScoreJob(tokens=r, top_k=1, future=loop.create_future(), loop=loop) for r in rows]
+    )
+    stats = scheduler.stats
+    assert [len(r.token_logprobs) for r in results] == [len(r) - 1 for r in rows]
+    # the 6 short rows in one forward; the 6 long ones in two (4 x 200 tokens at most)
+    assert stats.score_forwards == 3 and stats.max_score_batch == 6
+    assert stats.score_padded_tokens == stats.score_tokens  # nothing padded: no short row beside a long one
+
+
+def test_clients_that_come_back_fill_whole_batches(tiny_loaded: Any) -> None:
+    """8 clients, each sending its next request when the last one is answered, batch size 8.
+
+    The first client starts alone; the others arrive while its forward runs. The batches must
+    settle at 8 rows, not keep alternating between the clients answered and those still waiting.
+    """
+    runner = tiny_loaded.runner
+    scheduler = Scheduler(runner, max_batch_size=8)
+    requests_each = 8
+
+    async def client(loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        await asyncio.sleep(delay)
+        for i in range(requests_each):
+            future = loop.create_future()
+            scheduler.submit(ScoreJob(tokens=[70 + i] * 120, top_k=1, future=future, loop=loop))
+            await future
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        scheduler.start()
+        await asyncio.gather(client(loop, 0.0), *(client(loop, 0.001) for _ in range(7)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    stats = scheduler.stats
+    assert stats.score_rows == 8 * requests_each
+    assert stats.max_score_batch == 8
+    assert stats.score_forwards <= requests_each + 3, stats  # ~one forward per round of all 8 clients

@@ -233,3 +233,31 @@ def test_a_one_token_prompt(tiny_server: RunningServer) -> None:
     choice = completion(tiny_server, prompt=[65], max_tokens=1, logprobs=1, echo=True, temperature=0)["choices"][0]
     assert choice["logprobs"]["tokens"][0] == "A" and len(choice["logprobs"]["tokens"]) == 2
     assert choice["logprobs"]["token_logprobs"][0] is None and choice["logprobs"]["token_logprobs"][1] < 0
+
+
+def test_a_request_arriving_mid_generation_joins_the_running_batch(
+    tiny_server: RunningServer, tiny_loaded: Any
+) -> None:
+    """Continuous batching over HTTP: the late request is decoded in the same steps as the running one,
+    comes back long before it, and both generate exactly what they generate alone."""
+    tokenizer = tiny_loaded.runner.tokenizer
+    before = tiny_server.get("/v1/stats")[1]
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(
+            completion, tiny_server, prompt="a long one", max_tokens=400, temperature=0, stop=["\x00\x01"]
+        )
+        while tiny_server.get("/v1/stats")[1]["generation_steps"] < before["generation_steps"] + 5:
+            time.sleep(0.005)
+        started = time.perf_counter()
+        short = completion(tiny_server, prompt="late", max_tokens=8, temperature=0)
+        short_seconds = time.perf_counter() - started
+        assert not long.done()
+        long_text = long.result()["choices"][0]["text"]
+        long_seconds = time.perf_counter() - started
+    after = tiny_server.get("/v1/stats")[1]
+    assert after["generation_joins"] - before["generation_joins"] >= 1
+    assert after["max_generation_batch"] >= 2  # one decode step served both
+    assert short_seconds < long_seconds / 2
+    for prompt, n, text in (("a long one", 400, long_text), ("late", 8, short["choices"][0]["text"])):
+        expected = greedy_directly(tiny_loaded.runner.model, tokenizer.encode(prompt), n, tokenizer.stop_token_ids)
+        assert text == tokenizer.decode(expected)

@@ -1,0 +1,97 @@
+"""`serve --replicas 2`: two real servers of the tiny model behind one router, over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpteval.deploy import start_local_server
+from tests.deploy_support import SERVER_START_TIMEOUT, RunningServer, free_port, score_directly
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    handle = start_local_server(
+        checkpoint=tiny_checkpoint,
+        port=free_port(),
+        log_path=tmp_path_factory.mktemp("replicas") / "router.log",
+        served_model_name="megatron-model",
+        device="cpu",
+        replicas=2,
+        timeout=SERVER_START_TIMEOUT,
+    )
+    server = RunningServer(handle)
+    yield server
+    server.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_requests_spread_over_replicas_and_survive_one_dying(two_replicas: RunningServer, tiny_loaded: Any) -> None:
+    server = two_replicas
+    status, health = server.get("/v1/health")
+    assert status == 200 and health["status"] == "healthy" and health["replicas_serving"] == 2
+    pids = [r["pid"] for r in health["replicas"]]
+    assert len(set(pids)) == 2 and all(_alive(p) for p in pids)
+
+    tokenizer = tiny_loaded.runner.tokenizer
+    prompts = [tokenizer.encode(f"replica test {i}: " + "x" * (5 * i)) for i in range(24)]
+
+    def score(tokens: list[int]) -> list[float]:
+        body = {"prompt": tokens, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+        status, payload = server.post("/v1/completions", body)
+        assert status == 200, payload
+        return list(payload["choices"][0]["logprobs"]["token_logprobs"][1:-1])
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(score, prompts))
+    for tokens, got in zip(prompts, results, strict=True):
+        assert got == pytest.approx(score_directly(tiny_loaded.runner.model, tokens), abs=1e-4)
+    health = server.get("/v1/health")[1]
+    served = [r["requests"] for r in health["replicas"]]
+    assert sum(served) == 24 and min(served) > 0, served  # both replicas took a share
+    stats = server.get("/v1/stats")[1]
+    assert stats["score_rows"] == 24 and len(stats["replicas"]) == 2
+
+    os.kill(pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.get("/v1/health")[1]["replicas_serving"] != 1:
+        assert time.monotonic() < deadline, "the router did not notice the dead replica"
+        time.sleep(0.1)
+    status, health = server.get("/v1/health")
+    assert status == 200 and health["status"] == "healthy"
+    dead = health["replicas"][0]
+    assert dead["healthy"] is False and "exited with code -9" in dead["problem"]
+    with ThreadPoolExecutor(4) as pool:  # the other replica serves everything now
+        after = list(pool.map(score, prompts[:8]))
+    assert all(a == pytest.approx(b, abs=1e-4) for a, b in zip(after, results[:8], strict=True))
+    assert "Replica 0" in server.log() and "1 of 2 replicas serving" in server.log()
+
+    server.stop()
+    deadline = time.monotonic() + 30
+    while _alive(pids[1]):
+        assert time.monotonic() < deadline, "stopping the router left a replica running"
+        time.sleep(0.1)
+
+
+def test_the_command_line_carries_the_replicas() -> None:
+    from ckpteval.deploy import serve_command
+
+    argv = serve_command(python="python", checkpoint="/c", port=1, served_model_name="m", replicas=4)
+    assert argv[argv.index("--replicas") + 1] == "4"
+    assert "--replicas" not in serve_command(python="python", checkpoint="/c", port=1, served_model_name="m")
