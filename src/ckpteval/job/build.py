@@ -23,11 +23,12 @@ from ckpteval.config.schema import (
     SlurmExecution,
     VllmDeployment,
 )
+from ckpteval.execution.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
 EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
-HOOK_SUBDIR = "hook"
+HOOK_SUBDIR = JobDir.HOOK
 RAY_PORT = 6379
 
 
@@ -247,7 +248,7 @@ def _task_plan(
         type=task.endpoint_type,  # type: ignore[arg-type]
         api_key_name=api.api_key_name,
     )
-    task_dir = f"{job_dir}/tasks/{task.dir_name}"
+    task_dir = JobDir(job_dir).join(JobDir.task(task.dir_name))
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     image = task.container if launcher == "slurm" else None
     runs = []
