@@ -19,7 +19,8 @@ import pytest
 from ckpteval import api
 from ckpteval.errors import ClusterError
 from ckpteval.execution.record import load_record
-from ckpteval.execution.slurm import SlurmBackend, SlurmJob, open_session
+from ckpteval.execution.slurm import SlurmBackend, SlurmJob
+from ckpteval.execution.slurm_state import open_session
 from tests.integration.slurm_jobs import (
     free_port,
     http_deployment,

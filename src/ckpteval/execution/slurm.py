@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
 from ckpteval.cluster.sbatch import SbatchSpec, render_sbatch_preview
@@ -54,21 +52,32 @@ from ckpteval.execution.follow import watch
 from ckpteval.execution.jobdir import JobDir
 from ckpteval.execution.local import record_tasks
 from ckpteval.execution.record import (
-    FinalStatus,
     InvocationRecord,
     SlurmSubmission,
-    TaskStatus,
     new_record,
     write_text_atomic,
 )
-from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot, settle_tasks, take_snapshot
-from ckpteval.execution.state import State, end_state
+from ckpteval.execution.slurm_state import combine_state as combine_state
+from ckpteval.execution.slurm_state import (
+    fetch_results,
+    local_job_copy,
+    log_tail,
+    open_session,
+    record_profile,
+    remember,
+    remembered,
+    slurm_output_path,
+    state_dirs,
+    submission_of,
+    submit_failed,
+)
+from ckpteval.execution.snapshot import settle_tasks, take_snapshot
+from ckpteval.execution.state import end_state
 from ckpteval.job.build import build_plan, slurm_toolchain
 from ckpteval.job.files import job_files
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 
-LOG_TAIL_LINES = 30
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
 FOLLOW_INTERVAL_S = 2.0  # a redraw costs a remote command or two: cheap, but not free on a busy login node
@@ -180,7 +189,7 @@ def submit_job(
     """Submit the job through nemo-run and note its Slurm job id in the record (saved)."""
     from ckpteval.cluster.nemorun import submit
 
-    slurm = _submission(record)
+    slurm = submission_of(record)
     report(Note(f"submitting with nemo-run (job {spec.job_name}) ..."))
     try:
         submitted = submit(spec, profile, log_path=record.path / "nemo-run.log", facts=facts)
@@ -303,7 +312,7 @@ class SlurmBackend:
         Once the latest job has ended its status is kept in the record, so listing old invocations does
         not connect to their clusters again.
         """
-        known = _submit_failed(record) or _remembered(record)
+        known = submit_failed(record) or remembered(record)
         if known:
             return known
         with open_session(record) as session:
@@ -324,7 +333,7 @@ class SlurmBackend:
             log_tail=tail,
         )
         if state in ("succeeded", "failed", "cancelled"):
-            _remember(status)
+            remember(status)
         return status
 
     def cancel(self, record: InvocationRecord) -> str:
@@ -348,7 +357,7 @@ class SlurmBackend:
         if not record.slurm_job_id:
             raise EvaluationError(
                 f"Invocation {record.id} was never submitted: it has no log.",
-                hint=_submission(record).submit_error or "",
+                hint=submission_of(record).submit_error or "",
             )
         path = slurm_output_path(record) if source == "slurm" else JobDir(record.job_dir).join(task_log(record, source))
         with open_session(record) as session:
@@ -371,7 +380,7 @@ class SlurmBackend:
         from ckpteval.results.store import read_results
 
         local = local_job_copy(record) / JobDir.RESULTS
-        if local.is_file() and _submission(record).results_of_job == record.slurm_job_id:
+        if local.is_file() and submission_of(record).results_of_job == record.slurm_job_id:
             return read_results(local)
         if not record.slurm_job_id:
             raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")
@@ -381,7 +390,7 @@ class SlurmBackend:
 
     def resume(self, record: InvocationRecord, report: Reporter) -> SlurmJob:
         """Resubmit the same job script with the Slurm request recorded at submission."""
-        submission = _submission(record)
+        submission = submission_of(record)
         if not submission.sbatch:
             raise ConfigError(f"Invocation {record.id} has no recorded Slurm request to resubmit.")
         spec = SbatchSpec(**submission.sbatch)
@@ -406,141 +415,3 @@ class SlurmBackend:
             session.close()
             raise
         return SlurmJob(record, session)
-
-
-def _submission(record: InvocationRecord) -> SlurmSubmission:
-    if record.slurm is None:
-        raise ClusterError(f"Invocation {record.id} has no Slurm submission recorded.")
-    return record.slurm
-
-
-def record_profile(record: InvocationRecord) -> Profile:
-    """The profile the invocation was submitted with (how to reach its cluster)."""
-    saved = _submission(record).connection
-    if not saved:
-        raise ClusterError(f"Invocation {record.id} does not say how to reach its cluster (no connection recorded).")
-    known = {f.name for f in dataclasses.fields(Profile)}
-    return Profile(**{k: v for k, v in saved.items() if k in known})
-
-
-def open_session(record: InvocationRecord, *, on_reconnect: Callable[[str], None] | None = None) -> ClusterSession:
-    """A connection to the invocation's cluster, reopened if it drops."""
-    return ClusterSession(record_profile(record), on_reconnect=on_reconnect)
-
-
-def local_job_copy(record: InvocationRecord) -> Path:
-    """Where the job directory's result files are fetched to: `<record dir>/job`."""
-    return record.path / "job"
-
-
-def state_dirs(record: InvocationRecord) -> list[str]:
-    """The job directories whose small files make up a snapshot."""
-    return JobDir.state_dirs([(t.name, t.dir, t.repeats) for t in record.tasks])
-
-
-def combine_state(slurm: SlurmJobState, snapshot: JobSnapshot | None) -> tuple[State, str]:
-    """The invocation's state (pending, running, succeeded, failed, cancelled, unknown) and a detail,
-    from Slurm's view of the job and the job's own state files."""
-    finished = snapshot.finished if snapshot else None
-    if slurm.pending:
-        return "pending", slurm.reason or slurm.state.lower()
-    if slurm.active:
-        if slurm.state == "SUSPENDED":
-            return "running", "suspended"
-        return "running", ""
-    if end_state(None, slurm.state) is None:  # Slurm no longer knows the job: the job's own exit code decides
-        ours = end_state(finished)
-        if ours is None:
-            return "unknown", slurm.reason or "Slurm does not know the job any more"
-        return ours, "" if ours == "succeeded" else f"exit {finished}"
-    ours = end_state(finished, slurm.state) or "failed"
-    detail = ""
-    if ours == "failed":
-        if slurm.state == "TIMEOUT":
-            detail = "time limit reached; `evaluate resume` continues where it stopped"
-        elif slurm.state in ("NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
-            detail = slurm.state.lower().replace("_", " ")
-        elif snapshot and snapshot.deployment == "failed":
-            detail = "the deployment failed"
-        elif snapshot:
-            failed = [t.name for t in snapshot.tasks if t.state.startswith("failed")]
-            detail = f"failed: {', '.join(failed)}" if failed else f"exit {slurm.exit_code or finished}"
-    elif ours == "cancelled" and slurm.state == "PREEMPTED":
-        detail = "preempted; `evaluate resume` continues where it stopped"
-    return ours, detail
-
-
-def log_tail(session: ClusterSession, record: InvocationRecord, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of the job's log (or, if the job script never ran, of nemo-run's Slurm output)."""
-    text = RemoteJobView(session, record.job_dir).read_text(JobDir.JOB_LOG)
-    if not text and record.slurm and record.slurm.nemo_run_dir and record.slurm_job_id:
-        text = session.call(lambda r: r.read_text_if_exists(slurm_output_path(record)))
-    return "\n".join((text or "").splitlines()[-lines:])
-
-
-def slurm_output_path(record: InvocationRecord) -> str:
-    """nemo-run's sbatch output file of the latest job (Slurm's own messages, nemo-run's setup)."""
-    name = f"ckpteval-{record.id}"
-    nemo_run_dir = (record.slurm.nemo_run_dir if record.slurm else None) or ""
-    return posixpath.join(nemo_run_dir, f"sbatch_{name}_{record.slurm_job_id}.out")
-
-
-def _submit_failed(record: InvocationRecord) -> InvocationStatus | None:
-    if record.slurm_job_id:
-        return None
-    error = (record.slurm.submit_error if record.slurm else None) or "it was never submitted"
-    return InvocationStatus(record=record, state="failed", snapshot=None, detail=f"not submitted: {error}")
-
-
-def _remembered(record: InvocationRecord) -> InvocationStatus | None:
-    """The final status saved when the latest job was last seen ended (no connection needed)."""
-    final = record.final
-    if final is None or final.job != record.slurm_job_id:
-        return None
-    tasks = tuple(TaskSnapshot(**dataclasses.asdict(t)) for t in final.tasks)
-    snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished)
-    return InvocationStatus(
-        record=record,
-        state=final.state,  # type: ignore[arg-type]
-        snapshot=snapshot,
-        detail=final.detail,
-        slurm_job=record.slurm_job_id,
-        log_tail=final.log_tail,
-    )
-
-
-def _remember(status: InvocationStatus) -> None:
-    record, snapshot = status.record, status.snapshot
-    assert snapshot is not None
-    record.final = FinalStatus(
-        job=record.slurm_job_id,
-        state=status.state,
-        detail=status.detail,
-        log_tail=status.log_tail,
-        deployment=snapshot.deployment,
-        finished=snapshot.finished,
-        tasks=[TaskStatus(**dataclasses.asdict(t)) for t in snapshot.tasks],
-    )
-    record.save()
-
-
-def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: bool) -> InvocationResults:
-    """Fetch the job directory's result files and collect the results (written to results.json, here and
-    on the cluster, when `final`: the job has ended)."""
-    from ckpteval.cluster.fetch import fetch_job_dir
-    from ckpteval.results.collect import collect_results
-    from ckpteval.results.store import write_results
-
-    local = local_job_copy(record)
-    session.call(lambda r: fetch_job_dir(r, record.job_dir, local))
-    results = collect_results(
-        local, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
-    )
-    if final:
-        path = write_results(local, results)
-        text = path.read_text(encoding="utf-8")
-        session.call(lambda r: r.write_text_atomic(JobDir(record.job_dir).join(JobDir.RESULTS), text))
-        record.local_results_dir = str(local)
-        _submission(record).results_of_job = record.slurm_job_id  # a resubmitted job makes them stale
-        record.save()
-    return results

@@ -6,7 +6,7 @@ import pytest
 
 from ckpteval.cluster.slurm import ClusterFacts, SlurmJobState, check_request, explain_sbatch_error
 from ckpteval.errors import ClusterError
-from ckpteval.execution.slurm import combine_state
+from ckpteval.execution.slurm_state import combine_state
 from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot, settle_tasks
 
 
