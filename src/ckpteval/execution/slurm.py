@@ -224,6 +224,7 @@ class SlurmJob:
         from ckpteval.tasks.progress import progress_reader
 
         record = self.record
+        report(Note(f"following invocation {record.id} (Ctrl-C to detach or cancel)", "notice"))
         watcher = _SlurmWatch(self.session, str(record.slurm_job_id), report)
         log = LogTail(self.session, JobDir(record.job_dir).join(JobDir.JOB_LOG))
         view = RemoteJobView(self.session, record.job_dir)
