@@ -25,12 +25,17 @@ from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import InvocationRecord, LocalProcess, TaskEntry, new_record, write_text_atomic
+from ckpteval.execution.record import (
+    InvocationRecord,
+    LocalProcess,
+    new_record,
+    task_entries,
+    write_text_atomic,
+)
 from ckpteval.execution.snapshot import LocalJobView, take_snapshot
 from ckpteval.execution.state import end_state
 from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
-from ckpteval.job.plan import JobPlan
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 40
@@ -43,11 +48,6 @@ def local_job_dir(compiled: CompiledConfig, invocation: str) -> Path:
     if not base.is_absolute():
         base = compiled.request.cwd / base
     return base.resolve() / invocation
-
-
-def record_tasks(plan: JobPlan) -> list[TaskEntry]:
-    """The record's task entries of a plan (name, task dir, repeats)."""
-    return [TaskEntry(name=t.name, dir=t.dir, repeats=t.repeats) for t in plan.tasks]
 
 
 @dataclass
@@ -93,7 +93,7 @@ class LocalPreparedJob:
             self.invocation,
             executor="local",
             job_dir=self.job_dir.root,
-            tasks=record_tasks(self.plan),
+            tasks=task_entries(self.plan),
         )
         record.local_results_dir = self.job_dir.root
         record.save()

@@ -50,15 +50,15 @@ from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Note, Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.local import record_tasks
 from ckpteval.execution.record import (
     InvocationRecord,
     SlurmSubmission,
     new_record,
+    task_entries,
     write_text_atomic,
 )
-from ckpteval.execution.slurm_state import combine_state as combine_state
 from ckpteval.execution.slurm_state import (
+    combine_state,
     fetch_results,
     local_job_copy,
     log_tail,
@@ -164,7 +164,7 @@ class SlurmPreparedJob:
                 self.invocation,
                 executor="slurm",
                 job_dir=self.job_dir,
-                tasks=record_tasks(plan),
+                tasks=task_entries(plan),
                 slurm=submission,
             )
             record.local_results_dir = str(local_job_copy(record))
