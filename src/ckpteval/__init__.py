@@ -14,6 +14,8 @@ nemo_run, wandb) are imported only where they are used.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import (
@@ -76,6 +78,29 @@ __all__ = [
     "statuses",
 ]
 __version__ = "0.1.0"
+
+
+def _api_function(name: str) -> property:
+    def get(_module: types.ModuleType) -> Any:
+        from ckpteval import api
+
+        return getattr(api, name)
+
+    def keep(_module: types.ModuleType, _value: object) -> None:
+        """The import system binding the subpackage of the same name: it stays in sys.modules."""
+
+    return property(get, keep)
+
+
+class _Package(types.ModuleType):
+    """`ckpteval.results` and `ckpteval.export` are the API's functions, though subpackages share their
+    names (`import ckpteval.results.model` still works: imports go through sys.modules)."""
+
+    results = _api_function("results")
+    export = _api_function("export")
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -36,3 +36,13 @@ def test_batch_on_this_machine_is_refused_before_anything_is_written(isolated_us
         ckpteval.run(configs=["tiny"], profile="local", mode="batch")
     assert "--batch" in err.value.message
     assert ckpteval.statuses() == []
+
+
+def test_results_and_export_are_the_api_functions_though_subpackages_share_their_names():
+    probe = (
+        "import ckpteval, ckpteval.results.model, ckpteval.export.invocation; "
+        "from ckpteval.results.store import read_results; "
+        "print(ckpteval.results.__module__, ckpteval.export.__module__, ckpteval.status.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["ckpteval.api"] * 3
