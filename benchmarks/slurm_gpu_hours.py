@@ -122,7 +122,8 @@ def wait(invocation: str, timeout: float = 1800) -> dict:
 
 
 def usage(invocation: str, tasks: tuple[str, ...], state: str) -> JobUsage:
-    from ckpteval.job.invocation import load_record
+    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.execution.record import load_record
 
     record = load_record(invocation)
     job = str(record.slurm_job_id)
@@ -138,7 +139,7 @@ def usage(invocation: str, tasks: tuple[str, ...], state: str) -> JobUsage:
         time.sleep(1)
     elapsed, nodes, tres, _ = out.split("|")
     gpus = int(m.group(1)) if (m := re.search(r"gres/gpu=(\d+)", tres)) else 0
-    log = Path(record.job_dir, "logs", "job.log").read_text()  # the test cluster shares this filesystem
+    log = JobDir(record.job_dir).path(JobDir.JOB_LOG).read_text()  # the test cluster shares this filesystem
     stamps = {
         k: re.search(rf"\[ckpteval (\d\d:\d\d:\d\d)\] {k}", log)
         for k in ("starting the deployment", "deployment healthy")

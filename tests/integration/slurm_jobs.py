@@ -13,10 +13,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ckpteval.cluster.launch import submit_job, upload_job_files
 from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
+from ckpteval.cluster.submission import upload_job_files
 from ckpteval.config.profiles import Profile
-from ckpteval.job.invocation import InvocationRecord, new_invocation_id, now_iso
+from ckpteval.execution.events import silent
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import InvocationRecord, SlurmSubmission, TaskEntry, new_invocation_id, now_iso
+from ckpteval.execution.slurm import submit_job
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 
@@ -84,7 +87,6 @@ def submit_plan(
     invocation: str | None = None,
 ) -> Submitted:
     """Render, upload, record and submit (through nemo-run) the job `make_plan(job_dir)` returns."""
-    from rich.console import Console
 
     from ckpteval.cluster.connect import connect_remote
 
@@ -93,12 +95,12 @@ def submit_plan(
     job_dir = posixpath.join(profile.remote_job_dir, "evaluations", invocation)
     deployment, tasks = make_plan(job_dir)
     plan = JobPlan(invocation=invocation, job_dir=job_dir, deployment=deployment, tasks=tasks, env={"CI_MARK": "1"})
-    files = {"job.sh": render_job_script(plan, launcher="slurm")}
+    files = {JobDir.SCRIPT: render_job_script(plan, launcher="slurm")}
     for t in tasks:
         files[f"{t.dir}/run_config.yml"] = "{}\n"
     spec = SbatchSpec(
         invocation=invocation,
-        job_script=posixpath.join(job_dir, "job.sh"),
+        job_script=JobDir(job_dir).join(JobDir.SCRIPT),
         tunnel_dir=tunnel_dir_for(profile.remote_job_dir),
         account=profile.account,
         partition=profile.partition,
@@ -114,18 +116,13 @@ def submit_plan(
         profile=profile.name,
         executor="slurm",
         job_dir=job_dir,
-        tasks=[t.name for t in tasks],
-        extra={
-            "task_dirs": {t.name: t.dir for t in tasks},
-            "connection": dataclasses.asdict(profile),
-            "sbatch": dataclasses.asdict(spec),
-            "slurm_job_ids": [],
-        },
+        tasks=[TaskEntry(t.name, t.dir, t.repeats) for t in tasks],
+        slurm=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch=dataclasses.asdict(spec)),
     )
     with connect_remote(profile) as remote:
         upload_job_files(remote, job_dir, files, None)
     record.save()
-    submit_job(record, spec, profile, console=Console(stderr=True))
+    submit_job(record, spec, profile, silent)
     return Submitted(record=record, spec=spec, plan=plan)
 
 

@@ -29,13 +29,14 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from ckpteval.cli.preview import render_preview
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.config.compile import compile_config
 from ckpteval.config.compose import CompileRequest
-from ckpteval.config.preview import PreviewPanel, config_yaml, render_preview
+from ckpteval.config.preview import PreviewPanel, config_yaml
+from ckpteval.execution.record import InvocationRecord, TaskEntry, new_invocation_id
 from ckpteval.export.credentials import key_file_path
 from ckpteval.export.job import export_step_command, stage_wandb_key
-from ckpteval.job.invocation import InvocationRecord, new_invocation_id
 from tests.integration.conftest import REPO, Infra, trust_infra_host
 from tests.support.jobdirs import make_job_dir
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
@@ -236,8 +237,8 @@ def test_the_wandb_key_reaches_a_batch_job_only_through_its_owner_only_file(
         profile="CI",
         executor="local",
         job_dir=str(fetched),
-        tasks=[t for t, _ in tasks],
-        extra={"task_dirs": dict(tasks)},
+        tasks=[TaskEntry(t, d) for t, d in tasks],
+        local_results_dir=str(fetched),
     ).save()
     result = CliRunner().invoke(app, ["export", invocation, "--to", "wandb"], env={"WANDB_MODE": "offline"})
     outputs.append(result.output)

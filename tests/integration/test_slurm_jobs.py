@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from ckpteval.cluster import manage
-from ckpteval.cluster.launch import resume_invocation
+from ckpteval import api
 from ckpteval.errors import ClusterError
-from ckpteval.job.invocation import load_record
+from ckpteval.execution.record import load_record
+from ckpteval.execution.slurm import SlurmBackend, SlurmJob
+from ckpteval.execution.slurm_state import open_session
 from tests.integration.slurm_jobs import (
     free_port,
     http_deployment,
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slurm
 
 
 def status_of(record):  # type: ignore[no-untyped-def]
-    return manage.slurm_status(load_record(record.id))
+    return SlurmBackend().status(load_record(record.id))
 
 
 def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_profile, infra):
@@ -87,12 +87,12 @@ def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_prof
     nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "NNodes"], capture_output=True, text=True)
     assert nodes.stdout.strip() == "2"
 
-    log = "\n".join(manage.slurm_log_lines(load_record(sub.record.id)))
+    log = "\n".join(SlurmBackend().log_lines(load_record(sub.record.id)))
     assert "deployment healthy" in log and "all tasks succeeded" in log
-    client = "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="in_container"))
+    client = "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="in_container"))
     assert f"image={sqsh}" in client  # the fake pyxis ran the step in the .sqsh we squashed
     assert "b'ok\\n'" in client  # and the client reached the deployment
-    assert "gpus=0,1,2,3,4,5,6,7" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="second"))
+    assert "gpus=0,1,2,3,4,5,6,7" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="second"))
 
 
 def test_cancel_stops_the_job_and_its_deployment(ci_profile):
@@ -114,14 +114,14 @@ def test_cancel_stops_the_job_and_its_deployment(ci_profile):
     )
     assert pid_alive(deploy_pid)
 
-    message = manage.slurm_cancel(load_record(record.id))
+    message = SlurmBackend().cancel(load_record(record.id))
     assert message.startswith(f"cancelled invocation {record.id}")
     assert squeue_state(str(record.slurm_job_id)) == ""  # gone from the queue when cancel returns
     after = status_of(record)
     assert after.state == "cancelled"
     assert [t.state for t in after.snapshot.tasks] == ["cancelled", "pending"]
     wait_for(lambda: not pid_alive(deploy_pid), timeout=30, what="the deployment process to exit")
-    assert manage.slurm_cancel(load_record(record.id)).startswith(f"invocation {record.id} is not running")
+    assert SlurmBackend().cancel(load_record(record.id)).startswith(f"invocation {record.id} is not running")
 
 
 def test_failed_deployment_is_reported_failed_with_its_log_tail(ci_profile):
@@ -169,17 +169,17 @@ def test_resubmitted_job_skips_finished_tasks(ci_profile):
     assert first.state == "failed" and first.detail == "failed: second"
     subprocess.run(["runuser", "-u", "ciuser", "--", "touch", posixpath.join(record.job_dir, "fixed")], check=True)
 
-    assert resume_invocation(load_record(record.id)) == 0
+    assert api.resume(record.id).exit_status == 0
     resumed = load_record(record.id)
     assert resumed.slurm_job_id != record.slurm_job_id
-    assert resumed.extra["slurm_job_ids"] == [record.slurm_job_id, resumed.slurm_job_id]
+    assert resumed.slurm is not None and resumed.slurm.job_ids == [record.slurm_job_id, resumed.slurm_job_id]
     second = wait_for(
         lambda: (s := status_of(resumed)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert second.state == "succeeded", second.log_tail
     count = subprocess.run(["cat", posixpath.join(record.job_dir, "first.count")], capture_output=True, text=True)
     assert count.stdout == "run\n"  # the finished task did not run again
-    log = "\n".join(manage.slurm_log_lines(resumed))
+    log = "\n".join(SlurmBackend().log_lines(resumed))
     assert "task first: already done, skipped" in log
 
 
@@ -192,10 +192,10 @@ def test_sbatch_rejection_is_one_clear_error_and_recorded(ci_profile):
     assert err.value.message.startswith("Slurm refused the job (sbatch):")
     assert "Requested node configuration is not available" in err.value.message
     assert err.value.hint and "gpus_per_node" in err.value.hint
-    from ckpteval.job.invocation import list_records
+    from ckpteval.execution.record import list_records
 
     (record,) = list_records()
-    status = manage.slurm_status(record)
+    status = SlurmBackend().status(record)
     assert status.state == "failed" and status.detail.startswith("not submitted: Slurm refused the job")
 
 
@@ -208,7 +208,7 @@ def test_job_that_cannot_start_is_pending_with_slurms_reason(ci_profile):
         assert status.state == "pending" and status.detail in ("PartitionConfig", "PartitionNodeLimit")
         assert status.snapshot.deployment == "" and status.snapshot.tasks[0].state == "pending"
     finally:
-        manage.slurm_cancel(load_record(sub.record.id))
+        SlurmBackend().cancel(load_record(sub.record.id))
 
 
 def test_failed_ssh_login_in_nemo_run_is_a_cluster_error(ci_profile, tmp_path: Path):
@@ -236,7 +236,7 @@ def test_failed_ssh_login_in_nemo_run_is_a_cluster_error(ci_profile, tmp_path: P
 
 def test_following_survives_a_dropped_ssh_connection(ci_profile):
     """Kill the sshd process serving our connection while following: it reconnects and follows to the end."""
-    from ckpteval.cluster.attach import follow_job
+    from ckpteval.execution.events import LogLines
 
     profile = ci_profile()
 
@@ -248,14 +248,20 @@ def test_following_survives_a_dropped_ssh_connection(ci_profile):
     sub = submit_plan(profile, plan)
     record = load_record(sub.record.id)
     out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=200)
+
+    def report(event: object) -> None:  # the job's log lines, as the CLI prints them
+        if isinstance(event, LogLines):
+            out.write("".join(line + "\n" for line in event.lines))
+
     notes: list[str] = []
-    session = manage.open_session(record, on_reconnect=notes.append)
+    session = open_session(record, on_reconnect=notes.append)
+    job = SlurmJob(record, session)
     result: dict[str, object] = {}
 
     def run() -> None:
         try:
-            result["state"] = follow_job(record, session, console)
+            job.follow(report)
+            result["state"] = job.final
         except BaseException as exc:  # reported by the assertions below
             result["error"] = exc
 
@@ -311,7 +317,7 @@ def test_on_the_login_node_a_local_tunnel_submits_and_reads_without_ssh(
         lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert status.state == "succeeded", status.log_tail
-    assert "local-ok key=unset" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
+    assert "local-ok key=unset" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="a"))
     assert (tmp_path / "rjd" / "evaluations" / sub.record.id / "state" / "finished").read_text() == "0\n"
 
 
@@ -324,4 +330,4 @@ def test_a_ssh_config_alias_is_enough_for_submission(ci_profile, infra):
         lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert status.state == "succeeded", status.log_tail
-    assert "via-alias" in "\n".join(manage.slurm_log_lines(load_record(sub.record.id), source="a"))
+    assert "via-alias" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="a"))

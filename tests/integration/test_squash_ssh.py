@@ -15,7 +15,6 @@ import pytest
 
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import ImageRef, sqsh_name
-from ckpteval.cluster.launch import job_images, with_images
 from ckpteval.cluster.remote import LocalRemote
 from ckpteval.cluster.squash import (
     SquashEvent,
@@ -23,6 +22,7 @@ from ckpteval.cluster.squash import (
     import_image,
     plan_squash,
 )
+from ckpteval.cluster.submission import job_images, with_images
 from ckpteval.errors import ClusterError, ConfigError
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from tests.integration.conftest import Infra

@@ -9,7 +9,6 @@ import typer
 
 def cancel_command(invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")]) -> None:
     """Cancel a running invocation; finished tasks keep their results."""
-    from ckpteval.job import manage
-    from ckpteval.job.invocation import load_record
+    from ckpteval.api import cancel
 
-    print(manage.cancel(load_record(invocation)))
+    print(cancel(invocation))

@@ -69,9 +69,10 @@ def evaluate_command(
       evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
       evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
     """
+    from ckpteval.api import run as run_invocation
+    from ckpteval.cli.console import ConsoleReporter, render_outcome
     from ckpteval.config.compose import CompileRequest
     from ckpteval.errors import ConfigError
-    from ckpteval.invoke import run_invocation
 
     if run and batch:
         raise ConfigError(
@@ -88,6 +89,10 @@ def evaluate_command(
     )
     if check and not dry_run:
         raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
-    code = run_invocation(request, dry_run=dry_run, force_squash=force_squash, check_squash=check)
-    if code:
-        raise typer.Exit(code)
+    with ConsoleReporter() as reporter:
+        outcome = run_invocation(
+            request, reporter=reporter, dry_run=dry_run, force_squash=force_squash, check_squash=check
+        )
+    render_outcome(outcome, reporter.console)
+    if outcome.exit_status:
+        raise typer.Exit(outcome.exit_status)

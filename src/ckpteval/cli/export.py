@@ -28,8 +28,10 @@ def export_command(
       evaluate export 1a2b --to wandb           [dim]# W&B, even if the config did not enable it[/]
       WANDB_MODE=offline evaluate export 1a2b   [dim]# write the run locally; `wandb sync` it later[/]
     """
-    from ckpteval.export.invocation import export_recorded
+    from ckpteval.api import export
+    from ckpteval.cli.console import ConsoleReporter
 
-    outcomes = export_recorded(invocation, [d.value for d in to] if to else None)
+    with ConsoleReporter() as reporter:
+        outcomes = export(invocation, [d.value for d in to] if to else None, reporter=reporter)
     if any(o.status != "exported" for o in outcomes):
         raise typer.Exit(1)

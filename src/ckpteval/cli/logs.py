@@ -18,9 +18,7 @@ def logs_command(
     ] = "job",
 ) -> None:
     """Print an invocation's log: the job's own, the deployment's, or one task client's."""
-    from ckpteval.job import manage
-    from ckpteval.job.invocation import load_record
+    from ckpteval.api import logs
 
-    record = load_record(invocation)
-    for line in manage.log_lines(record, follow=follow, source=source):
+    for line in logs(invocation, follow=follow, source=source):
         print(line, flush=True)

@@ -72,6 +72,9 @@ class EvaluateGroup(typer.core.TyperGroup):
         return (None if name == DEFAULT_COMMAND else name), cmd, rest
 
     def invoke(self, ctx: Any) -> Any:
+        from ckpteval.notices import show_notices
+
+        show_notices()  # the library's notices (a W&B login found, a converter's progress) as lines on stderr
         try:
             return super().invoke(ctx)
         except CkptevalError as exc:

@@ -15,11 +15,10 @@ def results_command(
     ] = False,
 ) -> None:
     """Show the scores of one or more invocations (fetching them from the cluster if needed)."""
-    from ckpteval.job import manage
-    from ckpteval.job.invocation import load_record
-    from ckpteval.results.table import print_table
+    from ckpteval.api import results as load_results
+    from ckpteval.cli.table import print_table
 
-    results = [manage.results(load_record(i)) for i in invocations]
+    results = [load_results(i) for i in invocations]
     if json_output:
         data = [r.to_json() for r in results]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=2))

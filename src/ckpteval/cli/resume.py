@@ -28,9 +28,11 @@ def resume_command(
       evaluate resume 1a2b3c4d            [dim]# resubmit and return[/]
       evaluate resume 1a2b3c4d --follow   [dim]# resubmit, follow, print the scores[/]
     """
-    from ckpteval.cluster.launch import resume_invocation
-    from ckpteval.job.invocation import load_record
+    from ckpteval.api import resume
+    from ckpteval.cli.console import ConsoleReporter, render_outcome
 
-    code = resume_invocation(load_record(invocation), attach_to=follow)
-    if code:
-        raise typer.Exit(code)
+    with ConsoleReporter() as reporter:
+        outcome = resume(invocation, follow=follow, reporter=reporter)
+    render_outcome(outcome, reporter.console)
+    if outcome.exit_status:
+        raise typer.Exit(outcome.exit_status)

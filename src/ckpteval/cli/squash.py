@@ -47,10 +47,10 @@ def squash_command(
     """
     from rich.console import Console
 
+    from ckpteval.cli.squash_view import squash_plan_panel
     from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.images import ImageRef, validate_image
     from ckpteval.cluster.squash import containers_dir, ensure_squashed, plan_squash, squash_applies
-    from ckpteval.cluster.squash_view import squash_plan_panel
     from ckpteval.config.profiles import load_env_file
     from ckpteval.errors import ConfigError
 

@@ -14,13 +14,11 @@ def status_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the state of an invocation and its tasks, or list recent invocations."""
-    from ckpteval.job import manage
-    from ckpteval.job.invocation import list_records, load_record
+    from ckpteval.api import status
+    from ckpteval.api import statuses as recent
 
-    if invocation:
-        statuses = [manage.status(load_record(invocation))]
-    else:  # one unreachable cluster must not hide the other invocations
-        statuses = [_status_or_unknown(manage, r) for r in list_records()[:limit]]
+    # one unreachable cluster must not hide the other invocations (`recent` says `unknown` for it)
+    statuses = [status(invocation)] if invocation else recent(limit)
     if json_output:
         print(json.dumps([_as_json(s) for s in statuses], indent=2))
         return
@@ -56,24 +54,15 @@ def status_command(
     for col in ("invocation", "created", "where", "state", "tasks"):
         table.add_column(col)
     for s in statuses:
-        where = s.record.executor if s.record.executor == "local" else f"{s.record.executor}:{s.record.profile}"
+        where = s.record.where
         table.add_row(
             s.record.id,
             s.record.created,
             where,
             s.state + (f" ({s.detail})" if s.detail else ""),
-            ", ".join(s.record.tasks),
+            ", ".join(s.record.task_names),
         )
     console.print(table)
-
-
-def _status_or_unknown(manage, record):
-    from ckpteval.errors import CkptevalError
-
-    try:
-        return manage.status(record)
-    except CkptevalError as exc:
-        return manage.InvocationStatus(record=record, state="unknown", snapshot=None, detail=exc.message)
 
 
 def _as_json(s) -> dict:

@@ -199,7 +199,7 @@ def preview_entry_point(
     image = squash.mapping.get(step.image, step.image)
     present = image == step.image or any(i.path == image and i.status == "present" for i in squash.items)
     if check and present:
-        from ckpteval.cluster.remote import connect_remote
+        from ckpteval.cluster.connect import connect_remote
 
         with connect_remote(compiled.profile) as remote:
             entry = resolve_entry_point(remote, compiled.profile, image, _step_env(plan))

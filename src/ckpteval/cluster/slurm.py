@@ -15,19 +15,6 @@ from ckpteval.cluster.remote import Remote
 from ckpteval.errors import ClusterError
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING")
-# Slurm's terminal states -> ours
-TERMINAL = {
-    "COMPLETED": "succeeded",
-    "FAILED": "failed",
-    "TIMEOUT": "failed",
-    "NODE_FAIL": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "failed",
-    "CANCELLED": "cancelled",
-    "PREEMPTED": "cancelled",
-    "REVOKED": "cancelled",
-}
 
 
 @dataclass(frozen=True)

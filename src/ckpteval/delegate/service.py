@@ -122,10 +122,9 @@ class Delegate:
                 self._waiting -= 1
 
     def _evaluate(self, request: EvalRequest) -> dict[str, Any]:
-        from ckpteval.config.compile import compile_config
+        from ckpteval.api import run
         from ckpteval.config.compose import CompileRequest
-        from ckpteval.job.invocation import new_invocation_id
-        from ckpteval.job.local import LocalLaunch
+        from ckpteval.execution.jobdir import JobDir
 
         rollout_dir = Path(self.settings.output_root).resolve() / f"{int(time.time())}-rollout-{request.rollout_id}"
         rollout_dir.mkdir(parents=True, exist_ok=True)
@@ -133,37 +132,35 @@ class Delegate:
         tasks = [benchmark_task(b) for b in request.benchmarks]
         config_path.write_text(yaml.safe_dump({"evaluation": {"tasks": tasks}}, sort_keys=False))
         overrides = request_overrides(self.settings, request, rollout_dir)
-        compiled = compile_config(
-            CompileRequest(
-                configs=(*self.settings.configs, str(config_path)),
-                overrides=overrides,
-                env_file=self.settings.env_file,
-                cwd=rollout_dir,
-            )
+        compile_request = CompileRequest(
+            configs=(*self.settings.configs, str(config_path)),
+            overrides=overrides,
+            env_file=self.settings.env_file,
+            cwd=rollout_dir,
         )
-        invocation = new_invocation_id()
-        launch = LocalLaunch(compiled, invocation)
-        record = launch.record()
-        record.command_line = ["evaluate", "-c", *self.settings.configs, "-c", str(config_path), *overrides]
-        log.info("rollout %s: evaluating %s as invocation %s", request.rollout_id,
-                 ", ".join(b.name for b in request.benchmarks), invocation)  # fmt: skip
-        returncode, results = launch.run_quietly(record)
-        job_log = launch.job_dir / "logs" / "job.log"
+        log.info("rollout %s: evaluating %s", request.rollout_id, ", ".join(b.name for b in request.benchmarks))
+        # the same `run` as `evaluate`, reporting to no one; the training loop logs the metrics, nothing is exported
+        outcome = run(compile_request, export=False)
+        assert outcome.record is not None and outcome.results is not None  # an attached local run
+        record, results, invocation = outcome.record, outcome.results, outcome.invocation
+        log.info("rollout %s: invocation %s %s", request.rollout_id, invocation, outcome.state)
+        job_dir = JobDir(record.job_dir)
+        job_log = job_dir.path(JobDir.JOB_LOG)
         failed = {name: o for name, o in results.tasks.items() if o.status != "succeeded"}
-        if returncode != 0 or failed:
-            reasons = "; ".join(f"{name}: {o.error or o.status}" for name, o in failed.items()) or f"exit {returncode}"
+        if outcome.exit_status != 0 or failed:
+            reasons = "; ".join(f"{name}: {o.error or o.status}" for name, o in failed.items()) or outcome.state
             raise EvaluationFailed(
                 f"Evaluation {invocation} of rollout {request.rollout_id} failed ({reasons}). See {job_log}.",
                 log_tail=_tail(job_log),
                 job_id=invocation,
             )
         raw = {name: raw_metrics(outcome) for name, outcome in results.tasks.items()}
-        task_dirs = {t.name: t.dir for t in launch.plan.tasks}
+        task_dirs = dict(record.task_dirs)
         return {
             "job_id": invocation,
             "rollout_id": request.rollout_id,
             "command": " ".join(record.command_line),
-            "output_dir": str(launch.job_dir),
+            "output_dir": job_dir.root,
             "log_path": str(job_log),
             "raw_metrics": raw,
             "metrics": flat_delegate_metrics(raw),
@@ -171,7 +168,7 @@ class Delegate:
                 {
                     "benchmark": name,
                     "repeats": outcome.repeats,
-                    "output_dir": str(launch.job_dir / task_dirs[name]),
+                    "output_dir": str(job_dir.path(task_dirs[name])),
                     "duration_s": outcome.duration_s,
                 }
                 for name, outcome in results.tasks.items()

@@ -57,7 +57,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return the process exit code."""
+    from ckpteval.notices import show_notices
+
     args = _parser().parse_args(argv)
+    show_notices()
     try:
         if args.command == "serve":
             from ckpteval.deploy.server import ServeOptions, serve

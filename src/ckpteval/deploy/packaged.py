@@ -15,7 +15,6 @@ These builders write into an empty directory and must run in their own process u
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,9 @@ TINY_INIT_STD = 0.3
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    from ckpteval.notices import notice
+
+    notice.info(message)
 
 
 def smollm2_gguf() -> Path:

@@ -145,7 +145,9 @@ def _swap_into_place(new: Path, output: Path) -> None:
 
 
 def _run_builder(name: str, out_dir: Path) -> None:
-    """Run the builder in a child process, streaming its messages; raise with their tail on failure."""
+    """Run the builder in a child process, its messages passed on as notices; raise with their tail on failure."""
+    from ckpteval.notices import notice
+
     command = [sys.executable, "-m", "ckpteval.deploy", "build-packaged", name, str(out_dir)]
     tail: deque[str] = deque(maxlen=8)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore")}
@@ -153,7 +155,7 @@ def _run_builder(name: str, out_dir: Path) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip())
-            print(line, end="", file=sys.stderr, flush=True)
+            notice.info(line.rstrip("\n"))
         code = proc.wait()
     if code != 0:
         last = next((line for line in reversed(tail) if line.strip()), "no output")

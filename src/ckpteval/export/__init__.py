@@ -1,6 +1,6 @@
 """Results to W&B and MLflow, and W&B model artifacts to checkpoint paths (see docs/export.md).
 
-- `invocation`: `export_invocation` (after a run, and `evaluate export`), `export_recorded`
+- `invocation`: `export_invocation` (after a run, and `evaluate export` through `ckpteval.api.export`)
 - `content`: what every destination gets (metrics `<task>/<metric>`, config, files)
 - `to_wandb`, `to_mlflow`: the two destinations
 - `credentials`: the W&B key (environment or `wandb login`) and the owner-only key file for jobs

@@ -46,12 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ckpteval.export.content import CONFIG_FILE, read_saved_config
+    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.export.content import read_saved_config
     from ckpteval.export.credentials import read_key_file
     from ckpteval.export.invocation import export_invocation, export_section
 
     job_dir: Path = args.job_dir.resolve()
-    config = read_saved_config(job_dir / CONFIG_FILE)
+    config = read_saved_config(job_dir / JobDir.CONFIG)
     tasks = _task_pairs(args.task)
     results = _results(job_dir, config, tasks, invocation=args.invocation)
     environ = dict(os.environ)  # a copy: the flags apply to this export, not to the process
@@ -70,8 +71,21 @@ def _run(args: argparse.Namespace) -> int:
         task_dirs=dict(tasks),
         key=key,
         environ=environ,
+        report=_print_outcome,
     )
     return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _print_outcome(outcome: object) -> None:
+    """One line per destination in the job's log: exported, export skipped or export failed (plus the hint)."""
+    from ckpteval.export.outcome import ExportOutcome
+
+    if not isinstance(outcome, ExportOutcome):
+        return
+    label = {"exported": "exported", "skipped": "export skipped", "failed": "export failed"}[outcome.status]
+    print(f"{label}: {outcome.message}", file=sys.stderr, flush=True)
+    if outcome.hint:
+        print(outcome.hint, file=sys.stderr, flush=True)
 
 
 def _task_pairs(values: Sequence[str]) -> list[tuple[str, str]]:
@@ -91,11 +105,12 @@ def _results(
 ) -> InvocationResults:
     """results.json when the job wrote it; otherwise collected from the task dirs now, and saved."""
     from ckpteval.errors import ConfigError
-    from ckpteval.job.invocation import now_iso
+    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.execution.record import now_iso
     from ckpteval.results.collect import collect_results
-    from ckpteval.results.store import RESULTS_FILE, read_results, write_results
+    from ckpteval.results.store import read_results, write_results
 
-    path = job_dir / RESULTS_FILE
+    path = job_dir / JobDir.RESULTS
     if path.exists():
         return read_results(path)
     if not tasks:
@@ -119,8 +134,10 @@ def _provenance(job_dir: Path) -> dict[str, Any]:
     """job.yaml (invocation id, creation time), or {} when it cannot be read."""
     import yaml
 
+    from ckpteval.execution.jobdir import JobDir
+
     try:
-        data = yaml.safe_load((job_dir / "job.yaml").read_text(encoding="utf-8"))
+        data = yaml.safe_load((job_dir / JobDir.PROVENANCE).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import ExportError
+from ckpteval.execution.jobdir import JobDir
 from ckpteval.results.model import InvocationResults, flat_metrics
 
-CONFIG_FILE = "config.yaml"
-PROVENANCE_FILE = "job.yaml"
-RESULTS_FILE = "results.json"
-TASKS_DIR = "tasks"
+CONFIG_FILE = JobDir.CONFIG
+PROVENANCE_FILE = JobDir.PROVENANCE
+RESULTS_FILE = JobDir.RESULTS
+TASKS_DIR = JobDir.TASKS
 # Harness output that is bulky and can be rebuilt, or that is not a result: never exported.
 _EXCLUDED_SUFFIXES = (".db", ".lock", ".tmp", ".sqlite", ".sqlite3", ".log", ".pid")
 _MAX_FILE_BYTES = 512 * 1024 * 1024

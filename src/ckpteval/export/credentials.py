@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ckpteval.errors import ExportError
+from ckpteval.notices import notice
 
 if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
@@ -112,11 +112,12 @@ _announced: set[str] = set()
 
 
 def announce_login(key: WandbKey) -> None:
-    """Say once per process, on stderr, that the key of the user's `wandb login` is used (never the key)."""
+    """Say once per process (a notice the front end shows) that the key of the user's `wandb login` is used
+    (never the key)."""
     if key.origin != "login" or key.source in _announced:
         return
     _announced.add(key.source)
-    print(f"Detected W&B login ({key.source})", file=sys.stderr)
+    notice.info("Detected W&B login (%s)", key.source)
 
 
 def key_file_path(job_dir: str) -> str:

@@ -1,9 +1,9 @@
 """Export one finished invocation to every destination its config enables (or the ones asked for).
 
 `export_invocation` is what runs after an evaluation (here, or inside a cluster job) and what
-`evaluate export` runs again later. A destination that fails or is skipped never fails the
-evaluation: each one ends in an `ExportOutcome`, printed as one line that says where the results
-went, or why not and how to retry.
+`evaluate export` runs again later (`ckpteval.api.export`). A destination that fails or is skipped never
+fails the evaluation: each one ends in an `ExportOutcome`, reported (the CLI prints it as one line that
+says where the results went, or why not and how to retry) and returned.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 
 from ckpteval.config.schema import ExportSection
 from ckpteval.errors import ExportError
-from ckpteval.export.content import CONFIG_FILE, RESULTS_FILE, ExportContent, load_content, read_saved_config
+from ckpteval.export.content import RESULTS_FILE, ExportContent, load_content
 from ckpteval.export.credentials import LOGIN_HINT, WandbKey, announce_login, find_wandb_key, wandb_base_url, wandb_mode
 from ckpteval.export.outcome import Destination, ExportOutcome
 from ckpteval.results.model import InvocationResults
 
 DESTINATIONS: tuple[Destination, ...] = ("wandb", "mlflow")
-Reporter = Callable[[ExportOutcome], None]
+Reporter = Callable[[ExportOutcome], None]  # any event reporter takes these too
 
 
 def enabled_destinations(export: ExportSection) -> list[Destination]:
@@ -43,19 +43,6 @@ def export_section(config: Mapping[str, Any], *, where: str = "config.yaml") -> 
     return from_mapping(ExportSection, config.get("export") or {}, where=where, path="export")
 
 
-def print_outcome(outcome: ExportOutcome) -> None:
-    """One line on stderr: green when exported, yellow when skipped, red when failed (plus the hint)."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    style = {"exported": "green", "skipped": "yellow", "failed": "red"}[outcome.status]
-    label = {"exported": "exported", "skipped": "export skipped", "failed": "export failed"}[outcome.status]
-    console.print(f"[{style}]{label}:[/] {escape(outcome.message)}")
-    if outcome.hint:
-        console.print(f"[dim]{escape(outcome.hint)}[/]")
-
-
 def export_invocation(
     results: InvocationResults,
     job_dir: Path,
@@ -66,7 +53,7 @@ def export_invocation(
     task_dirs: Mapping[str, str] | None = None,
     key: WandbKey | None = None,
     environ: Mapping[str, str] | None = None,
-    report: Reporter | None = print_outcome,
+    report: Reporter | None = None,
 ) -> list[ExportOutcome]:
     """Export `results` (with the files of `job_dir`) to `destinations` (default: those `export` enables).
 
@@ -150,44 +137,3 @@ def _to_mlflow(content: ExportContent, export: ExportSection) -> ExportOutcome:
         return ExportOutcome("mlflow", "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
     except OSError as exc:
         return ExportOutcome("mlflow", "failed", f"MLflow export: {exc}", hint=f"Retry with: {retry}")
-
-
-def export_recorded(
-    invocation: str, destinations: Sequence[Destination] | None = None, *, report: Reporter | None = print_outcome
-) -> list[ExportOutcome]:
-    """`evaluate export`: export a recorded invocation again (results fetched from the cluster if needed).
-
-    Raises ExportError when nothing is enabled or asked for.
-    """
-    from ckpteval.job import manage
-    from ckpteval.job.invocation import load_record
-
-    record = load_record(invocation)
-    results = manage.results(record)
-    job_dir = _local_job_dir(record)
-    config_file = job_dir / CONFIG_FILE if (job_dir / CONFIG_FILE).is_file() else record.path / CONFIG_FILE
-    export = export_section(read_saved_config(config_file), where=str(config_file))
-    chosen = list(destinations) if destinations else enabled_destinations(export)
-    if not chosen:
-        raise ExportError(
-            f"Invocation {record.id} has no export enabled in its config.",
-            hint="Name a destination: evaluate export " + record.id + " --to wandb (or --to mlflow).",
-        )
-    return export_invocation(
-        results,
-        job_dir,
-        export,
-        destinations=chosen,
-        config_file=config_file,
-        task_dirs=record.extra.get("task_dirs") or {},
-        report=report,
-    )
-
-
-def _local_job_dir(record: Any) -> Path:
-    """Where this machine holds the invocation's files: its job dir (local runs), the directory its
-    results were fetched to (cluster runs), else its record directory."""
-    for candidate in (record.local_results_dir, record.job_dir if record.executor == "local" else None):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return Path(record.path)

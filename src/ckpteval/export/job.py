@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ckpteval.export.credentials import (
@@ -38,9 +38,10 @@ def stage_wandb_key(
     *,
     secrets: SecretValues | None = None,
     environ: Mapping[str, str] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> str | None:
     """Give the job the user's W&B key; returns the key file's path, or None when there is no key to give
-    (WANDB_MODE offline/disabled: none is needed; not logged in: one line on stderr says how to log in).
+    (WANDB_MODE offline/disabled: none is needed; not logged in: `on_note` gets one line on how to log in).
 
     The key joins `secrets`, so anything rendered later is redacted even if the key came from the login.
     """
@@ -49,9 +50,8 @@ def stage_wandb_key(
         return None
     key = find_wandb_key(env)
     if key is None:
-        import sys
-
-        print(f"W&B export will be skipped: no W&B login found. {LOGIN_HINT}", file=sys.stderr)
+        if on_note is not None:
+            on_note(f"W&B export will be skipped: no W&B login found. {LOGIN_HINT}")
         return None
     announce_login(key)
     if secrets is not None:

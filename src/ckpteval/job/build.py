@@ -8,7 +8,6 @@ Task clients are what the launcher runs in each eval-factory container: `nemo-ev
 
 from __future__ import annotations
 
-import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,11 @@ from ckpteval.config.schema import (
     VllmDeployment,
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
+from ckpteval.execution.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 
 Launcher = Literal["local", "slurm"]
-HOOK_SUBDIR = "hook"
+HOOK_SUBDIR = JobDir.HOOK
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _task_plan(
         type=task.endpoint_type,  # type: ignore[arg-type]
         api_key_name=api.api_key_name,
     )
-    task_dir = f"{job_dir}/tasks/{task.dir_name}"
+    task_dir = JobDir(job_dir).join(JobDir.task(task.dir_name))
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     image = task.container if launcher == "slurm" else None
     runs = []

@@ -1,17 +1,4 @@
-"""The files of a job directory, written before anything runs.
-
-```
-<job_dir>/
-  config.yaml                 the compiled config (secrets redacted)
-  job.yaml                    provenance: command line, profile, config files, versions, time
-  job.sh                      the job script
-  tasks/<task>/run_config.yml nemo-evaluator's run config for the task (a repeated task: run_config-rs<i>.yml)
-  tasks/<task>/repeats        a repeated task only: its number of samples per problem
-  state/, logs/               written by the job while it runs
-  tasks/<task>/{state,.done,client.log,output/}   (a repeated task: client-rs<i>.log, output-rs<i>/{...,.done})
-  results.json                written when the job's results are collected
-```
-"""
+"""The files of a job directory written before anything runs (their names: `ckpteval.execution.jobdir.JobDir`)."""
 
 from __future__ import annotations
 
@@ -24,10 +11,10 @@ from typing import Any
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import config_yaml
-from ckpteval.job.invocation import now_iso, write_text_atomic
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import Launcher, render_job_script
-from ckpteval.tasks.repeats import REPEATS_FILE
 
 VERSIONED = (
     "ckpteval",
@@ -76,19 +63,19 @@ def job_files(compiled: CompiledConfig, plan: JobPlan, *, launcher: Launcher, he
 
     redact = compiled.secrets.redact
     files = {
-        "config.yaml": config_yaml(compiled),
-        "job.yaml": redact(yaml.safe_dump(provenance(compiled, plan), sort_keys=False)),
-        "job.sh": redact(render_job_script(plan, launcher=launcher, header=header)),
+        JobDir.CONFIG: config_yaml(compiled),
+        JobDir.PROVENANCE: redact(yaml.safe_dump(provenance(compiled, plan), sort_keys=False)),
+        JobDir.SCRIPT: redact(render_job_script(plan, launcher=launcher, header=header)),
     }
     for task in plan.tasks:
         if task.repeats:
-            files[f"{task.dir}/{REPEATS_FILE}"] = f"{task.repeats}\n"
+            files[JobDir.task_repeats(task.dir)] = f"{task.repeats}\n"
         for run in task.runs:
             files[f"{task.dir}/{run.layout.run_config}"] = redact(yaml.safe_dump(run.run_config, sort_keys=False))
     return files
 
 
 def write_job_files(directory: Path, files: dict[str, str]) -> None:
-    """Write the files under `directory`, each atomically; job.sh executable."""
+    """Write the files under `directory`, each atomically; the job script executable."""
     for rel, text in files.items():
-        write_text_atomic(directory / rel, text, mode=0o755 if rel == "job.sh" else 0o644)
+        write_text_atomic(directory / rel, text, mode=0o755 if rel == JobDir.SCRIPT else 0o644)

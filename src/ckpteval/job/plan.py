@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckpteval.execution.jobdir import JobDir
 from ckpteval.tasks.repeats import RunLayout, run_layouts
 
 
@@ -66,7 +67,7 @@ class TaskPlan:
 
     @property
     def dir(self) -> str:
-        return f"tasks/{self.dir_name}"
+        return JobDir.task(self.dir_name)
 
     @property
     def layouts(self) -> tuple[RunLayout, ...]:

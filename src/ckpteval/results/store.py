@@ -6,15 +6,14 @@ import json
 from pathlib import Path
 
 from ckpteval.errors import EvaluationError
-from ckpteval.job.invocation import write_text_atomic
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import write_text_atomic
 from ckpteval.results.model import InvocationResults
-
-RESULTS_FILE = "results.json"
 
 
 def write_results(job_dir: Path, results: InvocationResults) -> Path:
     """Write `<job_dir>/results.json` (temp file + rename: never half-written)."""
-    path = job_dir / RESULTS_FILE
+    path = job_dir / JobDir.RESULTS
     write_text_atomic(path, json.dumps(results.to_json(), indent=2, sort_keys=False) + "\n")
     return path
 

@@ -128,7 +128,8 @@ def _status_text(outcomes: Sequence[TaskOutcome | None]) -> str:
 
 
 def render_text(results: Sequence[InvocationResults]) -> str:
-    """The table as plain aligned text (golden-tested; what `--plain` and logs show)."""
+    """The table as plain aligned text (golden-tested; what `--plain` and logs show; `ckpteval.cli.table`
+    draws the same rows with rich)."""
     header, rows, footnotes = table_rows(results)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
@@ -137,37 +138,3 @@ def render_text(results: Sequence[InvocationResults]) -> str:
     ]
     lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines + footnotes) + "\n"
-
-
-def print_table(results: Sequence[InvocationResults]) -> None:
-    """Print the score table with rich."""
-    from rich.console import Console
-    from rich.table import Table
-
-    header, rows, footnotes = table_rows(results)
-    title = "scores" if len(results) > 1 else f"scores — invocation {results[0].invocation}"
-    table = Table(title=title, title_justify="left", header_style="bold")
-    first_value = header.index("metric") + 1  # task[, mode], metric: left; scores and n: right
-    for i, col in enumerate(header):
-        table.add_column(col, justify="right" if i >= first_value else "left", no_wrap=True)
-    for row in rows:
-        styled = [_style(c) for c in row]
-        table.add_row(*styled)
-    console = Console()
-    console.print(table)
-    for note in footnotes:
-        console.print(f"[dim]{_escape(note)}[/]")  # mode names hold brackets: pass@1[avg-of-k]
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-def _style(cell: str) -> str:
-    from rich.markup import escape
-
-    if cell.startswith("failed") or cell == "cancelled":
-        return f"[red]{escape(cell)}[/]"
-    return escape(cell)

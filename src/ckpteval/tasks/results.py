@@ -19,7 +19,7 @@ from typing import Any
 from ckpteval.errors import EvaluationError
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
 
-RESULTS_FILE = "results.yml"
+HARNESS_RESULTS_FILE = "results.yml"  # the harness's own (not the invocation's results.json)
 STARTED_FILE = "run_config.yml"  # nemo-evaluator writes it into the output dir when a run starts
 METRICS_FILE = "eval_factory_metrics.json"
 INTERRUPTED_MARKER = ".nemo_evaluator_interrupted"
@@ -180,7 +180,7 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
 
     out = Path(task_output_dir)
     log = Path(log_path) if log_path else out.parent / "client.log"
-    results_path = out / RESULTS_FILE
+    results_path = out / HARNESS_RESULTS_FILE
     started = out / STARTED_FILE
     if not results_path.is_file() or (started.is_file() and started.stat().st_mtime > results_path.stat().st_mtime):
         raise failure_error(out, log)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.config.profiles import Profile
-from ckpteval.job.invocation import InvocationRecord
+from ckpteval.execution.record import InvocationRecord, SlurmSubmission, TaskEntry
 
 
 def refused_port() -> int:
@@ -28,9 +28,8 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         profile="gone",
         executor="slurm",
         job_dir="/x/evaluations/aaaa0001",
-        tasks=["adlr_mmlu"],
-        slurm_job_id="42",
-        extra={"connection": dataclasses.asdict(profile), "task_dirs": {"adlr_mmlu": "tasks/adlr_mmlu"}},
+        tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
+        slurm=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch={}, job_ids=["42"]),
     ).save()
     InvocationRecord(
         id="bbbb0002",
@@ -39,8 +38,10 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         profile="gone",
         executor="slurm",
         job_dir="/x/evaluations/bbbb0002",
-        tasks=["adlr_mmlu"],
-        extra={"connection": dataclasses.asdict(profile), "submit_error": "Slurm refused the job (sbatch): no"},
+        tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
+        slurm=SlurmSubmission(
+            connection=dataclasses.asdict(profile), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
+        ),
     ).save()
     result = CliRunner().invoke(app, ["status", "--json"])
     assert result.exit_code == 0, result.output

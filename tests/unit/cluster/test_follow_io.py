@@ -138,7 +138,7 @@ class CountingRemote(LocalRemote):
 
 
 def test_prefetch_answers_a_snapshot_from_one_command(tmp_path: Path):
-    from ckpteval.job.follow import take_snapshot
+    from ckpteval.execution.snapshot import take_snapshot
 
     job = tmp_path / "job"
     for rel, text in {

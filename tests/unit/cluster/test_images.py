@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ckpteval.cluster.images import ImageRef, enroot_uri, is_squashable, sqsh_name, validate_image
-from ckpteval.cluster.launch import job_images, with_images
+from ckpteval.cluster.submission import job_images, with_images
 from ckpteval.errors import ConfigError
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.tasks.repeats import run_layouts

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ckpteval.cluster.manage import combine_state, settle_tasks
 from ckpteval.cluster.slurm import ClusterFacts, SlurmJobState, check_request, explain_sbatch_error
 from ckpteval.errors import ClusterError
-from ckpteval.job.follow import JobSnapshot, TaskSnapshot
+from ckpteval.execution.slurm_state import combine_state
+from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot, settle_tasks
 
 
 def snap(*task_states: str, deployment: str = "ready", finished: int | None = None) -> JobSnapshot:

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 from rich.console import Console
 
+from ckpteval.cli.squash_view import squash_plan_panel
 from ckpteval.cluster.images import ImageRef, sqsh_name
 from ckpteval.cluster.remote import LocalRemote
 from ckpteval.cluster.squash import (
@@ -17,7 +18,6 @@ from ckpteval.cluster.squash import (
     plan_squash,
     squash_applies,
 )
-from ckpteval.cluster.squash_view import squash_plan_panel
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 

@@ -255,9 +255,12 @@ def test_a_resolved_artifact_is_the_checkpoint_path_and_the_dry_run_says_so(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ):
+    from ckpteval.cli.preview import render_preview
     from ckpteval.config.compile import compile_config
     from ckpteval.config.compose import CompileRequest
-    from ckpteval.config.preview import render_preview
+    from ckpteval.notices import show_notices
+
+    show_notices()  # as the CLI does: the library's notices as lines on stderr
 
     env = _slurm_env_toml(isolated_user)
     compiled = compile_config(

@@ -20,6 +20,7 @@ from ckpteval.export.credentials import (
     wandb_mode,
     write_key_file,
 )
+from ckpteval.notices import show_notices
 from tests.support.wandb_login import fake_key, write_netrc
 
 
@@ -37,6 +38,7 @@ def test_the_netrc_of_wandb_login_is_found_and_announced_without_the_key(
     key = find_wandb_key({})
     assert key is not None
     assert (key.value, key.origin, key.source) == (fake_key("n"), "login", str(netrc))
+    show_notices()  # as the CLI does
     announce_login(key)
     announce_login(key)  # once per process is enough
     captured = capsys.readouterr()

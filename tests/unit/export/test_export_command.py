@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.job.invocation import InvocationRecord
+from ckpteval.execution.record import InvocationRecord, TaskEntry
 from tests.support.jobdirs import compiled_config_yaml, make_job_dir
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
@@ -24,8 +24,8 @@ def _record(tmp_path: Path, invocation: str, *overrides: str) -> Path:
         profile="local",
         executor="local",
         job_dir=str(job),
-        tasks=["adlr_mmlu", "hellaswag"],
-        extra={"task_dirs": {"adlr_mmlu": "tasks/adlr_mmlu", "hellaswag": "tasks/hellaswag"}},
+        tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu"), TaskEntry("hellaswag", "tasks/hellaswag")],
+        local_results_dir=str(job),
     ).save()
     return job
 

@@ -34,7 +34,10 @@ def _job(tmp_path: Path, invocation: str, *overrides: str, failed_task: bool = F
 
 
 def _export(job: Path, results: InvocationResults, environ: dict[str, str], **kwargs: Any) -> list[ExportOutcome]:
+    from ckpteval.cli.console import print_outcome  # what the CLI shows per destination
+
     export = export_section(read_saved_config(job / "config.yaml"))
+    kwargs.setdefault("report", print_outcome)
     return export_invocation(results, job, export, task_dirs=TASK_DIRS, environ=environ, **kwargs)
 
 

@@ -6,8 +6,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from ckpteval.job.invocation import InvocationRecord
-from ckpteval.job.manage import cancel, job_process_alive, process_start_time
+from ckpteval.api import cancel
+from ckpteval.execution.local import job_process_alive, process_start_time
+from ckpteval.execution.record import InvocationRecord, LocalProcess
 
 
 def _record(job_dir: Path, pid: int | None, started: str | None = None) -> InvocationRecord:
@@ -19,7 +20,7 @@ def _record(job_dir: Path, pid: int | None, started: str | None = None) -> Invoc
         executor="local",
         job_dir=str(job_dir),
         tasks=[],
-        extra={"pid": pid, "pid_start": started if started else pid and process_start_time(pid)},
+        process=LocalProcess(pid, started or process_start_time(pid)) if pid else None,
     )
 
 

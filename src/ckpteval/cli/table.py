@@ -1,0 +1,42 @@
+"""The score table drawn with rich (its rows: `ckpteval.results.table.table_rows`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ckpteval.results.model import InvocationResults
+from ckpteval.results.table import table_rows
+
+
+def print_table(results: Sequence[InvocationResults]) -> None:
+    """Print the score table with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    header, rows, footnotes = table_rows(results)
+    title = "scores" if len(results) > 1 else f"scores — invocation {results[0].invocation}"
+    table = Table(title=title, title_justify="left", header_style="bold")
+    first_value = header.index("metric") + 1  # task[, mode], metric: left; scores and n: right
+    for i, col in enumerate(header):
+        table.add_column(col, justify="right" if i >= first_value else "left", no_wrap=True)
+    for row in rows:
+        styled = [_style(c) for c in row]
+        table.add_row(*styled)
+    console = Console()
+    console.print(table)
+    for note in footnotes:
+        console.print(f"[dim]{_escape(note)}[/]")  # mode names hold brackets: pass@1[avg-of-k]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _style(cell: str) -> str:
+    from rich.markup import escape
+
+    if cell.startswith("failed") or cell == "cancelled":
+        return f"[red]{escape(cell)}[/]"
+    return escape(cell)

@@ -1,0 +1,136 @@
+"""What the Slurm backend prepares before it submits a job: the job directory on the cluster, the sbatch
+request, the images to squash (and the plan pointed at their .sqsh files), the in-job export step, the
+check that no secret is written into the job's files, and their upload.
+
+Pure functions of the compiled config and plan, except `upload_job_files` (through the Remote seam).
+`ckpteval.execution.slurm` puts them in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckpteval.cluster.images import ImageRef, is_squashable
+from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
+from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.schema import SlurmExecution
+from ckpteval.errors import ConfigError
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.job.plan import JobPlan, Step
+from ckpteval.job.script import render_job_script
+
+if TYPE_CHECKING:
+    from ckpteval.cluster.remote import Remote
+
+
+def remote_job_dir(compiled: CompiledConfig, invocation: str) -> str:
+    """`<execution.output_dir>/<invocation>` on the cluster (config validation, `check_cluster_paths`, has
+    made sure the profile has an absolute `remote_job_dir`)."""
+    execution = compiled.config.execution
+    if not isinstance(execution, SlurmExecution):
+        raise ConfigError(f"Profile [{compiled.profile.name}] does not run on Slurm.")
+    return posixpath.join(posixpath.normpath(execution.output_dir), invocation)
+
+
+def sbatch_spec(compiled: CompiledConfig, invocation: str, job_dir: str) -> SbatchSpec:
+    """The Slurm request of the invocation's job: the profile's resources (nodes: enough for the deployment)."""
+    execution = compiled.config.execution
+    assert isinstance(execution, SlurmExecution)
+    deployment_nodes = getattr(compiled.config.deployment, "num_nodes", 1)
+    return SbatchSpec(
+        invocation=invocation,
+        job_script=JobDir(job_dir).join(JobDir.SCRIPT),
+        tunnel_dir=tunnel_dir_for(compiled.profile.remote_job_dir or ""),
+        account=execution.account,
+        partition=execution.partition,
+        nodes=max(execution.num_nodes, deployment_nodes),
+        gpus_per_node=execution.gpus_per_node,
+        time=execution.walltime,
+        extra_flags=dict(execution.sbatch_extra_flags),
+    )
+
+
+def job_images(plan: JobPlan) -> list[ImageRef]:
+    """Every registry image the job's steps run in (the deployment's, each task's), for squashing."""
+    refs = []
+    if plan.deployment.step and plan.deployment.step.image and is_squashable(plan.deployment.step.image):
+        refs.append(ImageRef(dotpath="deployment.image", image=plan.deployment.step.image))
+    for i, task in enumerate(plan.tasks):
+        image = task.runs[0].step.image  # every run (repeat) of a task uses the task's container
+        if image and is_squashable(image):
+            refs.append(ImageRef(dotpath=f"evaluation.tasks[{i}].container ({task.name})", image=image))
+    return refs
+
+
+def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
+    """`plan` with each step's image replaced by its .sqsh file (images not in `mapping` stay)."""
+
+    def swap(step: Step) -> Step:
+        return dataclasses.replace(step, image=mapping.get(step.image, step.image)) if step.image else step
+
+    deployment = plan.deployment
+    if deployment.step is not None:
+        deployment = dataclasses.replace(deployment, step=swap(deployment.step))
+    tasks = tuple(
+        dataclasses.replace(t, runs=tuple(dataclasses.replace(r, step=swap(r.step)) for r in t.runs))
+        for t in plan.tasks
+    )
+    return dataclasses.replace(plan, deployment=deployment, tasks=tasks)
+
+
+def with_export_step(plan: JobPlan, compiled: CompiledConfig, python: str, *, key_file: str | None) -> JobPlan:
+    """`plan` ending with the in-job export (W&B, MLflow) when the config enables one.
+
+    The job exports its own results as it ends, so a detached job needs no CLI waiting for it; the
+    submitting environment's WANDB_MODE/WANDB_BASE_URL travel as arguments and the key only as `key_file`.
+    """
+    from ckpteval.export.invocation import enabled_destinations
+    from ckpteval.export.job import export_step_command
+
+    if not enabled_destinations(compiled.config.export):
+        return dataclasses.replace(plan, after_tasks=())
+    step = export_step_command(
+        python,
+        plan.job_dir,
+        invocation=plan.invocation,
+        tasks=[(t.name, t.dir) for t in plan.tasks],
+        key_file=key_file,
+    )
+    return dataclasses.replace(plan, after_tasks=('say "exporting the results"', step))
+
+
+def check_no_secrets(compiled: CompiledConfig, plan: JobPlan) -> None:
+    """Refuse to write a secret value (W&B key, tokens) into the job script or a run config."""
+    import yaml
+
+    texts = {JobDir.SCRIPT: render_job_script(plan, launcher="slurm")}
+    texts.update({f"{t.dir}/{r.layout.run_config}": yaml.safe_dump(r.run_config) for t in plan.tasks for r in t.runs})
+    for name, text in texts.items():
+        if compiled.secrets.redact(text) != text:
+            raise ConfigError(
+                f"A secret value (a key or token) would be written into {name} on the cluster.",
+                hint="Do not put credentials in env_vars or the config; the job reads them from files only its "
+                "owner can read (W&B: `wandb login` on the cluster).",
+            )
+
+
+def upload_job_files(remote: Remote, job_dir: str, files: dict[str, str], hook_dir: Path | None) -> None:
+    """Write the job's files into `job_dir` on the cluster (each atomically), and the harness hook."""
+    where = JobDir(job_dir)
+    remote.run(["mkdir", "-p", job_dir, where.join(JobDir.LOGS), where.join(JobDir.STATE)])
+    for rel, text in files.items():
+        remote.write_text_atomic(where.join(rel), text, mode=0o755 if rel == JobDir.SCRIPT else 0o644)
+    if hook_dir is not None and hook_dir.is_dir():
+        for path in sorted(hook_dir.rglob("*.py")):
+            rel = path.relative_to(hook_dir).as_posix()
+            remote.write_text_atomic(where.join(f"{JobDir.HOOK}/{rel}"), path.read_text(encoding="utf-8"))
+
+
+def local_hook_dir() -> Path | None:
+    from ckpteval.tasks.client import hook_dir
+
+    path = Path(hook_dir())
+    return path if path.is_dir() else None

@@ -1,0 +1,93 @@
+"""The layout of a job directory: every file name the job script writes and the readers look for.
+
+```
+<job_dir>/
+  config.yaml                 the compiled config (secrets redacted)
+  job.yaml                    provenance: command line, profile, config files, versions, time
+  job.sh                      the job script
+  hook/                       the harness's offline-data hook (Slurm: uploaded beside the job)
+  .secrets/                   owner-only files the job reads (the W&B key of a detached export)
+  state/{started,deployment,finished,slurm_job}
+  logs/{job.log,deployment.log}
+  tasks/<task>/run_config.yml nemo-evaluator's run config (a repeated task: run_config-rs<i>.yml)
+  tasks/<task>/repeats        a repeated task only: its number of samples per problem
+  tasks/<task>/{state,.done,client.log,output/}   (a repeated task: client-rs<i>.log, output-rs<i>/{...,.done})
+  results.json                written when the job's results are collected
+```
+
+`JobDir(root)` joins these names to a root: a local path (`path`) or a POSIX path on the cluster (`join`).
+The per-run names inside a task directory (`output/`, `client.log`, ...) are `ckpteval.tasks.repeats.RunLayout`'s.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpteval.tasks.repeats import DONE_MARKER, REPEATS_FILE, run_layouts
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """A job directory at `root` (on this machine, or on the cluster)."""
+
+    root: str
+
+    CONFIG = "config.yaml"
+    PROVENANCE = "job.yaml"
+    SCRIPT = "job.sh"
+    RESULTS = "results.json"  # the invocation's collected results (not the harness's results.yml)
+    HOOK = "hook"
+    SECRETS = ".secrets"
+    STATE = "state"
+    STARTED = "state/started"
+    DEPLOYMENT_STATE = "state/deployment"
+    FINISHED = "state/finished"
+    SLURM_JOB = "state/slurm_job"
+    LOGS = "logs"
+    JOB_LOG = "logs/job.log"
+    DEPLOYMENT_LOG = "logs/deployment.log"
+    TASKS = "tasks"
+    # files written before the job starts that the invocation's record keeps a copy of
+    RECORDED = (CONFIG, PROVENANCE)
+
+    def join(self, rel: str) -> str:
+        """`rel` under the root, as a POSIX path (the cluster's)."""
+        return posixpath.join(self.root, rel)
+
+    def path(self, rel: str = "") -> Path:
+        """`rel` under the root, as a local path."""
+        return Path(self.root) / rel if rel else Path(self.root)
+
+    @staticmethod
+    def task(dir_name: str) -> str:
+        """A task's directory (relative): `tasks/<dir_name>`."""
+        return f"{JobDir.TASKS}/{dir_name}"
+
+    @staticmethod
+    def task_state(task_dir: str) -> str:
+        return f"{task_dir}/state"
+
+    @staticmethod
+    def task_done(task_dir: str) -> str:
+        return f"{task_dir}/{DONE_MARKER}"
+
+    @staticmethod
+    def task_repeats(task_dir: str) -> str:
+        return f"{task_dir}/{REPEATS_FILE}"
+
+    @staticmethod
+    def task_logs(task_dir: str, repeats: int) -> list[str]:
+        """The client log of each run of a task (one for a greedy task), in run order."""
+        return [f"{task_dir}/{layout.log}" for layout in run_layouts(repeats)]
+
+    @staticmethod
+    def state_dirs(tasks: list[tuple[str, str, int]]) -> list[str]:
+        """The directories whose small files make up a snapshot: state/, each task dir and its outputs.
+
+        `tasks` are (name, task dir, repeats)."""
+        dirs = [JobDir.STATE]
+        for _name, task_dir, repeats in tasks:
+            dirs += [task_dir, *(f"{task_dir}/{layout.output}" for layout in run_layouts(repeats))]
+        return dirs

@@ -1,0 +1,314 @@
+"""`LocalBackend`: the job runs on this machine, as a plain process group.
+
+The job is the same bash script a Slurm allocation runs, started as a plain process in its own session
+rather than through nemo-run's LocalExecutor: importing nemo_run costs ~12 s here, and the script
+already does what an executor would (one process tree, logs, exit code) — so a plain process is
+simpler and faster. It is a child of the calling process (there is no detached local run): Ctrl-C stops
+it (and with it the deployment) and keeps finished tasks; `resume` runs it again where it stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.preview import PreviewPanel
+from ckpteval.errors import ConfigError, EvaluationError
+from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
+from ckpteval.execution.events import Reporter
+from ckpteval.execution.follow import watch
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import (
+    InvocationRecord,
+    LocalProcess,
+    new_record,
+    task_entries,
+    write_text_atomic,
+)
+from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+from ckpteval.execution.state import end_state
+from ckpteval.job.build import build_plan, local_toolchain
+from ckpteval.job.files import job_files, write_job_files
+from ckpteval.results.model import InvocationResults
+
+LOG_TAIL_LINES = 40
+DEPLOYMENT_FAILED = 3  # the job script's exit code when the deployment never became healthy
+
+
+def local_job_dir(compiled: CompiledConfig, invocation: str) -> Path:
+    """`<execution.output_dir>/<invocation>` as an absolute path (relative output dirs are per cwd)."""
+    base = Path(compiled.config.execution.output_dir).expanduser()
+    if not base.is_absolute():
+        base = compiled.request.cwd / base
+    return base.resolve() / invocation
+
+
+@dataclass
+class LocalPreparedJob:
+    """The job of a new invocation, planned for this machine."""
+
+    compiled: CompiledConfig
+    invocation: str
+
+    def __post_init__(self) -> None:
+        if self.compiled.mode == "batch":
+            # a local job is a child of this process (Ctrl-C stops it): there is no detached local run
+            name = self.compiled.profile.name
+            raise ConfigError(
+                f"--batch submits to a cluster and returns; profile [{name}] runs on this machine.",
+                hint=f"Use --run {name} (or neither flag) to run here, attached; or --batch with a Slurm profile.",
+            )
+        self.job_dir = JobDir(str(local_job_dir(self.compiled, self.invocation)))
+        self.plan = build_plan(
+            self.compiled,
+            invocation=self.invocation,
+            job_dir=self.job_dir.root,
+            toolchain=local_toolchain(),
+            launcher="local",
+        )
+        self.files = job_files(self.compiled, self.plan, launcher="local")
+
+    def preview(self, *, check: bool = False) -> list[PreviewPanel]:
+        """The job script (nothing to squash here)."""
+        return [
+            PreviewPanel(
+                title=f"job script {self.job_dir.join(JobDir.SCRIPT)}",
+                body=self.files[JobDir.SCRIPT],
+                language="bash",
+                full_only_in_dry_run=True,
+            )
+        ]
+
+    def submit(self, report: Reporter) -> LocalJob:
+        """Record the invocation, write the job's files, start the job."""
+        record = new_record(
+            self.compiled,
+            self.invocation,
+            executor="local",
+            job_dir=self.job_dir.root,
+            tasks=task_entries(self.plan),
+        )
+        record.local_results_dir = self.job_dir.root
+        record.save()
+        for name in JobDir.RECORDED:
+            write_text_atomic(record.path / name, self.files[name])
+        write_job_files(self.job_dir.path(), self.files)
+        return LocalJob.start(record)
+
+
+@dataclass
+class LocalJob:
+    """The job's process group on this machine."""
+
+    record: InvocationRecord
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    exports_here: bool = True
+    runs_detached: bool = False
+    stopped: bool = field(default=False)
+
+    @classmethod
+    def start(cls, record: InvocationRecord) -> LocalJob:
+        """`bash job.sh` in the job dir, in its own session (so it can be stopped as a whole), output to its log."""
+        job_dir = JobDir(record.job_dir)
+        job_dir.path(JobDir.LOGS).mkdir(exist_ok=True)
+        log = open(job_dir.path(JobDir.JOB_LOG), "ab")  # noqa: SIM115 (closed by close(), after the job)
+        proc = subprocess.Popen(
+            ["bash", str(job_dir.path(JobDir.SCRIPT))],
+            cwd=job_dir.path(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        record.process = LocalProcess(pid=proc.pid, start=process_start_time(proc.pid))
+        record.save()
+        return cls(record=record, proc=proc, log=log)
+
+    def follow(self, report: Reporter) -> None:
+        from ckpteval.tasks.progress import progress_reader
+
+        view = LocalJobView(Path(self.record.job_dir))
+        watch(
+            view,
+            self.record.task_dirs,
+            is_running=lambda: self.proc.poll() is None,
+            report=report,
+            progress=progress_reader,
+        )
+
+    def end(self, results: InvocationResults) -> JobEnd:
+        code = self.proc.wait()
+        state = end_state(code) or "failed"
+        if code == DEPLOYMENT_FAILED:
+            return JobEnd(state, "the job failed; last lines of its log:", _tail(self.record, LOG_TAIL_LINES))
+        return JobEnd(state)
+
+    def interrupt(self) -> bool:
+        """Ctrl-C stops the job here (its trap stops the deployment); finished tasks keep their results."""
+        _stop(self.proc)
+        self.stopped = True
+        return True
+
+    def collect(self) -> InvocationResults:
+        return collect_here(self.record)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class LocalBackend:
+    """Jobs on this machine."""
+
+    executor = "local"
+
+    def prepare(self, compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> LocalPreparedJob:
+        return LocalPreparedJob(compiled, invocation)
+
+    def status(self, record: InvocationRecord) -> InvocationStatus:
+        from ckpteval.tasks.progress import progress_reader
+
+        snapshot = take_snapshot(LocalJobView(Path(record.job_dir)), record.task_dirs, progress_reader)
+        running = job_process_alive(record)
+        state = end_state(snapshot.finished)
+        if state is None:
+            # no exit code recorded: running, or stopped from outside
+            state = ("running" if snapshot.started else "pending") if running else "cancelled"
+        return InvocationStatus(record=record, state=state, snapshot=snapshot)
+
+    def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+        job_dir = JobDir(record.job_dir)
+        path = job_dir.path(task_log(record, source, exists=lambda rel: job_dir.path(rel).exists()))
+        pos = 0
+        while True:
+            if path.exists():
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                    pos = fh.tell()
+                yield from chunk.splitlines()
+            if not follow or self.status(record).state not in ("running", "pending"):
+                if follow and path.exists():  # drain what was written after the last read
+                    with path.open("r", encoding="utf-8", errors="replace") as fh:
+                        fh.seek(pos)
+                        yield from fh.read().splitlines()
+                return
+            time.sleep(0.5)
+
+    def cancel(self, record: InvocationRecord) -> str:
+        if not job_process_alive(record) or record.process is None:
+            return f"invocation {record.id} is not running"
+        pid = record.process.pid
+        os.killpg(pid, signal.SIGTERM)  # the job's trap stops the deployment
+        for _ in range(100):
+            if not job_process_alive(record):
+                break
+            time.sleep(0.2)
+        return f"cancelled invocation {record.id} (process group {pid})"
+
+    def results(self, record: InvocationRecord) -> InvocationResults:
+        from ckpteval.results.collect import collect_results
+        from ckpteval.results.store import read_results
+
+        job_dir = JobDir(record.job_dir)
+        path = job_dir.path(JobDir.RESULTS)
+        if path.exists():
+            return read_results(path)
+        if not job_dir.path().exists():
+            raise EvaluationError(f"The job directory of invocation {record.id} is gone: {job_dir.root}.")
+        return collect_results(
+            job_dir.path(), record.task_dirs, invocation=record.id, created=record.created, model=None
+        )
+
+    def resume(self, record: InvocationRecord, report: Reporter) -> LocalJob:
+        """Run the job again in its job directory (always followed: it is a child of this process).
+
+        Tasks marked done are skipped; the interrupted task's harness replays its cached responses, so only
+        the requests it had not answered reach the model.
+        """
+        if job_process_alive(record):
+            assert record.process is not None
+            raise ConfigError(
+                f"Invocation {record.id} is still running (process group {record.process.pid}).",
+                hint=f"Wait for it, or `evaluate cancel {record.id}` first.",
+            )
+        job_dir = JobDir(record.job_dir)
+        if not job_dir.path(JobDir.SCRIPT).is_file():
+            raise ConfigError(
+                f"The job directory of invocation {record.id} is gone: {job_dir.root}.",
+                hint="Run the `evaluate` command again to start over.",
+            )
+        return LocalJob.start(record)
+
+
+def collect_here(record: InvocationRecord) -> InvocationResults:
+    """The results of a local job from its task dirs, written to its results.json."""
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import write_results
+
+    job_dir = JobDir(record.job_dir).path()
+    results = collect_results(
+        job_dir, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
+    )
+    write_results(job_dir, results)
+    return results
+
+
+def process_start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc/<pid>/stat), or None if it has exited.
+
+    Recorded with the job's pid: a pid the system reuses later belongs to a process with another start time.
+    """
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on, after "pid (comm)"
+    if fields[0] in ("Z", "X"):
+        return None  # exited, not yet reaped by its parent: it runs no more
+    return fields[19]  # field 22: starttime
+
+
+def job_process_alive(record: InvocationRecord) -> bool:
+    """Whether the local job's process still runs: its recorded pid is alive AND started when the job did.
+
+    A bare pid is not enough: after the job ends (or the machine reboots) the number can be reused by an
+    unrelated process, which `status` would report as running and `cancel` would signal.
+    """
+    if record.process is None:
+        return False
+    pid = record.process.pid
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, someone else's: the start time decides
+    now = process_start_time(int(pid))
+    started = record.process.start
+    return now is not None and (started is None or now == started)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the job's process group (its trap stops the deployment); SIGKILL if it lingers."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _tail(record: InvocationRecord, lines: int) -> str:
+    path = JobDir(record.job_dir).path(JobDir.JOB_LOG)
+    text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+    return "\n".join(text)

@@ -1,0 +1,428 @@
+"""`SlurmBackend`: the job runs as one Slurm job on a cluster, submitted with nemo-run over SSH.
+
+Submitting (`SlurmPreparedJob.submit`), over one connection that is reopened if it drops:
+1. connect (a clear error for an unknown host key, failed login, unreachable host) and check the
+   partition and account against the cluster (before the slow nemo-run import);
+2. squash every container image of the job to a cached .sqsh and point the job's steps at the files;
+3. render the job files — refusing any secret value in them — and upload them, with the harness's
+   offline-data hook, to `<output_dir>/<invocation>/` (`ckpteval.cluster.submission`);
+4. record the invocation locally (so status/logs/cancel/results work from any shell), then submit
+   through nemo-run (`SlurmExecutor`, see `ckpteval.cluster.sbatch` for the shape of the job).
+
+Following (`SlurmJob.follow`): the job's state files and log, read in one round trip per tick, and a
+note whenever Slurm's view changes (pending with its reason, running). Ctrl-C leaves the job running:
+whether to cancel it is the caller's question. When it has ended, the result files are fetched into
+`<record dir>/job/` and `results.json` written there and on the cluster.
+
+Later commands (status, logs, cancel, results) open one connection each: squeue/sacct for Slurm's
+view, the job's state files for ours, `scancel` to stop it. Nothing but `submit` imports nemo-run. A
+cancelled, preempted or timed-out job is resubmitted by `resume`: the same job script in the same
+directory, which skips finished tasks and replays cached responses of the interrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ckpteval.cluster.jobview import LogTail, RemoteJobView
+from ckpteval.cluster.sbatch import SbatchSpec, render_sbatch_preview
+from ckpteval.cluster.session import ClusterSession
+from ckpteval.cluster.slurm import ClusterFacts, SlurmJobState, cancel_job, job_state
+from ckpteval.cluster.submission import (
+    check_no_secrets,
+    job_images,
+    local_hook_dir,
+    remote_job_dir,
+    sbatch_spec,
+    upload_job_files,
+    with_export_step,
+    with_images,
+)
+from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.preview import PreviewPanel
+from ckpteval.config.profiles import Profile
+from ckpteval.errors import ClusterError, ConfigError, EvaluationError
+from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
+from ckpteval.execution.events import Note, Reporter
+from ckpteval.execution.follow import watch
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import (
+    InvocationRecord,
+    SlurmSubmission,
+    new_record,
+    task_entries,
+    write_text_atomic,
+)
+from ckpteval.execution.slurm_state import (
+    combine_state,
+    fetch_results,
+    local_job_copy,
+    log_tail,
+    open_session,
+    record_profile,
+    remember,
+    remembered,
+    slurm_output_path,
+    state_dirs,
+    submission_of,
+    submit_failed,
+)
+from ckpteval.execution.snapshot import settle_tasks, take_snapshot
+from ckpteval.execution.state import end_state
+from ckpteval.job.build import build_plan, slurm_toolchain
+from ckpteval.job.files import job_files
+from ckpteval.job.script import render_job_script
+from ckpteval.results.model import InvocationResults
+
+POLL_SLURM_S = 3.0
+UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
+FOLLOW_INTERVAL_S = 2.0  # a redraw costs a remote command or two: cheap, but not free on a busy login node
+
+
+@dataclass
+class SlurmPreparedJob:
+    """The job of a new invocation, planned for a Slurm cluster."""
+
+    compiled: CompiledConfig
+    invocation: str
+    force_squash: bool = False
+
+    def __post_init__(self) -> None:
+        self.profile: Profile = self.compiled.profile
+        self.job_dir = remote_job_dir(self.compiled, self.invocation)
+        self.toolchain = slurm_toolchain(self.profile.python, self.job_dir)
+        self.plan = build_plan(
+            self.compiled, invocation=self.invocation, job_dir=self.job_dir, toolchain=self.toolchain, launcher="slurm"
+        )
+        self.spec = sbatch_spec(self.compiled, self.invocation, self.job_dir)
+        self.images = job_images(self.plan)
+        self.plan = with_export_step(self.plan, self.compiled, self.profile.python, key_file=self._planned_key_file())
+
+    def _planned_key_file(self) -> str | None:
+        """Where the job will read the W&B key (shown by a dry run), when W&B export is on and online."""
+        from ckpteval.export.credentials import key_file_path, wandb_mode
+
+        if not self.compiled.config.export.wandb.enabled or wandb_mode(os.environ) != "online":
+            return None
+        return key_file_path(self.job_dir)
+
+    def preview(self, *, check: bool = False) -> list[PreviewPanel]:
+        """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
+        asked unless `check`)."""
+        from ckpteval.cluster.export_deploy import preview_entry_point
+        from ckpteval.cluster.squash import plan_squash
+
+        squash = plan_squash(self.images, self.profile, check=check, force=self.force_squash)
+        # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
+        plan, entry_panel = preview_entry_point(self.plan, self.compiled, squash, check=check)
+        # the script as it will run: images shown as their .sqsh files
+        script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
+        return [
+            PreviewPanel(
+                title="sbatch script (submitted by nemo-run)", body=render_sbatch_preview(self.spec), language="bash"
+            ),
+            PreviewPanel(title=f"job script ({self.spec.job_script})", body=script, language="bash"),
+            PreviewPanel(title="squash plan", body="", squash=squash),
+            *([entry_panel] if entry_panel else []),
+        ]
+
+    def submit(self, report: Reporter) -> SlurmJob:
+        """Squash, upload, record, submit (the connection stays open for following)."""
+        from ckpteval.cluster.export_deploy import resolve_for_run
+        from ckpteval.cluster.preflight import check_builtin_python
+        from ckpteval.cluster.slurm import check_request, cluster_facts
+        from ckpteval.cluster.squash import ensure_squashed
+
+        check_no_secrets(self.compiled, self.plan)  # before anything is contacted
+        session = ClusterSession(self.profile, on_reconnect=lambda m: report(Note(m, "warning")))
+        try:
+            remote = session.remote  # connects: unknown host key, failed login, unreachable host end here
+            report(Note(f"connected to {remote.description}"))
+            facts = cluster_facts(remote)
+            check_request(facts, partition=self.spec.partition, account=self.spec.account, where=remote.description)
+            check_builtin_python(remote, self.plan, self.profile)  # the job's python imports ckpteval there
+            plan = self.plan
+            if plan.after_tasks and self.compiled.config.export.wandb.enabled:
+                from ckpteval.export.job import stage_wandb_key
+
+                # the key goes to an owner-only file on the cluster (never into the script or the preview)
+                key_file = stage_wandb_key(
+                    remote, self.job_dir, secrets=self.compiled.secrets, on_note=lambda m: report(Note(m, "warning"))
+                )
+                plan = with_export_step(plan, self.compiled, self.profile.python, key_file=key_file)
+            if self.images:
+                squashed = ensure_squashed(
+                    self.images, self.profile, remote=remote, force=self.force_squash, on_event=report
+                )
+                plan = with_images(plan, squashed.mapping)
+            plan, entry_note = resolve_for_run(plan, self.compiled, remote)  # probe/cache Export-Deploy's script
+            if entry_note:
+                report(Note(entry_note))
+            files = job_files(self.compiled, plan, launcher="slurm")
+            hook = local_hook_dir() if self.toolchain.hook_dir else None
+            upload_job_files(remote, self.job_dir, files, hook)
+            submission = SlurmSubmission(
+                connection=self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
+                sbatch=dataclasses.asdict(self.spec),
+            )
+            record = new_record(
+                self.compiled,
+                self.invocation,
+                executor="slurm",
+                job_dir=self.job_dir,
+                tasks=task_entries(plan),
+                slurm=submission,
+            )
+            record.local_results_dir = str(local_job_copy(record))
+            record.save()
+            for name in (*JobDir.RECORDED, JobDir.SCRIPT):
+                write_text_atomic(record.path / name, files[name])
+            submit_job(record, self.spec, self.profile, report, facts=facts)
+        except BaseException:
+            session.close()
+            raise
+        return SlurmJob(record, session)
+
+
+def submit_job(
+    record: InvocationRecord,
+    spec: SbatchSpec,
+    profile: Profile,
+    report: Reporter,
+    *,
+    facts: ClusterFacts | None = None,
+) -> None:
+    """Submit the job through nemo-run and note its Slurm job id in the record (saved)."""
+    from ckpteval.cluster.nemorun import submit
+
+    slurm = submission_of(record)
+    report(Note(f"submitting with nemo-run (job {spec.job_name}) ..."))
+    try:
+        submitted = submit(spec, profile, log_path=record.path / "nemo-run.log", facts=facts)
+    except ClusterError as exc:
+        slurm.submit_error = exc.message
+        record.save()
+        raise
+    slurm.job_ids.append(submitted.job_id)
+    slurm.nemo_run_experiment = submitted.experiment_id
+    slurm.nemo_run_dir = submitted.nemo_run_dir
+    slurm.submit_error = None
+    record.final = None  # a new job: its status is asked again
+    record.save()
+    if submitted.sbatch_script:
+        write_text_atomic(record.path / "sbatch.sh", submitted.sbatch_script)
+
+
+@dataclass
+class SlurmJob:
+    """A submitted Slurm job, followed over the connection that submitted it."""
+
+    record: InvocationRecord
+    session: ClusterSession
+    exports_here: bool = False  # the job exports its own results as it ends (`with_export_step`)
+    runs_detached: bool = True
+
+    def __post_init__(self) -> None:
+        self.final: SlurmJobState | None = None
+
+    def follow(self, report: Reporter) -> None:
+        """Report progress and the job's log until Slurm says the job has ended."""
+        from ckpteval.tasks.progress import progress_reader
+
+        record = self.record
+        report(Note(f"following invocation {record.id} (Ctrl-C to detach or cancel)", "notice"))
+        watcher = _SlurmWatch(self.session, str(record.slurm_job_id), report)
+        log = LogTail(self.session, JobDir(record.job_dir).join(JobDir.JOB_LOG))
+        view = RemoteJobView(self.session, record.job_dir)
+        dirs = state_dirs(record)
+        watch(
+            view,
+            record.task_dirs,
+            is_running=watcher.running,
+            report=report,
+            progress=progress_reader,
+            interval=FOLLOW_INTERVAL_S,
+            new_log_lines=log.read,
+            before_snapshot=lambda: view.prefetch(dirs),  # the snapshot then reads from one round trip
+        )
+        from ckpteval.execution.events import LogLines
+
+        rest = log.read(final=True)
+        if rest:
+            report(LogLines(tuple(rest)))
+        self.final = watcher.refresh(force=True)
+
+    def interrupt(self) -> bool:
+        """Ctrl-C leaves the job running on the cluster."""
+        return False
+
+    def collect(self) -> InvocationResults:
+        return fetch_results(self.session, self.record, final=True)
+
+    def end(self, results: InvocationResults) -> JobEnd:
+        word = self.final.state if self.final else "UNKNOWN"
+        if results.status == "succeeded" and word == "COMPLETED":
+            return JobEnd("succeeded")
+        state = end_state(None, word) or "failed"
+        tail = log_tail(self.session, self.record)
+        return JobEnd(
+            "failed" if state == "succeeded" else state, f"the job ended {word.lower()}; last lines of its log:", tail
+        )
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _SlurmWatch:
+    """Slurm's state of the job, asked at most every few seconds; reports when it changes."""
+
+    def __init__(self, session: ClusterSession, job_id: str, report: Reporter) -> None:
+        self.session = session
+        self.job_id = job_id
+        self.report = report
+        self.state: SlurmJobState | None = None
+        self._asked = 0.0
+        self._unknown_since: float | None = None
+
+    def refresh(self, *, force: bool = False) -> SlurmJobState:
+        if force or self.state is None or time.monotonic() - self._asked >= POLL_SLURM_S:
+            self._asked = time.monotonic()
+            new = self.session.call(lambda r: job_state(r, self.job_id))
+            if self.state is None or (new.state, new.reason) != (self.state.state, self.state.reason):
+                why = f" ({new.reason})" if new.reason else ""
+                self.report(Note(f"Slurm job {self.job_id}: {new.state.lower()}{why}", "change"))
+            self.state = new
+        return self.state
+
+    def running(self) -> bool:
+        state = self.refresh()
+        if state.state != "UNKNOWN":
+            self._unknown_since = None
+            return state.active
+        # right after submission, or while sacct lags: keep watching, for a while
+        now = time.monotonic()
+        self._unknown_since = self._unknown_since or now
+        return now - self._unknown_since < UNKNOWN_GRACE_S
+
+
+class SlurmBackend:
+    """Jobs on a Slurm cluster."""
+
+    executor = "slurm"
+
+    def prepare(self, compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> SlurmPreparedJob:
+        return SlurmPreparedJob(compiled, invocation, force_squash=force_squash)
+
+    def status(self, record: InvocationRecord) -> InvocationStatus:
+        """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection.
+
+        Once the latest job has ended its status is kept in the record, so listing old invocations does
+        not connect to their clusters again.
+        """
+        known = submit_failed(record) or remembered(record)
+        if known:
+            return known
+        with open_session(record) as session:
+            slurm = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
+            view = RemoteJobView(session, record.job_dir)
+            view.prefetch(state_dirs(record))
+            from ckpteval.tasks.progress import progress_reader
+
+            snapshot = take_snapshot(view, record.task_dirs, progress_reader)
+            state, detail = combine_state(slurm, snapshot)
+            tail = log_tail(session, record) if state == "failed" else ""
+        status = InvocationStatus(
+            record=record,
+            state=state,
+            snapshot=settle_tasks(snapshot, slurm.active),
+            detail=detail,
+            slurm_job=slurm.job_id,
+            log_tail=tail,
+        )
+        if state in ("succeeded", "failed", "cancelled"):
+            remember(status)
+        return status
+
+    def cancel(self, record: InvocationRecord) -> str:
+        """scancel the job and wait until Slurm has stopped it (the deployment with it)."""
+        if not record.slurm_job_id:
+            return f"invocation {record.id} was never submitted"
+        with open_session(record) as session:
+            before = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
+            if not before.active:
+                return f"invocation {record.id} is not running (Slurm job {before.job_id}: {before.state.lower()})"
+            after = session.call(lambda r: cancel_job(r, str(record.slurm_job_id)))
+        if after.active:
+            return (
+                f"asked Slurm to cancel job {after.job_id} of invocation {record.id}; it is still {after.state.lower()}"
+            )
+        return f"cancelled invocation {record.id} (Slurm job {after.job_id}: {after.state.lower()})"
+
+    def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+        """The job's log lines (`job`, `deployment`, a task name, or `slurm` for nemo-run's sbatch output);
+        with `follow`, keep yielding new lines until the job has ended (reconnecting if the connection drops)."""
+        if not record.slurm_job_id:
+            raise EvaluationError(
+                f"Invocation {record.id} was never submitted: it has no log.",
+                hint=submission_of(record).submit_error or "",
+            )
+        path = slurm_output_path(record) if source == "slurm" else JobDir(record.job_dir).join(task_log(record, source))
+        with open_session(record) as session:
+            tail = LogTail(session, path)
+            last_check = 0.0
+            while True:
+                yield from tail.read()
+                if not follow:
+                    yield from tail.read(final=True)
+                    return
+                if time.monotonic() - last_check > 3.0:
+                    last_check = time.monotonic()
+                    if not session.call(lambda r: job_state(r, str(record.slurm_job_id))).active:
+                        yield from tail.read(final=True)
+                        return
+                time.sleep(1.0)
+
+    def results(self, record: InvocationRecord) -> InvocationResults:
+        """results.json fetched before, or fetched from the cluster now (partial while the job still runs)."""
+        from ckpteval.results.store import read_results
+
+        local = local_job_copy(record) / JobDir.RESULTS
+        if local.is_file() and submission_of(record).results_of_job == record.slurm_job_id:
+            return read_results(local)
+        if not record.slurm_job_id:
+            raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")
+        with open_session(record) as session:
+            slurm = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
+            return fetch_results(session, record, final=not slurm.active)
+
+    def resume(self, record: InvocationRecord, report: Reporter) -> SlurmJob:
+        """Resubmit the same job script with the Slurm request recorded at submission."""
+        submission = submission_of(record)
+        if not submission.sbatch:
+            raise ConfigError(f"Invocation {record.id} has no recorded Slurm request to resubmit.")
+        spec = SbatchSpec(**submission.sbatch)
+        profile = record_profile(record)
+        session = ClusterSession(profile, on_reconnect=lambda m: report(Note(m, "warning")))
+        try:
+            remote = session.remote
+            if record.slurm_job_id:
+                state = job_state(remote, record.slurm_job_id)
+                if state.active:
+                    raise ConfigError(
+                        f"Invocation {record.id} is still {state.state.lower()} (Slurm job {state.job_id}).",
+                        hint=f"Wait for it, or `evaluate cancel {record.id}` first.",
+                    )
+            if not remote.exists(spec.job_script):
+                raise ClusterError(
+                    f"The job script of invocation {record.id} is gone from the cluster: {spec.job_script}.",
+                    hint="Run the `evaluate` command again to start over.",
+                )
+            submit_job(record, spec, profile, report)
+        except BaseException:
+            session.close()
+            raise
+        return SlurmJob(record, session)

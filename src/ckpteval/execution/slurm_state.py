@@ -1,0 +1,162 @@
+"""What the Slurm backend knows of a submitted job between commands: how to reach its cluster again, its
+state from Slurm's view and its own state files (kept in the record once it has ended), the end of its
+log, and its result files fetched back into `<record dir>/job/`."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Callable
+from pathlib import Path
+
+from ckpteval.cluster.jobview import RemoteJobView
+from ckpteval.cluster.session import ClusterSession
+from ckpteval.cluster.slurm import SlurmJobState
+from ckpteval.config.profiles import Profile
+from ckpteval.errors import ClusterError
+from ckpteval.execution.backend import InvocationStatus
+from ckpteval.execution.jobdir import JobDir
+from ckpteval.execution.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
+from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
+from ckpteval.execution.state import State, end_state
+from ckpteval.results.model import InvocationResults
+
+LOG_TAIL_LINES = 30
+
+
+def submission_of(record: InvocationRecord) -> SlurmSubmission:
+    if record.slurm is None:
+        raise ClusterError(f"Invocation {record.id} has no Slurm submission recorded.")
+    return record.slurm
+
+
+def record_profile(record: InvocationRecord) -> Profile:
+    """The profile the invocation was submitted with (how to reach its cluster)."""
+    saved = submission_of(record).connection
+    if not saved:
+        raise ClusterError(f"Invocation {record.id} does not say how to reach its cluster (no connection recorded).")
+    known = {f.name for f in dataclasses.fields(Profile)}
+    return Profile(**{k: v for k, v in saved.items() if k in known})
+
+
+def open_session(record: InvocationRecord, *, on_reconnect: Callable[[str], None] | None = None) -> ClusterSession:
+    """A connection to the invocation's cluster, reopened if it drops."""
+    return ClusterSession(record_profile(record), on_reconnect=on_reconnect)
+
+
+def local_job_copy(record: InvocationRecord) -> Path:
+    """Where the job directory's result files are fetched to: `<record dir>/job`."""
+    return record.path / "job"
+
+
+def state_dirs(record: InvocationRecord) -> list[str]:
+    """The job directories whose small files make up a snapshot."""
+    return JobDir.state_dirs([(t.name, t.dir, t.repeats) for t in record.tasks])
+
+
+def combine_state(slurm: SlurmJobState, snapshot: JobSnapshot | None) -> tuple[State, str]:
+    """The invocation's state (pending, running, succeeded, failed, cancelled, unknown) and a detail,
+    from Slurm's view of the job and the job's own state files."""
+    finished = snapshot.finished if snapshot else None
+    if slurm.pending:
+        return "pending", slurm.reason or slurm.state.lower()
+    if slurm.active:
+        if slurm.state == "SUSPENDED":
+            return "running", "suspended"
+        return "running", ""
+    if end_state(None, slurm.state) is None:  # Slurm no longer knows the job: the job's own exit code decides
+        ours = end_state(finished)
+        if ours is None:
+            return "unknown", slurm.reason or "Slurm does not know the job any more"
+        return ours, "" if ours == "succeeded" else f"exit {finished}"
+    ours = end_state(finished, slurm.state) or "failed"
+    detail = ""
+    if ours == "failed":
+        if slurm.state == "TIMEOUT":
+            detail = "time limit reached; `evaluate resume` continues where it stopped"
+        elif slurm.state in ("NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
+            detail = slurm.state.lower().replace("_", " ")
+        elif snapshot and snapshot.deployment == "failed":
+            detail = "the deployment failed"
+        elif snapshot:
+            failed = [t.name for t in snapshot.tasks if t.state.startswith("failed")]
+            detail = f"failed: {', '.join(failed)}" if failed else f"exit {slurm.exit_code or finished}"
+    elif ours == "cancelled" and slurm.state == "PREEMPTED":
+        detail = "preempted; `evaluate resume` continues where it stopped"
+    return ours, detail
+
+
+def log_tail(session: ClusterSession, record: InvocationRecord, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of the job's log (or, if the job script never ran, of nemo-run's Slurm output)."""
+    text = RemoteJobView(session, record.job_dir).read_text(JobDir.JOB_LOG)
+    if not text and record.slurm and record.slurm.nemo_run_dir and record.slurm_job_id:
+        text = session.call(lambda r: r.read_text_if_exists(slurm_output_path(record)))
+    return "\n".join((text or "").splitlines()[-lines:])
+
+
+def slurm_output_path(record: InvocationRecord) -> str:
+    """nemo-run's sbatch output file of the latest job (Slurm's own messages, nemo-run's setup)."""
+    name = f"ckpteval-{record.id}"
+    nemo_run_dir = (record.slurm.nemo_run_dir if record.slurm else None) or ""
+    return posixpath.join(nemo_run_dir, f"sbatch_{name}_{record.slurm_job_id}.out")
+
+
+def submit_failed(record: InvocationRecord) -> InvocationStatus | None:
+    if record.slurm_job_id:
+        return None
+    error = (record.slurm.submit_error if record.slurm else None) or "it was never submitted"
+    return InvocationStatus(record=record, state="failed", snapshot=None, detail=f"not submitted: {error}")
+
+
+def remembered(record: InvocationRecord) -> InvocationStatus | None:
+    """The final status saved when the latest job was last seen ended (no connection needed)."""
+    final = record.final
+    if final is None or final.job != record.slurm_job_id:
+        return None
+    tasks = tuple(TaskSnapshot(**dataclasses.asdict(t)) for t in final.tasks)
+    snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished)
+    return InvocationStatus(
+        record=record,
+        state=final.state,  # type: ignore[arg-type]
+        snapshot=snapshot,
+        detail=final.detail,
+        slurm_job=record.slurm_job_id,
+        log_tail=final.log_tail,
+    )
+
+
+def remember(status: InvocationStatus) -> None:
+    record, snapshot = status.record, status.snapshot
+    assert snapshot is not None
+    record.final = FinalStatus(
+        job=record.slurm_job_id,
+        state=status.state,
+        detail=status.detail,
+        log_tail=status.log_tail,
+        deployment=snapshot.deployment,
+        finished=snapshot.finished,
+        tasks=[TaskStatus(**dataclasses.asdict(t)) for t in snapshot.tasks],
+    )
+    record.save()
+
+
+def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: bool) -> InvocationResults:
+    """Fetch the job directory's result files and collect the results (written to results.json, here and
+    on the cluster, when `final`: the job has ended)."""
+    from ckpteval.cluster.fetch import fetch_job_dir
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import write_results
+
+    local = local_job_copy(record)
+    session.call(lambda r: fetch_job_dir(r, record.job_dir, local))
+    results = collect_results(
+        local, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
+    )
+    if final:
+        path = write_results(local, results)
+        text = path.read_text(encoding="utf-8")
+        session.call(lambda r: r.write_text_atomic(JobDir(record.job_dir).join(JobDir.RESULTS), text))
+        record.local_results_dir = str(local)
+        submission_of(record).results_of_job = record.slurm_job_id  # a resubmitted job makes them stale
+        record.save()
+    return results

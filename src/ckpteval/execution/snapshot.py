@@ -1,0 +1,91 @@
+"""A job's state as its files say it: a `JobView` reads them (here or over SSH), `take_snapshot` makes one
+snapshot (`ckpteval.execution.follow` reports one per tick while a job runs).
+
+The job writes small state files (`state/*`, `tasks/<dir>/state`, see `JobDir`) and the harness writes
+its progress into each task's output dir.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ckpteval.execution.jobdir import JobDir
+
+
+class JobView(Protocol):
+    """Read-only access to a job directory (local files, or SFTP on a cluster)."""
+
+    def read_text(self, rel: str) -> str | None:
+        """The file's text, or None when it does not exist (yet)."""
+        ...
+
+
+class LocalJobView:
+    """Job files on this machine."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+
+    def read_text(self, rel: str) -> str | None:
+        try:
+            return (self.job_dir / rel).read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    name: str
+    dir: str
+    state: str  # pending | running | succeeded | failed N | skipped | cancelled
+    done: int = 0
+    total: int | None = None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    deployment: str  # starting | ready | failed | stopped | none | "" (not started)
+    tasks: tuple[TaskSnapshot, ...]
+    finished: int | None  # the job's exit code once it has ended
+
+    @property
+    def succeeded(self) -> bool:
+        return self.finished == 0
+
+    @property
+    def started(self) -> bool:
+        return bool(self.deployment) or any(t.state != "pending" for t in self.tasks)
+
+
+ProgressReader = Callable[[JobView, str], tuple[int, int | None]]
+
+
+def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: ProgressReader | None) -> JobSnapshot:
+    """The job's state now. `tasks` is (name, dir) in run order."""
+    finished_text = view.read_text(JobDir.FINISHED)
+    finished = int(finished_text.strip()) if finished_text and finished_text.strip().lstrip("-").isdigit() else None
+    deployment = (view.read_text(JobDir.DEPLOYMENT_STATE) or "").strip()
+    snaps = []
+    for name, task_dir in tasks:
+        state = (view.read_text(JobDir.task_state(task_dir)) or "").strip() or "pending"
+        if state == "pending" and view.read_text(JobDir.task_done(task_dir)) is not None:
+            state = "succeeded"
+        done, total = (0, None)
+        if progress is not None and state != "pending":
+            done, total = progress(view, task_dir)
+        snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, done=done, total=total))
+    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished)
+
+
+def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:
+    """Once the job has stopped, a task still marked running was interrupted: say so."""
+    if active:
+        return snapshot
+    tasks = tuple(
+        TaskSnapshot(t.name, t.dir, "cancelled", t.done, t.total) if t.state == "running" else t for t in snapshot.tasks
+    )
+    deployment = "stopped" if snapshot.deployment in ("starting", "ready") else snapshot.deployment
+    return JobSnapshot(deployment=deployment, tasks=tasks, finished=snapshot.finished)

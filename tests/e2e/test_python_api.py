@@ -1,0 +1,78 @@
+"""`import ckpteval; ckpteval.run(...)` from Python: the tiny evaluation runs, nothing is printed, the scores
+come back — and the same invocation is then found by `ckpteval.status` / `ckpteval.results`.
+
+The model is the tiny packaged one behind the builtin server (as in test_delegate.py), evaluated on a few
+zero-shot GSM8K problems, so the whole test takes about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deploy_support import RunningServer, start_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MODEL = "tiny-model"
+
+SCRIPT = """
+import json, sys
+import ckpteval
+outcome = ckpteval.run(configs=["tiny"], tasks=["gsm8k"], overrides=sys.argv[1:])
+again = ckpteval.results(outcome.invocation)
+state = ckpteval.status(outcome.invocation).state
+sys.__stdout__.write(json.dumps({"invocation": outcome.invocation, "exit": outcome.exit_status,
+    "state": outcome.state, "scores": outcome.scores, "again": again.to_json(), "status": state}))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    from ckpteval.deploy import prepare_checkpoint
+
+    root = tmp_path_factory.mktemp("api-model")
+    running = start_server(prepare_checkpoint("tiny", root / "tiny"), root, name=MODEL)
+    yield running
+    running.stop()
+
+
+def test_run_from_python_prints_nothing_and_returns_the_scores(server: RunningServer, tmp_path: Path) -> None:
+    params = "evaluation.nemo_evaluator_config.config.params"
+    overrides = [
+        "deployment=none",
+        f"target.api_endpoint.url={server.url}/v1/completions",
+        f"target.api_endpoint.model_id={MODEL}",
+        f"{params}.limit_samples=3",
+        f"+{params}.extra.num_fewshot=0",  # the tiny model's context holds zero-shot prompts only
+        f"{params}.max_new_tokens=16",
+        f"{params}.parallelism=1",
+    ]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *overrides], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr == ""  # the library printed nothing itself: no progress, no table, no preview
+    out = json.loads(proc.stdout)  # and nothing on stdout but what the script wrote
+    assert (out["exit"], out["state"], out["status"]) == (0, "succeeded", "succeeded")
+    gsm8k = out["scores"]["gsm8k"]
+    assert gsm8k and all(0.0 <= value <= 1.0 for value in gsm8k.values())
+    # the same scores as results.json, which `ckpteval.results` (and `evaluate results`) read later
+    saved = out["again"]["tasks"]["gsm8k"]
+    assert {name: metric["value"] for name, metric in saved["metrics"].items()} == gsm8k
+    job_dir = tmp_path / "results" / out["invocation"]
+    assert json.loads((job_dir / "results.json").read_text())["tasks"]["gsm8k"]["status"] == "succeeded"
