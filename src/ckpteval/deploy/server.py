@@ -214,4 +214,12 @@ def _in_main_thread() -> bool:
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A line of the server's own story (loading, serving, stopped) on its stderr: the deployment log."""
+    announce = logging.getLogger("ckpteval.deploy.serve")
+    if not announce.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        announce.addHandler(handler)
+        announce.setLevel(logging.INFO)
+        announce.propagate = False
+    announce.info(message)
