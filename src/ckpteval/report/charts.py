@@ -141,7 +141,9 @@ def write_png(chart: BarChart, path: Path, *, dpi: int = 150) -> Path:
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(chart.groups) + 2), 3.2), dpi=dpi)
     try:
         for s, name in enumerate(chart.series):
-            xs, values, errs = [], [], [[], []]
+            xs: list[float] = []
+            values: list[float] = []
+            errs: list[list[float]] = [[], []]
             for g, (_, bars) in enumerate(chart.groups):
                 bar = next((b for b in bars if b.series == name), None)
                 if bar is None:
