@@ -186,7 +186,7 @@ def _write_run(
         for name, path in sorted(spec.content.files.items()):
             artifact.add_file(str(path), name=name)
         for task, table in sample_tables(spec.content).items():  # browsable per-sample scores
-            artifact.add(wandb.Table(columns=table.columns, data=table.rows), f"samples/{_safe(task)}")
+            artifact.add(wandb.Table(columns=list[str | int](table.columns), data=table.rows), f"samples/{_safe(task)}")
         run.log_artifact(artifact)
         url = run.url if mode == "online" else None
         run_dir = str(Path(run.dir).parent)  # <wandb_dir>/wandb/[offline-]run-<time>-<id>
