@@ -66,9 +66,11 @@ def test_a_pair_of_per_sample_files_compared_by_hand():
     assert row.p_value == pytest.approx(112 / 1024)
     assert row.p_adjusted == pytest.approx(112 / 1024)  # one comparison: Holm changes nothing
     assert row.verdict == "no evidence"
-    # the bootstrap CI, redone here one resample at a time from the documented generator
+    # the bootstrap CI, redone here one resample at a time from the documented generator: how often each
+    # distinct difference (-1, 0, +1: 2, 30, 8 documents) is drawn among n draws with replacement
     rng = np.random.default_rng(0)
-    means = [diffs[rng.integers(0, n, size=n)].mean() for _ in range(10_000)]
+    values, freq = np.array([-1.0, 0.0, 1.0]), np.array([2, 30, 8]) / n
+    means = [float(rng.multinomial(n, freq) @ values) / n for _ in range(10_000)]
     low, high = np.quantile(means, [0.025, 0.975])
     assert (row.ci_low, row.ci_high) == (pytest.approx(low), pytest.approx(high))
     # ... and close to the normal approximation 0.15 +- 1.96 * sd / sqrt(n)
@@ -115,6 +117,15 @@ def test_only_common_documents_are_paired_and_holm_spans_tasks():
     assert t2.p_value == pytest.approx(2 / 2**10)
     assert t2.p_adjusted == pytest.approx(2 * 2 / 2**10)  # Holm over 2 comparisons
     assert result.correction == "holm" and "Holm" in result.method()
+
+
+def test_bootstrap_of_many_distinct_differences_draws_documents():
+    diffs = np.linspace(-1.0, 2.0, 300)  # 300 distinct values: resamples draw document indices
+    rng = np.random.default_rng(7)
+    means = [diffs[rng.integers(0, 300, size=300)].mean() for _ in range(2_000)]
+    expected = np.quantile(means, [0.05, 0.95])
+    low, high = stats.bootstrap_ci(diffs, level=0.9, resamples=2_000, seed=7)
+    assert (low, high) == (pytest.approx(expected[0]), pytest.approx(expected[1]))
 
 
 def test_continuous_scores_use_the_permutation_test():
