@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,7 @@ def compare(
             verdict = NO_EVIDENCE
             if p_adj < alpha and row.difference:
                 verdict = BETTER if row.difference > 0 else WORSE
-            pair[i] = _replace(row, p_adjusted=p_adj, verdict=verdict)
+            pair[i] = replace(row, p_adjusted=p_adj, verdict=verdict)
         rows.extend(pair)
     return Comparison(
         baseline=baseline.name,
@@ -169,21 +169,17 @@ def compare(
     )
 
 
-def _replace(row: MetricComparison, **changes: Any) -> MetricComparison:
-    import dataclasses
-
-    return dataclasses.replace(row, **changes)
-
-
 def _task_metrics(a: InvocationSamples, b: InvocationSamples) -> list[tuple[str, str]]:
-    """(task, metric) pairs both invocations report, in the baseline's order."""
+    """(task, metric) pairs both invocations report, in the baseline's order; a task that did not succeed
+    in one of them keeps the other's metrics (its rows say why they were not compared)."""
     out = []
     for task, outcome in a.results.tasks.items():
         other = b.results.tasks.get(task)
         if other is None:
             continue
-        for metric in outcome.metrics:
-            if metric in other.metrics or outcome.status != "succeeded" or other.status != "succeeded":
+        both = outcome.status == other.status == "succeeded"
+        for metric in outcome.metrics or other.metrics:
+            if metric in other.metrics or not both:
                 out.append((task, metric))
     return out
 
@@ -215,16 +211,16 @@ def _compare_metric(
         n_candidate=(mb.n_samples or 0) if mb else 0,
     )
     if ta.status != "succeeded" or tb.status != "succeeded":
-        return _replace(base, difference=None, note=f"not compared: {ta.status} / {tb.status}")
+        return replace(base, difference=None, note=f"not compared: {ta.status} / {tb.status}")
     sa = doc_scores(a.samples.get(task, []), metric)
     sb = doc_scores(b.samples.get(task, []), metric)
     if not sa or not sb:
         missing = " and ".join(x.name for x, s in ((a, sa), (b, sb)) if not s)
-        return _replace(base, note=f"not tested: no per-sample scores in {missing}")
+        return replace(base, note=f"not tested: no per-sample scores in {missing}")
     common = sorted(set(sa) & set(sb))
     n_a, n_b = len(sa), len(sb)
     if not common:
-        return _replace(
+        return replace(
             base, n_baseline=n_a, n_candidate=n_b, difference=None, note="not compared: no document in common"
         )
     xa = [sa[k] for k in common]
@@ -242,7 +238,7 @@ def _compare_metric(
     sd = stats.sample_sd(diffs)
     if sd == 0:  # identical scores on every document: plan with the scores' own spread
         sd = math.sqrt(stats.sample_sd(xa) ** 2 + stats.sample_sd(xb) ** 2)
-    return _replace(
+    return replace(
         base,
         baseline_value=sum(xa) / n,
         candidate_value=sum(xb) / n,

@@ -59,7 +59,8 @@ def test_a_pair_of_per_sample_files_compared_by_hand():
     result = compare(_invocation("a", BASE), [_invocation("b", CAND)])
     [row] = result.rows
     n = 40
-    diffs = np.array(CAND, dtype=float) - np.array(BASE, dtype=float)
+    diffs = [c - b for b, c in zip(BASE, CAND, strict=True)]
+    assert (diffs.count(-1), diffs.count(0), diffs.count(1)) == (2, 30, 8)
     # the difference and the test
     assert row.difference == pytest.approx(6 / 40)
     assert (row.n, row.test) == (n, "exact McNemar")
@@ -136,3 +137,14 @@ def test_continuous_scores_use_the_permutation_test():
     # every sign flip but the observed one (and its mirror) has a smaller |mean|: exact p = 2 / 256
     assert row.p_value == pytest.approx(2 / 256, abs=0.004)
     assert row.verdict == "better"
+
+
+def test_a_task_that_failed_on_one_side_is_listed_not_tested():
+    a = _invocation("a", [1.0, 0.0, 1.0])
+    b = _invocation("b", [1.0, 1.0, 1.0])
+    b.results.tasks["mmlu"] = TaskOutcome(name="mmlu", status="failed", error="the harness exited 1")
+    [row] = compare(a, [b]).rows
+    assert row.p_value is None and row.verdict == "no evidence"
+    assert row.note == "not compared: succeeded / failed"
+    [back] = compare(b, [a]).rows  # the failed side as the baseline
+    assert back.note == "not compared: failed / succeeded"
