@@ -59,7 +59,7 @@ def test_json_and_baseline_option(invocations):
     assert data["baseline"] == "aaaa0001" and data["candidates"] == ["bbbb0002"]
     [row] = data["rows"]
     assert row["verdict"] == "worse" and row["p_value"] == pytest.approx(2 / 2**40)
-    assert row["n"] == N and row["correction"] if "correction" in row else data["correction"] == "holm"
+    assert row["n"] == N and data["correction"] == "holm" and (data["alpha"], data["power"]) == (0.05, 0.8)
 
 
 def test_gate_fails_on_a_real_regression_and_says_why(invocations):
