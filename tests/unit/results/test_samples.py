@@ -126,3 +126,16 @@ def test_a_broken_samples_file_is_named(tmp_path: Path):
     path.write_text('{"sample": "x/0", "task": "x", "doc": "d", "scores": {"acc": 1}}\nnot json\n')
     with pytest.raises(EvaluationError, match=r"samples.jsonl:2 is not a ckpteval sample record"):
         read_samples(path)
+
+
+def test_an_older_job_without_samples_file_is_paired_from_the_harness_output(tmp_path: Path):
+    from ckpteval.results.compare import InvocationSamples
+    from ckpteval.results.model import InvocationResults, TaskOutcome
+
+    task_dir = tmp_path / "tasks" / "adlr_mmlu"
+    _lm_eval_output(task_dir / "output", SUBJECTS)
+    outcome = TaskOutcome(name="adlr_mmlu", status="succeeded", harness="mmlu_str")
+    results = InvocationResults(invocation="0ld0ld00", created="", status="succeeded", tasks={"adlr_mmlu": outcome})
+    loaded = InvocationSamples.load(tmp_path, results, {"adlr_mmlu": "tasks/adlr_mmlu"})
+    assert [r.sample for r in loaded.samples["adlr_mmlu"]][:2] == ["mmlu_str_anatomy/0", "mmlu_str_anatomy/1"]
+    assert not (task_dir / SAMPLES_FILE).exists()  # reading never writes
