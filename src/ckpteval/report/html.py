@@ -82,7 +82,7 @@ def _invocations(results: Sequence[InvocationResults]) -> str:
 
 
 def _scores(results: Sequence[InvocationResults]) -> str:
-    from ckpteval.results.table import table_rows
+    from ckpteval.results.table import OFFLINE_MARK, table_rows
 
     head = "".join(f'<th class="num" colspan="4">{_e(series_name(r))}</th>' for r in results)
     sub = "".join(
@@ -113,7 +113,9 @@ def _scores(results: Sequence[InvocationResults]) -> str:
                     f'<td class="num">{m.value:.4f}</td><td class="num">{_f(m.stderr)}</td><td class="num">{ci}</td>'
                     f'<td class="num">{n}</td>'
                 )
-            body.append(f"<tr><td>{_e(task) if i == 0 else ''}</td><td>{_e(metric)}</td>{''.join(cells)}</tr>")
+            offline = any(o and o.data and o.data.offline for o in outcomes)
+            label = f"{task} {OFFLINE_MARK}" if offline else task
+            body.append(f"<tr><td>{_e(label) if i == 0 else ''}</td><td>{_e(metric)}</td>{''.join(cells)}</tr>")
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in table_rows(results)[2])
     return (
         f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
