@@ -139,3 +139,49 @@ def test_accuracy_recomputed_from_the_model_itself(tiny_run: TinyRun):
         answer = text.strip()[:1]  # remove_whitespace, take_first, regex "(.).*"
         correct += answer == sample["target"]
     assert correct / len(samples) == pytest.approx(reported, abs=1e-9)
+
+
+def test_per_sample_scores_and_the_stderr_they_give(tiny_run: TinyRun):
+    """samples.jsonl holds one line per question with lm-eval's doc hash, and results.json's stderr (which
+    lm-eval leaves "N/A" for this generation task) is the standard error of those 57 scores."""
+    import math
+
+    results = json.loads((tiny_run.job_dir / "results.json").read_text())
+    metric = results["tasks"]["adlr_mmlu"]["metrics"]["exact_match"]
+    lines = [json.loads(x) for x in (tiny_run.job_dir / "tasks/adlr_mmlu/samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 57 and len({x["doc"] for x in lines}) == 57
+    by_sample = {f"{s['doc_id']}@{s['doc_hash']}": s for s in _samples(tiny_run.job_dir)}
+    assert {f"{x['sample'].rpartition('/')[2]}@{x['doc']}" for x in lines} == set(by_sample)
+    scores = [x["scores"]["exact_match"] for x in lines]
+    mean = sum(scores) / 57
+    assert metric["value"] == pytest.approx(mean)
+    sd = math.sqrt(sum((s - mean) ** 2 for s in scores) / 56)
+    assert metric["stderr"] == pytest.approx(sd / math.sqrt(57)) and metric["n_samples"] == 57
+
+
+def test_a_second_invocation_compared_and_reported(tiny_run: TinyRun, tmp_path: Path):
+    """A second `evaluate -c tiny` scores the same 57 questions: compare pairs them by document, the gate
+    passes (greedy decoding of the same model), and the report renders both."""
+    second = subprocess.run(
+        [*EVALUATE, "-c", "tiny"], cwd=tiny_run.cwd, env=tiny_run.env, capture_output=True, text=True, timeout=1800
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    other = re.search(r"invocation\s+([0-9a-f]{8})", second.stdout).group(1)  # type: ignore[union-attr]
+    shown = evaluate(tiny_run, "compare", tiny_run.invocation, other, "--json", "--fail-on-regression")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    data = json.loads(shown.stdout)
+    [row] = data["rows"]
+    assert (row["task"], row["metric"], row["n"], row["n_baseline"], row["n_candidate"]) == (
+        "adlr_mmlu",
+        "exact_match",
+        57,
+        57,
+        57,
+    )
+    assert row["test"] == "exact McNemar" and row["verdict"] == "no evidence" and data["regressions"] == []
+    assert row["mde"] is not None and 0 < row["mde"] < 1
+    report = tmp_path / "report.html"
+    made = evaluate(tiny_run, "report", tiny_run.invocation, other, "-o", str(report))
+    assert made.returncode == 0, made.stderr
+    page = report.read_text()
+    assert f"{row['baseline_value']:.4f}" in page and "adlr_mmlu" in page and "<svg" in page

@@ -29,6 +29,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("cancel", "cancel_command", "Stop a running invocation; finished tasks keep their results."),
     "resume": ("resume", "resume_command", "Run a stopped invocation again; finished tasks are skipped."),
     "results": ("results", "results_command", "Scores of invocations, side by side; --json for machines."),
+    "compare": (
+        "compare",
+        "compare_command",
+        "Is B better than A? Paired tests per task, CIs, Holm; --fail-on-regression gates CI.",
+    ),
+    "report": ("report", "report_command", "One self-contained HTML report: scores, CIs, charts, verdicts."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),

@@ -5,8 +5,11 @@
   W&B and MLflow both show `/` as a section separator.
 - config: the compiled config as saved in `<job_dir>/config.yaml` (secrets already redacted there),
   plus a `ckpteval` block (invocation, model, label, status, task states).
-- files: `results.json`, `config.yaml`, `job.yaml`, and per task its `run_config.yml` and the harness
-  output (results and metrics files, samples) — not caches, databases, locks, logs or hidden files.
+- files: `results.json`, `config.yaml`, `job.yaml`, and per task its `run_config.yml`, its normalized
+  per-sample scores (`samples.jsonl`) and the harness output (results and metrics files, samples) — not
+  caches, databases, locks, logs or hidden files.
+- sample tables: per task, its per-sample scores as columns and rows (`sample_tables`): a W&B Table in the
+  results artifact, an MLflow table artifact.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from ckpteval.errors import ExportError
 from ckpteval.execution.jobdir import JobDir
 from ckpteval.results.model import InvocationResults, flat_metrics
+from ckpteval.results.samples import SAMPLES_FILE
 
 CONFIG_FILE = JobDir.CONFIG
 PROVENANCE_FILE = JobDir.PROVENANCE
@@ -107,9 +111,9 @@ def artifact_files(job_dir: Path) -> dict[str, Path]:
     if not tasks.is_dir():
         return out
     for task_dir in sorted(p for p in tasks.iterdir() if p.is_dir()):
-        run_config_file = task_dir / "run_config.yml"
-        if run_config_file.is_file():
-            out[f"{TASKS_DIR}/{task_dir.name}/run_config.yml"] = run_config_file
+        for name in ("run_config.yml", SAMPLES_FILE):
+            if (task_dir / name).is_file():
+                out[f"{TASKS_DIR}/{task_dir.name}/{name}"] = task_dir / name
         output = task_dir / "output"
         if output.is_dir():
             for path in sorted(output.rglob("*")):
@@ -125,6 +129,34 @@ def _kept(rel: Path, path: Path) -> bool:
     if path.name.lower().endswith(_EXCLUDED_SUFFIXES):
         return False
     return path.stat().st_size <= _MAX_FILE_BYTES
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """One task's per-sample scores as a table: sample, task, doc, repeat, then one column per metric."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+def sample_tables(content: ExportContent) -> dict[str, SampleTable]:
+    """Task -> its per-sample table, for every succeeded task with a samples.jsonl in the job dir."""
+    from ckpteval.results.samples import metric_names, read_samples
+
+    if content.job_dir is None:
+        return {}
+    out = {}
+    for task, outcome in content.results.tasks.items():
+        path = content.job_dir / content.task_dirs.get(task, f"{TASKS_DIR}/{task}") / SAMPLES_FILE
+        if outcome.status != "succeeded" or not path.is_file():
+            continue
+        samples = read_samples(path)
+        metrics = metric_names(samples)
+        out[task] = SampleTable(
+            columns=["sample", "task", "doc", "repeat", *metrics],
+            rows=[[s.sample, s.task, s.doc, s.repeat, *(s.scores.get(m) for m in metrics)] for s in samples],
+        )
+    return out
 
 
 def read_saved_config(path: Path) -> dict[str, Any]:

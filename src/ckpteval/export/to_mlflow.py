@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from ckpteval.config.schema import MlflowExport
 from ckpteval.errors import ExportError
-from ckpteval.export.content import ExportContent, metric_values
+from ckpteval.export.content import ExportContent, metric_values, sample_tables
 from ckpteval.export.outcome import ExportOutcome
 
 INVOCATION_TAG = "ckpteval.invocation"
@@ -136,6 +136,9 @@ def _write_run(content: ExportContent, settings: MlflowExport, uri: str) -> str:
     for name, path in sorted(content.files.items()):
         directory = name.rpartition("/")[0] or None
         client.log_artifact(run_id, str(path), artifact_path=directory)
+    for task, table in sample_tables(content).items():  # per-sample scores, shown as a table by MLflow's UI
+        columns = {c: [row[i] for row in table.rows] for i, c in enumerate(table.columns)}
+        client.log_table(run_id, data=columns, artifact_file=f"samples/{task}.json")
     client.set_terminated(run_id, status="FINISHED" if results.status == "succeeded" else "FAILED")
     return str(run_id)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ckpteval.config.schema import WandbExport
 from ckpteval.errors import ExportError
-from ckpteval.export.content import ExportContent, metric_values, run_config
+from ckpteval.export.content import ExportContent, metric_values, run_config, sample_tables
 from ckpteval.export.credentials import WandbKey, WandbMode
 from ckpteval.export.outcome import ExportOutcome
 
@@ -185,6 +185,8 @@ def _write_run(
         )
         for name, path in sorted(spec.content.files.items()):
             artifact.add_file(str(path), name=name)
+        for task, table in sample_tables(spec.content).items():  # browsable per-sample scores
+            artifact.add(wandb.Table(columns=list[str | int](table.columns), data=table.rows), f"samples/{_safe(task)}")
         run.log_artifact(artifact)
         url = run.url if mode == "online" else None
         run_dir = str(Path(run.dir).parent)  # <wandb_dir>/wandb/[offline-]run-<time>-<id>

@@ -38,7 +38,7 @@ def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
         except EvaluationError as exc:
             return TaskOutcome(name=name, status="failed", error=exc.message)
         metrics = {k: Metric(value=m.value, stderr=m.stderr, n_samples=m.n_samples) for k, m in result.metrics.items()}
-        return TaskOutcome(
+        outcome = TaskOutcome(
             name=name,
             status="succeeded",
             harness=result.harness_task,
@@ -47,6 +47,7 @@ def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
             data=_data_source(result.offline),
             duration_s=result.timings.runtime_s,
         )
+        return _with_samples(task_dir, outcome)
     if state.startswith("failed"):
         from ckpteval.tasks.results import failure_error
 
@@ -119,7 +120,7 @@ def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, do
         )
     headline = next(iter(modes.values()))
     runtimes = [r.timings.runtime_s for r in results]
-    return TaskOutcome(
+    outcome = TaskOutcome(
         name=name,
         status="succeeded",
         harness=harness_task,
@@ -130,6 +131,23 @@ def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, do
         repeats=repeats,
         modes=modes,
     )
+    return _with_samples(task_dir, outcome)
+
+
+def _with_samples(task_dir: Path, outcome: TaskOutcome) -> TaskOutcome:
+    """Write the task's normalized per-sample scores (`samples.jsonl`) and take the stderr and n of its
+    metrics from them where the harness gave none. A harness that kept no per-sample output leaves the
+    outcome as it is (and no samples file)."""
+    from ckpteval.results.samples import SAMPLES_FILE, task_sample_scores, with_sample_stderr, write_samples
+
+    try:
+        rows = task_sample_scores(task_dir, outcome.harness or outcome.name, outcome.repeats)
+    except EvaluationError:
+        return outcome
+    if not rows:
+        return outcome
+    write_samples(task_dir / SAMPLES_FILE, rows)
+    return with_sample_stderr(outcome, rows)
 
 
 def _metric_order(lm_eval_metrics: Mapping[str, object]):

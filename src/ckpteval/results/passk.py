@@ -14,6 +14,9 @@ problem we have k extracted answers and k scores (the task's per-sample metric, 
   1 - C(n-c, k) / C(n, k) of n samples of which c are right (Chen et al., 2021) for 0/1 scores; for
   other scores the best of the k.
 
+majority@k, pass@k (and pass@1 of a single run) get the standard error of a mean over problems: the
+sample standard deviation of the per-problem scores / sqrt(n).
+
 With k = 1 the three coincide with one sample's score and only `pass@1` is reported. Values stay on
 the task's own scale (fractions for lm-eval), never turned into percentages.
 """
@@ -104,7 +107,9 @@ def repeated_scores(runs: Sequence[Mapping[Hashable, Sample]]) -> dict[str, Mode
     run_means = [sum(run[p].score for p in problems) / n for run in runs]
     mean = sum(run_means) / k
     if k == 1:
-        return {"pass@1": ModeScore(mean, n)}
+        return {
+            "pass@1": ModeScore(mean, n, stderr=_stderr_over_problems([run[p].score for run in runs for p in problems]))
+        }
     std_dev = statistics.stdev(run_means)
     majority = [majority_vote(samples) for samples in per_problem]
     majority_mean = sum(m.score if m is not None else 0.0 for m in majority) / n
@@ -113,8 +118,14 @@ def repeated_scores(runs: Sequence[Mapping[Hashable, Sample]]) -> dict[str, Mode
         scores = [s.score for s in samples]
         best.append(pass_at_k(k, int(sum(scores)), k) if _is_binary(scores) else max(scores))
     names = mode_names(k)
+    majority_scores = [m.score if m is not None else 0.0 for m in majority]
     return {
         names[0]: ModeScore(mean, n, stderr=std_dev / math.sqrt(k), std_dev=std_dev),
-        names[1]: ModeScore(majority_mean, n),
-        names[2]: ModeScore(sum(best) / n, n),
+        names[1]: ModeScore(majority_mean, n, stderr=_stderr_over_problems(majority_scores)),
+        names[2]: ModeScore(sum(best) / n, n, stderr=_stderr_over_problems(best)),
     }
+
+
+def _stderr_over_problems(values: Sequence[float]) -> float | None:
+    """The standard error of a mean over problems: sample standard deviation / sqrt(n) (None for n < 2)."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None

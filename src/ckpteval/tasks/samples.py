@@ -12,8 +12,10 @@ files that belong to the newest `results_<date>.json` are the ones read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +60,49 @@ def _newest_run(output_dir: Path) -> tuple[Path, dict[str, Any]]:
     return newest, dict(json.loads(newest.read_text(encoding="utf-8")))
 
 
-def read_run_samples(output_dir: str | Path, harness_task: str) -> RunSamples:
-    """Every per-sample score of `harness_task` (a task or a group of tasks) in one run's output dir."""
+@dataclass(frozen=True)
+class SampleLine:
+    """One line of an lm-eval samples file: one document under one filter, with its per-sample scores.
+
+    `doc_hash` identifies the document across runs and invocations: lm-eval's own `doc_hash` (a SHA-256 of
+    the document as JSON), or, when a harness wrote none, a SHA-256 of the document (or prompt) computed here.
+    """
+
+    task: str  # the lm-eval (leaf) task
+    doc_id: int | str
+    doc_hash: str
+    filter: str
+    answer: str | None
+    scores: dict[str, float]  # clean metric name (`exact_match__strict-match`) -> score
+
+
+def _doc_hash(record: dict[str, Any]) -> str:
+    given = record.get("doc_hash")
+    if isinstance(given, str) and given:
+        return given
+    if "doc" in record:
+        basis = json.dumps(record["doc"], sort_keys=True, ensure_ascii=False, default=str)
+    elif record.get("prompt_hash"):
+        return str(record["prompt_hash"])
+    else:
+        basis = json.dumps(record.get("arguments"), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(basis.encode("utf-8")).hexdigest()
+
+
+def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleLine]:
+    """Every per-sample line of `harness_task` (a task or a group of tasks) in one run's output dir, with
+    the scores of the metrics lm-eval averages over samples (corpus-level metrics have no per-sample score)."""
     out = Path(output_dir)
     results_path, results = _newest_run(out)
     date_id = results_path.stem.removeprefix("results_")
     leaves = leaf_tasks(harness_task, results.get("group_subtasks") or {})
-    samples: RunSamples = {}
+    lines: list[SampleLine] = []
     for leaf in leaves:
         averaged = _averaged_metrics((results.get("configs") or {}).get(leaf) or {})
         path = results_path.parent / f"samples_{leaf}_{date_id}.jsonl"
         if not path.is_file():
             raise EvaluationError(
-                f"{path.name} is missing in {results_path.parent}: repeated sampling needs lm-eval's per-sample "
+                f"{path.name} is missing in {results_path.parent}: per-sample scores need lm-eval's per-sample "
                 "output (--log_samples).",
                 hint="The task's command must keep --log_samples (the catalog's lm-eval tasks have it).",
             )
@@ -80,18 +112,29 @@ def read_run_samples(output_dir: str | Path, harness_task: str) -> RunSamples:
                     continue
                 try:
                     record = json.loads(line)
-                    problem = (leaf, record["doc_id"])
+                    doc_id = record["doc_id"]
                     filt = str(record["filter"])
                     answer = _answer(record.get("filtered_resps"))
                     names = list(record.get("metrics") or [])
+                    doc_hash = _doc_hash(record)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EvaluationError(f"{path}:{number} is not an lm-eval sample record ({exc}).") from None
+                scores: dict[str, float] = {}
                 for metric in names:
                     if averaged is not None and metric not in averaged:
                         continue  # a corpus-level metric (bleu, f1 over the set): not a per-sample score
                     score = _score(record.get(metric))
                     name = metric_name(f"{metric},{filt}")
-                    if score is None or name is None:
-                        continue  # a non-numeric per-sample value has no pass@k
-                    samples.setdefault(name, {})[problem] = Sample(answer, score)
+                    if score is not None and name is not None:
+                        scores[name] = score
+                lines.append(SampleLine(leaf, doc_id, doc_hash, filt, answer, scores))
+    return lines
+
+
+def read_run_samples(output_dir: str | Path, harness_task: str) -> RunSamples:
+    """Every per-sample score of `harness_task` (a task or a group of tasks) in one run's output dir."""
+    samples: RunSamples = {}
+    for line in read_sample_lines(output_dir, harness_task):
+        for name, score in line.scores.items():
+            samples.setdefault(name, {})[(line.task, line.doc_id)] = Sample(line.answer, score)
     return samples

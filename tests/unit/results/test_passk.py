@@ -71,7 +71,10 @@ def test_modes_of_four_runs_computed_by_hand() -> None:
     assert avg.stderr == pytest.approx(std / 2)
     assert modes["majority@4"].value == pytest.approx(1 / 3)
     assert modes["pass@4"].value == pytest.approx(2 / 3)
-    assert modes["majority@4"].stderr is None and modes["pass@4"].std_dev is None
+    # per problem: majority 1, 0, 0 and pass@4 1, 1, 0; sample std sqrt(1/3) each, over sqrt(3) problems
+    assert modes["majority@4"].stderr == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
+    assert modes["pass@4"].stderr == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
+    assert modes["majority@4"].std_dev is None and modes["pass@4"].std_dev is None
 
 
 def test_identical_runs_have_no_spread_and_every_mode_equal() -> None:
@@ -86,6 +89,7 @@ def test_one_run_is_plain_pass_at_1() -> None:
     assert list(modes) == ["pass@1"] == list(mode_names(1))
     assert modes["pass@1"].value == pytest.approx(1 / 3)
     assert modes["pass@1"].std_dev is None
+    assert modes["pass@1"].stderr == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))  # scores 1, 0, 0
 
 
 def test_scores_that_are_not_0_or_1_take_the_best_of_k() -> None:

@@ -1,0 +1,153 @@
+"""`evaluate report`: one self-contained HTML page (inline CSS and SVG; nothing fetched when it opens) with
+the invocations, the score table with standard errors and 95 % intervals, a bar chart per task, and the
+comparison verdicts of every invocation against the first."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from ckpteval.report.charts import Z_95, bar_chart, render_svg, series_name
+from ckpteval.results.compare import BETTER, WORSE, Comparison
+from ckpteval.results.model import InvocationResults
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;
+       max-width: 1280px; color: #1b1b1b; padding: 0 1rem; }
+h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
+th, td { padding: 0.25rem 0.6rem; border-bottom: 1px solid #eee; text-align: left; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.better { color: #007a3d; font-weight: 600; } .worse { color: #c0002a; font-weight: 600; }
+.note { color: #555; font-size: 0.85rem; }
+.charts { display: flex; flex-wrap: wrap; gap: 1rem; }
+svg .grid { stroke: #e5e5e5; } svg .tick, svg .value, svg .legend, svg .metric { font-size: 11px; fill: #333; }
+svg .chart-title { font-size: 13px; font-weight: 600; } svg .errorbar { stroke: #222; stroke-width: 1.2; fill: none; }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def _f(value: float | None, fmt: str = ".4f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
+
+
+def render_report(
+    results: Sequence[InvocationResults], comparison: Comparison | None = None, *, generated: str = ""
+) -> str:
+    """The whole page."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>ckpteval report: {_e(', '.join(r.invocation for r in results))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>ckpteval report</h1>",
+        f'<p class="note">generated {_e(generated)}</p>' if generated else "",
+        _invocations(results),
+        "<h2>Scores</h2>",
+        _scores(results),
+        "<h2>Charts</h2>",
+        '<div class="charts">',
+    ]
+    tasks = list(dict.fromkeys(t for r in results for t in r.tasks))
+    for task in tasks:
+        chart = bar_chart(task, results)
+        if chart is not None:
+            parts.append(f'<figure id="chart-{_e(task)}">{render_svg(chart)}</figure>')
+    parts.append("</div>")
+    if comparison is not None:
+        parts += ["<h2>Comparison</h2>", _comparison(comparison)]
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p) + "\n"
+
+
+def _invocations(results: Sequence[InvocationResults]) -> str:
+    rows = "".join(
+        f"<tr><td>{_e(r.invocation)}</td><td>{_e(r.label or '')}</td><td>{_e(r.model or '')}</td>"
+        f"<td>{_e(r.created)}</td><td>{_e(r.status)}</td></tr>"
+        for r in results
+    )
+    return (
+        '<table id="invocations"><tr><th>invocation</th><th>label</th><th>model</th><th>created</th>'
+        f"<th>status</th></tr>{rows}</table>"
+    )
+
+
+def _scores(results: Sequence[InvocationResults]) -> str:
+    from ckpteval.results.table import OFFLINE_MARK, table_rows
+
+    head = "".join(f'<th class="num" colspan="4">{_e(series_name(r))}</th>' for r in results)
+    sub = "".join(
+        '<th class="num">score</th><th class="num">± stderr</th><th class="num">95 % CI</th><th class="num">n</th>'
+        for _ in results
+    )
+    body = []
+    tasks = list(dict.fromkeys(t for r in results for t in r.tasks))
+    for task in tasks:
+        outcomes = [r.tasks.get(task) for r in results]
+        metrics = list(dict.fromkeys(m for o in outcomes if o for m in o.metrics))
+        if not metrics:
+            states = ", ".join(sorted({o.status for o in outcomes if o}))
+            body.append(f"<tr><td>{_e(task)}</td><td>{_e(states)}</td></tr>")
+            continue
+        for i, metric in enumerate(metrics):
+            cells = []
+            for o in outcomes:
+                m = o.metrics.get(metric) if o and o.status == "succeeded" else None
+                if m is None:
+                    cells.append(f'<td class="num" colspan="4">{_e(o.status if o else "—")}</td>')
+                    continue
+                ci = "—"
+                if m.stderr is not None:
+                    ci = f"[{m.value - Z_95 * m.stderr:.4f}, {m.value + Z_95 * m.stderr:.4f}]"
+                n = "" if m.n_samples is None else m.n_samples
+                cells.append(
+                    f'<td class="num">{m.value:.4f}</td><td class="num">{_f(m.stderr)}</td><td class="num">{ci}</td>'
+                    f'<td class="num">{n}</td>'
+                )
+            offline = any(o and o.data and o.data.offline for o in outcomes)
+            label = f"{task} {OFFLINE_MARK}" if offline else task
+            body.append(f"<tr><td>{_e(label) if i == 0 else ''}</td><td>{_e(metric)}</td>{''.join(cells)}</tr>")
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in table_rows(results)[2])
+    return (
+        f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
+        f"<tr><th></th><th></th>{sub}</tr>{''.join(body)}</table>"
+        '<p class="note">95 % CI: score ± 1.96 × stderr (the harness\'s stderr, or the standard error of the '
+        "per-sample scores where it gave none).</p>" + notes
+    )
+
+
+def _comparison(comparison: Comparison) -> str:
+    rows = []
+    for r in comparison.rows:
+        css = {BETTER: "better", WORSE: "worse"}.get(r.verdict, "")
+        ci = f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]" if r.ci_low is not None and r.ci_high is not None else "—"
+        diff = "—" if r.difference is None else f"{r.difference:+.4f}"
+        rows.append(
+            f"<tr><td>{_e(r.candidate)}</td><td>{_e(r.task)}</td><td>{_e(r.metric)}</td>"
+            f'<td class="num">{_f(r.baseline_value)}</td><td class="num">{_f(r.candidate_value)}</td>'
+            f'<td class="num">{diff}</td><td class="num">{ci}</td><td>{_e(r.test or "—")}</td>'
+            f'<td class="num">{_p(r.p_value)}</td><td class="num">{_p(r.p_adjusted)}</td>'
+            f'<td class="num">{_f(r.mde)}</td><td class="num">{r.n}{"*" if r.note else ""}</td>'
+            f'<td class="{css}">{_e(r.verdict)}</td></tr>'
+        )
+    notes = "".join(
+        f"<li>{_e(r.candidate)} {_e(r.task)} {_e(r.metric)}: {_e(r.note)}</li>" for r in comparison.rows if r.note
+    )
+    return (
+        f"<p>Baseline: <b>{_e(comparison.baseline)}</b>.</p>"
+        '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
+        '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'
+        '<th class="num">p</th><th class="num">Holm p</th><th class="num">MDE</th><th class="num">n</th>'
+        f"<th>verdict</th></tr>{''.join(rows)}</table>"
+        + (f'<ul class="note">{notes}</ul>' if notes else "")
+        + f'<p class="note">{_e(comparison.method())}</p>'
+    )

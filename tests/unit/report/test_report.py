@@ -1,0 +1,131 @@
+"""`evaluate report`: the HTML page rendered by a real headless browser (Debian's chromium), and its PNG charts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ckpteval.cli.main import app
+from tests.support.comparisons import record_invocation, sample_rows
+
+runner = CliRunner(env={"COLUMNS": "200"})
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+BLUE, ORANGE = (0x00, 0x72, 0xB2), (0xE6, 0x9F, 0x00)  # the first two series' colours
+
+
+@pytest.fixture
+def report(tmp_path: Path) -> Path:
+    base = [1.0] * 140 + [0.0] * 60  # 0.7000
+    worse = [0.0] * 40 + [1.0] * 100 + [0.0] * 60  # 0.5000: 40 right answers lost
+    record_invocation(
+        tmp_path / "jobs", "aaaa0001", {"mmlu": sample_rows("mmlu", {"exact_match": base})}, label="step-1000"
+    )
+    record_invocation(
+        tmp_path / "jobs", "bbbb0002", {"mmlu": sample_rows("mmlu", {"exact_match": worse})}, label="step-2000"
+    )
+    out = tmp_path / "out" / "report.html"
+    result = runner.invoke(app, ["report", "aaaa0001", "bbbb0002", "-o", str(out), "--png", str(tmp_path / "png")])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+class _Text(HTMLParser):
+    """The visible text of a page, and the external resources it would load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.loads: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._skip += tag in ("style", "script")
+        self.loads += [v or "" for k, v in attrs if k in ("src", "href") or (tag == "link")]
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("style", "script")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip and data.strip():
+            self.text.append(data.strip())
+
+
+def test_the_page_is_self_contained(report: Path):
+    page = _Text()
+    page.feed(report.read_text())
+    assert page.loads == []  # no script, stylesheet, image or font to fetch
+    assert "<script" not in report.read_text()
+
+
+@needs_browser
+def test_the_browser_shows_the_numbers_charts_and_verdict(report: Path, tmp_path: Path):
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", report.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    page = _Text()
+    page.feed(dom)
+    text = " | ".join(page.text)
+    # the score table: values, stderr (sd / sqrt(n)), the 95 % interval and n
+    se_a = (0.7 * 0.3 * 200 / 199) ** 0.5 / 200**0.5
+    assert "0.7000" in text and "0.5000" in text
+    assert f"{se_a:.4f}" in text
+    assert f"[{0.7 - 1.959964 * se_a:.4f}, {0.7 + 1.959964 * se_a:.4f}]" in text
+    assert "step-1000 (aaaa0001)" in text and "step-2000 (bbbb0002)" in text
+    # the chart: one SVG per task, a bar per invocation
+    assert dom.count("<svg") == 1
+    assert "step-1000 (aaaa0001): exact_match = 0.7000" in dom and "step-2000 (bbbb0002): exact_match = 0.5000" in dom
+    assert len(re.findall(r"<rect[^>]*fill=\"#0072B2\"", dom)) == 2  # a bar and its legend swatch
+    # the comparison: 40 discordant pairs all one way, exact McNemar p = 2 / 2**40
+    assert "-0.2000" in text and "exact McNemar" in text and "worse" in text
+    assert f"{2 / 2**40:.2g}" in text
+    assert "Holm" in text
+
+
+@needs_browser
+def test_a_screenshot_shows_both_series(report: Path, tmp_path: Path):
+    from PIL import Image
+
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1200,1400",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
+    assert BLUE in colours and ORANGE in colours
+
+
+def test_png_charts(report: Path, tmp_path: Path):
+    from PIL import Image
+
+    image = Image.open(tmp_path / "png" / "mmlu.png").convert("RGB")
+    assert image.width > 300 and image.height > 200
+    colours = {c for _, c in image.getcolors(maxcolors=1 << 20)}
+    assert BLUE in colours and ORANGE in colours
+
+
+def test_report_of_an_unknown_invocation_is_one_message(tmp_path: Path):
+    result = runner.invoke(app, ["report", "ffff0000", "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "No invocation 'ffff0000'" in result.output
+    assert not (tmp_path / "r.html").exists()
