@@ -289,8 +289,8 @@ def failure_error(task_output_dir: str | Path, log_path: str | Path) -> Evaluati
         if last.split(":")[0].endswith("TimeoutError"):
             return EvaluationError(
                 f"Requests to the endpoint timed out and the harness gave up after its retries ({last[:300]}).",
-                hint="A slow endpoint needs a larger request_timeout (it also covers the time a request waits "
-                "for one of the `parallelism` connections) or a smaller parallelism. " + tail_hint,
+                hint="One request took longer than request_timeout: raise "
+                "evaluation.nemo_evaluator_config.config.params.request_timeout for a slow endpoint. " + tail_hint,
             )
         return EvaluationError(f"The task failed: {last[:500]}", hint=tail_hint)
     if not lines:
