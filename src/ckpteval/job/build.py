@@ -23,7 +23,7 @@ from ckpteval.config.schema import (
     SlurmExecution,
     VllmDeployment,
 )
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]
 EXPORT_DEPLOY_SCRIPT = "/opt/Export-Deploy/scripts/deploy/nlp/deploy_ray_inframework.py"
@@ -100,7 +100,14 @@ def build_plan(
         for task in compiled.tasks
     )
     env = {**_execution_env(compiled), "HF_HUB_DISABLE_TELEMETRY": "1", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-    return JobPlan(invocation=invocation, job_dir=job_dir, deployment=dep_plan, tasks=tasks, env=env)
+    return JobPlan(
+        invocation=invocation,
+        job_dir=job_dir,
+        deployment=dep_plan,
+        tasks=tasks,
+        env=env,
+        max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
+    )
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
