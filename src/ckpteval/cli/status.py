@@ -86,8 +86,8 @@ def _status_or_unknown(manage, record):
 def _as_json(s) -> dict:
     tasks = (
         [
-            {"name": t.name, "state": t.state, "done": t.done, "total": t.total, "error": t.error, "log": t.log}
-            | ({"hint": t.hint} if t.hint else {})
+            {"name": t.name, "state": t.state, "done": t.done, "total": t.total}
+            | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
             for t in s.snapshot.tasks
         ]
         if s.snapshot
