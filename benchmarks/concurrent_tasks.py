@@ -1,6 +1,6 @@
 """Tasks side by side against the one deployment vs one after another: wall clock, and the scores equal.
 
-    uv run python benchmarks/concurrent_tasks.py [--rounds 1] [--limit 1]
+    uv run python benchmarks/concurrent_tasks.py [--rounds 1] [--limit 1] [--tasks adlr_mmlu hellaswag gsm8k]
 
 Each round runs, alternately (so both see the same load), in fresh working directories:
 
@@ -28,13 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 TASKS = ("adlr_mmlu", "hellaswag", "gsm8k")
 
 
-def run(work: Path, limit: int, *overrides: str) -> tuple[float, dict[str, dict[str, float]]]:
-    """Wall clock of one `evaluate -c tiny` with the three tasks, and each task's metric values."""
+def run(work: Path, limit: int, tasks: tuple[str, ...], *overrides: str) -> tuple[float, dict[str, dict[str, float]]]:
+    """Wall clock of one `evaluate -c tiny` with `tasks`, and each task's metric values."""
     cwd = work / "cwd"
     cwd.mkdir(parents=True)
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CONFIG_HOME": str(work / "config")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", COLUMNS="200")
-    argv = ["uv", "run", "--project", str(REPO), "evaluate", "-c", "tiny", *(a for t in TASKS for a in ("-t", t))]
+    argv = ["uv", "run", "--project", str(REPO), "evaluate", "-c", "tiny", *(a for t in tasks for a in ("-t", t))]
     argv += [f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}", *overrides]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
@@ -54,24 +54,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--limit", type=int, default=1)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     args = parser.parse_args()
     ratios, rows = [], []
     for i in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="ckpteval-concurrent-") as tmp:
             load_seq = os.getloadavg()
-            seq, seq_scores = run(Path(tmp) / "sequential", args.limit, "evaluation.max_parallel_tasks=1")
+            seq, seq_scores = run(
+                Path(tmp) / "sequential", args.limit, tuple(args.tasks), "evaluation.max_parallel_tasks=1"
+            )
             load_con = os.getloadavg()
-            con, con_scores = run(Path(tmp) / "concurrent", args.limit)
+            con, con_scores = run(Path(tmp) / "concurrent", args.limit, tuple(args.tasks))
         ratios.append(con / seq)
         rows.append((i + 1, seq, load_seq, con, load_con, con / seq, seq_scores == con_scores))
         print(f"round {i + 1}: scores sequential {seq_scores}\n         concurrent {con_scores}", flush=True)
     print("\n| round | sequential (s) | load before | concurrent (s) | load before | ratio | scores identical |")
     print("|---|---|---|---|---|---|---|")
     for r, seq, ls, con, lc, ratio, same in rows:
-        print(
-            f"| {r} | {seq:.0f} | {ls[0]:.1f} {ls[1]:.1f} {ls[2]:.1f} | {con:.0f} | {lc[0]:.1f} {lc[1]:.1f} {lc[2]:.1f} "
-            f"| {ratio:.2f} | {'yes' if same else 'NO'} |"
-        )
+        load_s, load_c = " ".join(f"{x:.1f}" for x in ls), " ".join(f"{x:.1f}" for x in lc)
+        print(f"| {r} | {seq:.0f} | {load_s} | {con:.0f} | {load_c} | {ratio:.2f} | {'yes' if same else 'NO'} |")
     print(f"\nmedian ratio concurrent / sequential: {statistics.median(ratios):.2f}; cores: {os.cpu_count()}")
 
 
