@@ -85,6 +85,7 @@ def submit_plan(
     gpus_per_node: int = 8,
     extra_flags: dict[str, Any] | None = None,
     invocation: str | None = None,
+    max_parallel_tasks: int = 1,
 ) -> Submitted:
     """Render, upload, record and submit (through nemo-run) the job `make_plan(job_dir)` returns."""
 
@@ -94,7 +95,14 @@ def submit_plan(
     assert profile.remote_job_dir
     job_dir = posixpath.join(profile.remote_job_dir, "evaluations", invocation)
     deployment, tasks = make_plan(job_dir)
-    plan = JobPlan(invocation=invocation, job_dir=job_dir, deployment=deployment, tasks=tasks, env={"CI_MARK": "1"})
+    plan = JobPlan(
+        invocation=invocation,
+        job_dir=job_dir,
+        deployment=deployment,
+        tasks=tasks,
+        env={"CI_MARK": "1"},
+        max_parallel_tasks=max_parallel_tasks,
+    )
     files = {JobDir.SCRIPT: render_job_script(plan, launcher="slurm")}
     for t in tasks:
         files[f"{t.dir}/run_config.yml"] = "{}\n"

@@ -95,6 +95,60 @@ def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_prof
     assert "gpus=0,1,2,3,4,5,6,7" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="second"))
 
 
+def test_tasks_run_as_steps_side_by_side_and_cancel_stops_them_all(ci_profile):
+    """max_parallel_tasks=3: three task steps (srun --overlap) at once against the one deployment, each
+    with its own state and log; one failing stops none; then a second job: cancel stops every task step."""
+    profile = ci_profile()
+    port = free_port()
+
+    def span(name: str, tail: str = "true") -> tuple[str, str]:
+        return name, f"date +%s.%N > $TASK_NAME.start; sleep 4; date +%s.%N > $TASK_NAME.end; {tail}"
+
+    def plan(job_dir: str):  # type: ignore[no-untyped-def]
+        tasks = [span("a"), span("b"), span("c", "exit 5")]
+        return http_deployment(job_dir, port), shell_tasks(job_dir, [(n, f"cd {job_dir}; {c}") for n, c in tasks])
+
+    sub = submit_plan(profile, plan, max_parallel_tasks=3)
+    done = wait_for(
+        lambda: (s := status_of(sub.record)).state not in ("running", "pending") and s, timeout=120, what="end"
+    )
+    assert done.state == "failed"
+    assert [t.state for t in done.snapshot.tasks] == ["succeeded", "succeeded", "failed 5"]
+    assert done.snapshot.tasks[2].log == "tasks/c/client.log"  # status says where to look
+
+    def read(name: str) -> float:
+        path = posixpath.join(sub.record.job_dir, name)
+        return float(subprocess.run(["cat", path], capture_output=True, text=True, check=True).stdout)
+
+    spans = [(read(f"{n}.start"), read(f"{n}.end")) for n in "abc"]
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # all three ran at the same time
+    steps = sacct_steps(str(sub.record.slurm_job_id))
+    assert {"task-a", "task-b", "task-c"} <= {name for name, _ in steps}
+    assert [name for name, _ in steps].count("deployment") == 1
+
+    def long_plan(job_dir: str):  # type: ignore[no-untyped-def]
+        tasks = [(n, f"echo $$ > {job_dir}/{n}.pid; sleep 300") for n in ("x", "y")]
+        return http_deployment(job_dir, port), shell_tasks(job_dir, tasks)
+
+    second = submit_plan(profile, long_plan, max_parallel_tasks=2)
+    wait_for(
+        lambda: (s := status_of(second.record)).snapshot and all(t.state == "running" for t in s.snapshot.tasks),
+        timeout=90,
+        what="both tasks running",
+    )
+
+    def pids() -> list[int] | None:  # once both clients have started inside their steps
+        found = [
+            subprocess.run(["cat", posixpath.join(second.record.job_dir, f"{n}.pid")], capture_output=True).stdout
+            for n in ("x", "y")
+        ]
+        return [int(p) for p in found] if all(p.strip() for p in found) else None
+
+    clients = wait_for(pids, timeout=60, what="both clients started")
+    assert SlurmBackend().cancel(load_record(second.record.id)).startswith("cancelled invocation")
+    wait_for(lambda: not any(pid_alive(p) for p in clients), timeout=30, what="every task client to exit")
+
+
 def test_cancel_stops_the_job_and_its_deployment(ci_profile):
     profile = ci_profile()
     port = free_port()

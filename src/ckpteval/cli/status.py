@@ -46,6 +46,13 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
         console.print(table)
+        for t in s.snapshot.tasks if s.snapshot else ():
+            if t.error:
+                log = f"{s.record.job_dir}/{t.log}" if t.log else ""
+                console.print(f"[red]✗ {escape(t.name)} failed: {escape(t.error)}[/]", highlight=False)
+                console.print(
+                    f"  log: {escape(log)}" + (f"\n  hint: {escape(t.hint)}" if t.hint else ""), highlight=False
+                )
         if s.log_tail:
             console.print("[red]last lines of the job's log:[/]")
             console.print(escape(s.log_tail), highlight=False)
@@ -67,7 +74,11 @@ def status_command(
 
 def _as_json(s) -> dict:
     tasks = (
-        [{"name": t.name, "state": t.state, "done": t.done, "total": t.total} for t in s.snapshot.tasks]
+        [
+            {"name": t.name, "state": t.state, "done": t.done, "total": t.total}
+            | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
+            for t in s.snapshot.tasks
+        ]
         if s.snapshot
         else []
     )

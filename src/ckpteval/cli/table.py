@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ckpteval.results.model import InvocationResults
-from ckpteval.results.table import table_rows
+from ckpteval.results.table import FAILED_MARK, table_rows
 
 
 def print_table(results: Sequence[InvocationResults]) -> None:
@@ -25,7 +25,8 @@ def print_table(results: Sequence[InvocationResults]) -> None:
     console = Console()
     console.print(table)
     for note in footnotes:
-        console.print(f"[dim]{_escape(note)}[/]")  # mode names hold brackets: pass@1[avg-of-k]
+        color = "red" if note.startswith(FAILED_MARK) else "dim"
+        console.print(f"[{color}]{_escape(note)}[/]", highlight=False)  # mode names hold brackets: pass@1[avg-of-k]
 
 
 def _escape(text: str) -> str:

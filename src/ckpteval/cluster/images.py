@@ -1,6 +1,6 @@
 """Container image references: check them, turn them into enroot URIs, name their .sqsh.
 
-The images a job runs in are its plan's steps' (`ckpteval.cluster.launch.job_images`). A Docker
+The images a job runs in are its plan's steps' (`ckpteval.cluster.submission.job_images`). A Docker
 reference there (`nvcr.io/nvidia/nemo:25.09`) is squashed on the cluster; a value that already ends
 in `.sqsh` or is an absolute path is a file on the cluster and is left alone.
 """

@@ -97,7 +97,7 @@ class SquashPlan:
 
     @property
     def mapping(self) -> dict[str, str]:
-        """image reference -> .sqsh path (what `ckpteval.cluster.launch.with_images` swaps in)."""
+        """image reference -> .sqsh path (what `ckpteval.cluster.submission.with_images` swaps in)."""
         return {item.image: item.path for item in self.items}
 
 

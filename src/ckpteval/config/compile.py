@@ -330,6 +330,12 @@ def _check_export(config: EvalConfig) -> None:
 
 
 def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
+    parallel = config.evaluation.max_parallel_tasks
+    if parallel is not None and parallel < 1:
+        raise ConfigError(
+            f"evaluation.max_parallel_tasks must be at least 1, not {parallel}.",
+            hint="Use 1 to run tasks one after another, or null for all at once (at most 8).",
+        )
     for task in tasks:
         where = f"evaluation.tasks[{task.index}] ({task.name})"
         spec = task.spec

@@ -213,6 +213,8 @@ class Evaluation:
     nemo_evaluator_config: NemoEvaluatorConfig = field(default_factory=NemoEvaluatorConfig)
     env_vars: dict[str, str] = field(default_factory=dict)
     offline_data: Literal["auto", "on", "off"] = "auto"
+    # tasks run side by side against the one deployment; None: all of them, at most MAX_PARALLEL_TASKS
+    max_parallel_tasks: int | None = None
     tasks: list[TaskConfig] = field(default_factory=list)
 
 

@@ -98,6 +98,9 @@ class TaskStatus:
     state: str
     done: int = 0
     total: int | None = None
+    error: str = ""
+    log: str = ""
+    hint: str = ""
 
 
 @dataclass

@@ -43,6 +43,9 @@ class TaskSnapshot:
     state: str  # pending | running | succeeded | failed N | skipped | cancelled
     done: int = 0
     total: int | None = None
+    error: str = ""  # a failed task: why (one line from its client log), the log (relative), what to do
+    log: str = ""
+    hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,21 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         done, total = (0, None)
         if progress is not None and state != "pending":
             done, total = progress(view, task_dir)
-        snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, done=done, total=total))
+        why = _failure(view, task_dir) if state.startswith("failed") else {}
+        snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, done=done, total=total, **why))
     return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished)
+
+
+def _failure(view: JobView, task_dir: str) -> dict[str, str]:
+    """Why a failed task failed, from its client log (a repeated task's logs are per repeat: see results)."""
+    from ckpteval.tasks.failure import explain_log
+
+    log = JobDir.task_logs(task_dir, 0)[0]
+    text = view.read_text(log)
+    if text is None:
+        return {}
+    why = explain_log(text, log=log)
+    return {"error": why.reason, "log": why.log, "hint": why.hint or ""}
 
 
 def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:

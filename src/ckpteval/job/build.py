@@ -23,7 +23,7 @@ from ckpteval.config.schema import (
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
 from ckpteval.execution.jobdir import JobDir
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]
 HOOK_SUBDIR = JobDir.HOOK
@@ -98,7 +98,14 @@ def build_plan(
         for task in compiled.tasks
     )
     env = {**_execution_env(compiled), "HF_HUB_DISABLE_TELEMETRY": "1", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-    return JobPlan(invocation=invocation, job_dir=job_dir, deployment=dep_plan, tasks=tasks, env=env)
+    return JobPlan(
+        invocation=invocation,
+        job_dir=job_dir,
+        deployment=dep_plan,
+        tasks=tasks,
+        env=env,
+        max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
+    )
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:

@@ -14,6 +14,16 @@ from typing import Any
 from ckpteval.execution.jobdir import JobDir
 from ckpteval.tasks.repeats import RunLayout, run_layouts
 
+# Task clients side by side when the config does not say (each is a few processes and ~1 GB of memory).
+MAX_PARALLEL_TASKS = 8
+
+
+def parallel_tasks(setting: int | None, n_tasks: int) -> int:
+    """How many task clients run at once: `setting` (evaluation.max_parallel_tasks), by default all tasks
+    up to MAX_PARALLEL_TASKS; never more than there are tasks, never less than 1."""
+    wanted = setting if setting is not None else MAX_PARALLEL_TASKS
+    return max(1, min(wanted, n_tasks))
+
 
 @dataclass(frozen=True)
 class Step:
@@ -84,6 +94,7 @@ class JobPlan:
     deployment: DeploymentPlan
     tasks: tuple[TaskPlan, ...]
     env: dict[str, str] = field(default_factory=dict)  # for every step
+    max_parallel_tasks: int = 1  # task clients running at once (`parallel_tasks`)
     # shell lines run once the tasks are done and the deployment is stopped (the in-job export of a
     # detached cluster job); their failure never changes the job's outcome
     after_tasks: tuple[str, ...] = ()

@@ -3,17 +3,21 @@
 Pure functions of the plan (golden-file tested). The script:
 1. starts the deployment once (its own process group, so it can be stopped as a whole),
 2. waits for its health check, failing with the log tail after the readiness timeout or if it dies,
-3. runs each task's client in turn, skipping tasks already marked done (a resubmitted job resumes),
-   recording each task's state; one task failing does not stop the others; a task with k repeats runs
-   its k clients in turn, skipping repeats already marked done,
-4. stops the deployment on every exit path (trap), and records the job's exit code.
+3. runs the tasks' clients side by side, at most `max_parallel_tasks` at once (1: one after another),
+   each in the background as its own shell function, skipping tasks already marked done (a resubmitted
+   job resumes), recording each task's state in its own directory; one task failing does not stop the
+   others; a task with k repeats runs its k clients in turn, skipping repeats already marked done,
+4. stops the deployment on every exit path (trap), and records the job's exit code. Interrupted (TERM or
+   INT: `evaluate cancel`, Ctrl-C, scancel), it stops every task client first: the whole process group
+   when the job leads one (here it does; a Slurm step's task too), else each task's processes.
 
 State files (`state/*`, `tasks/<dir>/state`) are written to a temporary name and renamed, so a reader
 (the CLI following the job, locally or over SSH) never sees half a word.
 
 On Slurm the script runs inside the allocation as one task on its first node (nemo-run starts it with
 `srun --nodes=1 --ntasks=1 --overlap`, see `ckpteval.cluster.sbatch`) and starts every step itself with
-`srun --overlap`: the steps share the allocation with it and with each other, each pinned to nodes
+`srun --overlap`: the steps share the allocation with it and with each other (the task clients' steps run
+side by side against the one deployment), each pinned to nodes
 beginning with this one (`--nodelist`), because the health check and the task clients reach the
 deployment at 127.0.0.1. `--ntasks` is always given: a step started from inside a step inherits
 SLURM_NTASKS=1, which would otherwise squeeze a multi-node deployment onto one node. The script writes
@@ -61,10 +65,32 @@ stop_deployment() {
   fi
   DEPLOY_PID=""
 }
+TASK_PIDS=()
+tasks_running() {
+  local n=0 p
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+  echo "$n"
+}
+run_tasks() {  # each named task function in the background, at most $MAX_PARALLEL_TASKS at once
+  local t p
+  for t in "$@"; do
+    while [ "$(tasks_running)" -ge "$MAX_PARALLEL_TASKS" ]; do sleep 1; done
+    "$t" &
+    TASK_PIDS+=("$!")
+  done
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do wait "$p" || FAILED=$((FAILED + 1)); done
+}
+stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its children running: stop them
+  trap '' TERM INT
+  if [ "$(cut -d' ' -f5 "/proc/$$/stat" 2>/dev/null)" = "$$" ]; then kill -TERM 0 2>/dev/null
+  else
+    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  fi
+}
 JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
-trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
@@ -153,7 +179,7 @@ def _task_section(task: TaskPlan, launcher: Launcher) -> str:
                 "  else",
                 f'    mark {d}/state "failed $rc"',
                 f'    say {name}": failed (exit $rc); last lines of {task.dir}/client.log:"',
-                f"    tail -n 20 {d}/client.log; FAILED=$((FAILED + 1))",
+                f"    tail -n 20 {d}/client.log; return 1",
                 "  fi",
                 "fi",
             ]
@@ -196,11 +222,18 @@ def _repeated_task_section(task: TaskPlan, launcher: Launcher) -> str:
         "  else",
         f'    mark {d}/state "failed $rc"',
         f'    say {name}": failed (exit $rc); last lines of $log:"',
-        '    tail -n 20 "$log"; FAILED=$((FAILED + 1))',
+        '    tail -n 20 "$log"; return 1',
         "  fi",
         "fi",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _task_function(index: int, task: TaskPlan, launcher: Launcher) -> str:
+    """A task as a shell function (`run_tasks` starts it in the background): 0 succeeded or done, 1 failed."""
+    body = _task_section(task, launcher)
+    indented = "".join(f"  {line}\n" for line in body.splitlines())
+    return f"task_{index}() {{  # {task.name}\n{indented}}}\n"
 
 
 def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:
@@ -216,8 +249,9 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "slurm" else "",
         _env_prefix(plan.env),
         _deployment_section(plan, launcher),
-        "FAILED=0\n",
-        *(_task_section(t, launcher) for t in plan.tasks),
+        *(_task_function(i, t, launcher) for i, t in enumerate(plan.tasks)),
+        f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",
+        f"run_tasks {' '.join(f'task_{i}' for i in range(len(plan.tasks)))}\n" if plan.tasks else "",
         "stop_deployment\n",
         'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
         'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',

@@ -11,14 +11,6 @@ from ckpteval.tasks.repeats import REPEATS_FILE
 from ckpteval.tasks.results import OfflineData
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     """One task's outcome from its state file and the harness output under `task_dir/output` (a
     repeated task: `output-rs<i>` for each repeat)."""
@@ -49,10 +41,10 @@ def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
         )
         return _with_samples(task_dir, outcome)
     if state.startswith("failed"):
-        from ckpteval.tasks.results import failure_error
+        from ckpteval.tasks.failure import explain_failure
 
-        error = failure_error(task_dir / "output", task_dir / "client.log").message
-        return TaskOutcome(name=name, status="failed", error=error or _tail(task_dir / "client.log") or state)
+        why = explain_failure(task_dir / "output", task_dir / "client.log")
+        return TaskOutcome(name=name, status="failed", error=why.reason, log=why.log, hint=why.hint)
     if state == "running":
         return TaskOutcome(name=name, status="cancelled", error="the job stopped while this task ran")
     return TaskOutcome(name=name, status="pending")
@@ -74,8 +66,9 @@ def _data_source(offline: OfflineData | None) -> DataSource | None:
 def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, done: bool) -> TaskOutcome:
     """A task sampled `repeats` times: every evaluation mode from the runs' per-sample scores."""
     from ckpteval.results.passk import repeated_scores
+    from ckpteval.tasks.failure import explain_failure
     from ckpteval.tasks.repeats import run_layouts
-    from ckpteval.tasks.results import failure_error, read_task_result
+    from ckpteval.tasks.results import read_task_result
     from ckpteval.tasks.samples import read_run_samples
 
     layouts = run_layouts(repeats)
@@ -84,9 +77,14 @@ def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, do
         progress = f"{finished} of {repeats} repeats finished"
         if state.startswith("failed"):
             failed = next((layout for layout in layouts if not (task_dir / layout.done).exists()), layouts[-1])
-            error = failure_error(task_dir / failed.output, task_dir / failed.log).message
+            why = explain_failure(task_dir / failed.output, task_dir / failed.log)
             return TaskOutcome(
-                name=name, status="failed", repeats=repeats, error=f"repeat {failed.repeat}: {error} ({progress})"
+                name=name,
+                status="failed",
+                repeats=repeats,
+                error=f"repeat {failed.repeat}: {why.reason} ({progress})",
+                log=why.log,
+                hint=why.hint,
             )
         if state == "running":
             return TaskOutcome(

@@ -61,7 +61,9 @@ class TaskOutcome:
     n_samples: int | None = None
     data: DataSource | None = None
     duration_s: float | None = None
-    error: str | None = None
+    error: str | None = None  # why it failed: one line from its client log (see ckpteval.tasks.failure)
+    log: str | None = None  # the client log the error comes from
+    hint: str | None = None  # what to do about it, when known
     repeats: int = 0  # samples per problem; 0: one greedy run
     modes: dict[str, dict[str, Metric]] = field(default_factory=dict)  # repeated: mode -> metric -> value
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
 
 OFFLINE_MARK = "†"
+FAILED_MARK = "✗"
 
 
 def _fmt(metric: Metric | None) -> str:
@@ -44,6 +45,8 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
         if offline and offline.data:
             label = f"{task} {OFFLINE_MARK}"
             footnotes.append(_offline_note(task, offline))
+        failures = (_failure_note(task, o, r, several=len(results) > 1) for o, r in zip(outcomes, results, strict=True))
+        footnotes.extend(note for note in failures if note)
         pairs = _mode_metric_pairs(outcomes, with_modes)
         if not pairs:
             lead = [label, *([""] if with_modes else []), _status_text(outcomes)]
@@ -88,6 +91,19 @@ def _offline_note(task: str, outcome: TaskOutcome) -> str:
         if p
     ]
     return f"{OFFLINE_MARK} {task}: offline data — " + "; ".join(parts)
+
+
+def _failure_note(task: str, outcome: TaskOutcome | None, results: InvocationResults, *, several: bool) -> str:
+    """Why a task failed, where its log is and what to do: the table alone says only `failed`."""
+    if outcome is None or outcome.status != "failed" or not outcome.error:
+        return ""
+    which = f" ({results.label or results.invocation})" if several else ""
+    parts = [f"{FAILED_MARK} {task}{which} failed: {outcome.error}"]
+    if outcome.log:
+        parts.append(f"  log: {outcome.log}")
+    if outcome.hint:
+        parts.append(f"  hint: {outcome.hint}")
+    return "\n".join(parts)
 
 
 def _mode_metric_pairs(outcomes: Sequence[TaskOutcome | None], with_modes: bool) -> list[tuple[str, str]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,6 @@ from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
 HARNESS_RESULTS_FILE = "results.yml"  # the harness's own (not the invocation's results.json)
 STARTED_FILE = "run_config.yml"  # nemo-evaluator writes it into the output dir when a run starts
 METRICS_FILE = "eval_factory_metrics.json"
-INTERRUPTED_MARKER = ".nemo_evaluator_interrupted"
-LOG_TAIL_LINES = 12
 
 
 @dataclass(frozen=True)
@@ -223,76 +220,18 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
 
 # ---- why a task has no result ----
 
-_API_ERROR = re.compile(r"API request failed with error message: (.*?)(?:\. Retrying\.\.\.)?\s*$")
-# the interceptor proxy's view of a failed upstream call (connection refused, reset, ...)
-_PROXY_ERROR = re.compile(r"Request interceptor EndpointInterceptor failed: (.*?)(?: logger=\S+.*)?$")
-# exceptions with which lm-eval gives up on the endpoint (after tenacity's retries)
-_ENDPOINT_EXCEPTIONS = ("ClientResponseError", "ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
-_PROXY_GENERIC = "No adapter interceptor returned response"
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Missing)\w*)(?::\s*(.*))?$")
-
-
-_NOISE = ("Traceback (most recent call last)", "The above exception", "Task exception was never retrieved", "future: <")
-
-
-def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last `lines` lines of `text` that say something (no tracebacks' frames or asyncio chatter)."""
-    keep = [
-        line
-        for line in text.splitlines()
-        if line.strip() and not line.startswith((" ", "\t")) and not any(n in line for n in _NOISE)
-    ]
-    return "\n".join(keep[-lines:])
-
 
 def failure_error(task_output_dir: str | Path, log_path: str | Path) -> EvaluationError:
     """An EvaluationError that says why the task in `task_output_dir` has no result, from its log."""
+    from ckpteval.tasks.failure import explain_failure, log_tail
+
     out, log = Path(task_output_dir), Path(log_path)
+    failure = explain_failure(out, log)
     try:
-        text = log.read_text(encoding="utf-8", errors="replace")
+        tail = log_tail(log.read_text(encoding="utf-8", errors="replace"))
     except OSError:
-        text = ""
-    lines = text.splitlines()
-    tail = _tail(text)
+        tail = ""
     tail_hint = f"Last lines of {log}:\n{tail}" if tail else f"No log at {log}."
-    for line in reversed(lines):
-        if offline_data.MISSING_PREFIX in line:
-            found = line[line.index(offline_data.MISSING_PREFIX) + len("ckpteval: ") :].strip()
-            message, _, how_to = found.partition(offline_data.MISSING_HOW_TO)
-            message = message.strip()
-            return EvaluationError(
-                message[0].upper() + message[1:],
-                hint=f"{offline_data.MISSING_HOW_TO}{how_to}" if how_to else tail_hint,
-            )
-    if (out / INTERRUPTED_MARKER).exists():
-        return EvaluationError(f"The task in {out} was interrupted before it finished.", hint=tail_hint)
-    endpoint_errors = [
-        (kind, m.group(1).strip())
-        for line in lines
-        for kind, pattern in (("harness", _API_ERROR), ("proxy", _PROXY_ERROR))
-        if (m := pattern.search(line))
-    ]
-    exceptions = [m.group(0).strip() for line in lines if (m := _EXCEPTION.match(line.strip()))]
-    gave_up_on_endpoint = any(any(name in e for name in _ENDPOINT_EXCEPTIONS) for e in exceptions)
-    if endpoint_errors and gave_up_on_endpoint:
-        kind, last = endpoint_errors[-1]
-        proxy = [text for k, text in endpoint_errors if k == "proxy"]
-        if kind == "harness" and _PROXY_GENERIC in last and proxy:
-            last = proxy[-1]  # lm-eval saw the proxy's generic 500; the proxy logged why the call failed
-        return EvaluationError(
-            f"The endpoint kept failing and the harness gave up after its retries. Last endpoint error: {last[:500]}",
-            hint="Check the deployment log; max_retries and request_timeout set how long the harness insists. "
-            + tail_hint,
-        )
-    if exceptions:
-        last = exceptions[-1]
-        if last.split(":")[0].endswith("TimeoutError"):
-            return EvaluationError(
-                f"Requests to the endpoint timed out and the harness gave up after its retries ({last[:300]}).",
-                hint="A slow endpoint needs a larger request_timeout (it also covers the time a request waits "
-                "for one of the `parallelism` connections) or a smaller parallelism. " + tail_hint,
-            )
-        return EvaluationError(f"The task failed: {last[:500]}", hint=tail_hint)
-    if not lines:
-        return EvaluationError(f"The task wrote no results in {out} and no log at {log}.")
-    return EvaluationError(f"The task wrote no results in {out}.", hint=tail_hint)
+    if failure.hint and failure.hint.startswith(offline_data.MISSING_HOW_TO):
+        return EvaluationError(failure.reason, hint=failure.hint)
+    return EvaluationError(failure.reason, hint=f"{failure.hint} {tail_hint}" if failure.hint else tail_hint)

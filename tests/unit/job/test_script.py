@@ -47,6 +47,7 @@ def make_plan(
     deploy_cmd: str | None = None,
     timeout: int = 30,
     repeats: int = 0,
+    parallel: int = 1,
 ) -> JobPlan:
     step = Step(
         command=deploy_cmd or f"exec {sys.executable} server.py {port}", env={"HITS": str(job_dir / "hits.log")}
@@ -79,7 +80,12 @@ def make_plan(
         for name, cmd in tasks
     )
     return JobPlan(
-        invocation="abcd1234", job_dir=str(job_dir), deployment=deployment, tasks=plans, env={"HF_HUB_OFFLINE": "1"}
+        invocation="abcd1234",
+        job_dir=str(job_dir),
+        deployment=deployment,
+        tasks=plans,
+        env={"HF_HUB_OFFLINE": "1"},
+        max_parallel_tasks=parallel,
     )
 
 
@@ -103,11 +109,17 @@ def state(job_dir: Path, rel: str) -> str:
 
 
 def alive(pid_file_text: str) -> bool:
+    """Whether the process still runs (a zombie does not: it has exited, and a task client's zombie may
+    wait a moment for the system's reaper once the job shell that started it in the background is gone)."""
     try:
         os.kill(int(pid_file_text), 0)
     except (ProcessLookupError, ValueError):
         return False
-    return True
+    try:
+        stat = Path(f"/proc/{int(pid_file_text)}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
@@ -116,13 +128,18 @@ def test_golden(launcher: str):
         Path("/jobs/abcd1234"),
         port=8000,
         deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
-        tasks=[("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml")],
+        tasks=[
+            ("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml"),
+            ("hellaswag", "nemo-evaluator run_eval --run_config tasks/hellaswag/run_config.yml"),
+        ],
+        parallel=2,
     )
     if launcher == "slurm":
         plan = JobPlan(
             invocation=plan.invocation,
             job_dir=plan.job_dir,
             env=plan.env,
+            max_parallel_tasks=plan.max_parallel_tasks,
             tasks=tuple(
                 TaskPlan(
                     name=t.name,
@@ -205,17 +222,19 @@ def test_runs_every_task_against_one_deployment(tmp_path: Path):
         tmp_path / "job",
         port=port,
         tasks=[
-            ("a", f"curl -sf http://127.0.0.1:{port}/v1/health && echo ran-$TASK > out.txt"),
+            ("a", f"curl -sf http://127.0.0.1:{port}/v1/health && echo ran-$TASK > out-a.txt"),
             ("b", "exit 7"),
-            ("c", "echo ran-$TASK-$HF_HUB_OFFLINE > out.txt"),
+            ("c", "sleep 1; echo ran-$TASK-$HF_HUB_OFFLINE > out.txt"),
         ],
+        parallel=3,
     )
     job = Path(plan.job_dir)
     proc = run_job(write_job(tmp_path, plan))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert state(job, "tasks/a/state") == "succeeded"
     assert state(job, "tasks/b/state") == "failed 7"
-    assert state(job, "tasks/c/state") == "succeeded"  # a failure does not stop later tasks
+    assert state(job, "tasks/c/state") == "succeeded"  # a failure does not stop the tasks beside it
+    assert (job / "out-a.txt").read_text().strip() == "ran-a"
     assert state(job, "state/finished") == "1"
     assert state(job, "state/deployment") == "ready"
     assert (job / "out.txt").read_text().strip() == "ran-c-1"
@@ -272,6 +291,45 @@ def test_deployment_never_healthy_times_out(tmp_path: Path):
     assert "did not become healthy within 3 s" in proc.stdout
     assert "starting" in proc.stdout  # the log tail
     assert not alive((Path(plan.job_dir) / "server.pid").read_text())  # the slow server was stopped
+
+
+SPAN = 'date +%s.%N > "$TASK.start"; sleep 1.5; date +%s.%N > "$TASK.end"'
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_tasks_run_side_by_side_up_to_the_limit(tmp_path: Path, parallel: int):
+    plan = make_plan(tmp_path / "job", port=free_port(), tasks=[(n, SPAN) for n in "abc"], parallel=parallel)
+    job = Path(plan.job_dir)
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spans = sorted((float((job / f"{n}.start").read_text()), float((job / f"{n}.end").read_text())) for n in "abc")
+    overlaps = sum(1 for i in range(3) for j in range(i + 1, 3) if spans[j][0] < spans[i][1])
+    if parallel == 1:
+        assert overlaps == 0  # one after another, as before
+    else:
+        assert spans[1][0] < spans[0][1]  # the first two side by side
+        assert spans[2][0] >= min(spans[0][1], spans[1][1])  # the third only once a slot is free
+    assert all(state(job, f"tasks/{n}/state") == "succeeded" for n in "abc")
+
+
+def test_sigterm_stops_every_running_task(tmp_path: Path):
+    plan = make_plan(
+        tmp_path / "job", port=free_port(), tasks=[(n, f"echo $$ > {n}.pid; sleep 60") for n in "ab"], parallel=2
+    )
+    job = Path(plan.job_dir)
+    proc = subprocess.Popen(
+        ["bash", str(write_job(tmp_path, plan))], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    for _ in range(200):
+        if (job / "a.pid").exists() and (job / "b.pid").exists():
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)  # the job's shell only: it stops its tasks itself
+    proc.wait(timeout=60)
+    assert proc.returncode == 143 and state(job, "state/finished") == "143"
+    time.sleep(0.5)
+    assert not alive((job / "a.pid").read_text()) and not alive((job / "b.pid").read_text())
+    assert not alive((job / "server.pid").read_text())
 
 
 def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):

@@ -33,6 +33,8 @@ def sample(inv: str, acc: float, *, failed: bool = False) -> InvocationResults:
         status="failed" if failed else "succeeded",
         metrics={} if failed else {"acc": Metric(0.3, 0.046, 100), "acc_norm": Metric(0.35, 0.048, 100)},
         error="endpoint returned 500" if failed else None,
+        log="/jobs/x/tasks/hellaswag/client.log" if failed else None,
+        hint="Check the deployment log." if failed else None,
     )
     return InvocationResults(
         invocation=inv,
@@ -53,6 +55,11 @@ def test_table_golden():
     assert text == golden_one.read_text()
     assert side_by_side == golden_two.read_text()
     assert "adlr_mmlu †" in text and "offline data" in text  # offline scores are marked
+    # a failed task says why, where its log is, and what to do
+    assert "✗ hellaswag (bbbb2222) failed: endpoint returned 500" in side_by_side
+    assert (
+        "log: /jobs/x/tasks/hellaswag/client.log" in side_by_side and "hint: Check the deployment log." in side_by_side
+    )
 
 
 def test_results_json_round_trip(tmp_path: Path):

@@ -76,6 +76,7 @@ def test_hook_dir_holds_only_the_hook_modules() -> None:
         "ckpteval_offline_data.py",
         "ckpteval_code_eval.py",
         "ckpteval_sandbox.py",
+        "ckpteval_request_timeout.py",
     }
     assert os.path.isabs(hook_dir())
 

@@ -1,6 +1,8 @@
-"""Route a harness's hub downloads to packaged data when no hub is reachable (installed by sitecustomize).
+"""Patch the harness at its seams, right after its modules are imported (installed by sitecustomize).
 
-`install()` adds an import hook that patches two functions right after their modules are imported:
+`install()` adds an import hook that patches functions right after their modules are imported:
+- `lm_eval.models.api_models`: `request_timeout` bounds one request, not its wait in the connection queue
+  (`ckpteval_request_timeout`; always installed);
 - `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
   data for (`ckpteval_offline_data.SOURCES`) returns that `DatasetDict`; anything else goes to the real
   loader, and if that fails offline the error says what is missing and how to provide it;
@@ -155,7 +157,19 @@ def _patch_evaluate(module: ModuleType) -> None:
     module.load = _patched_evaluate_load(module.load)  # type: ignore[attr-defined]
 
 
-_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
+def _patch_api_models(module: ModuleType) -> None:
+    try:
+        import ckpteval_request_timeout  # as loaded by the hook (the hook dir is on sys.path)
+    except ImportError:  # imported as part of the ckpteval package
+        from . import ckpteval_request_timeout
+
+    ckpteval_request_timeout.patch(module)
+
+
+# offline data and the sandboxed code_eval: only when asked for (see sitecustomize)
+_DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
+# fixes to the harness itself: always
+_HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {"lm_eval.models.api_models": _patch_api_models}
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -172,10 +186,13 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _PatchingFinder(importlib.abc.MetaPathFinder):
-    """Finds `datasets`/`evaluate` through the other finders and wraps their loader to patch after import."""
+    """Finds the patched modules through the other finders and wraps their loader to patch after import."""
+
+    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.patches = patches
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        patch = _PATCHES.get(fullname)
+        patch = self.patches.get(fullname)
         if patch is None:
             return None
         for finder in sys.meta_path:
@@ -188,11 +205,19 @@ class _PatchingFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-def install() -> None:
-    """Install the import hook (idempotent); patches modules already imported right away."""
-    if any(isinstance(f, _PatchingFinder) for f in sys.meta_path):
-        return
-    for name, patch in _PATCHES.items():
+def install(*, data: bool = True) -> None:
+    """Install the import hook (idempotent); patches modules already imported right away.
+
+    The harness fixes are always installed; `data` adds the offline-data and code_eval patches.
+    """
+    patches = {**_HARNESS_PATCHES, **(_DATA_PATCHES if data else {})}
+    finder = next((f for f in sys.meta_path if isinstance(f, _PatchingFinder)), None)
+    if finder is None:
+        finder = _PatchingFinder({})
+        sys.meta_path.insert(0, finder)
+    for name, patch in patches.items():
+        if name in finder.patches:
+            continue
+        finder.patches[name] = patch
         if name in sys.modules:
             patch(sys.modules[name])
-    sys.meta_path.insert(0, _PatchingFinder())

@@ -1,9 +1,11 @@
 """ckpteval's start-up hook for the task client's Python processes (nemo-evaluator, lm-eval).
 
 ckpteval puts this directory first on PYTHONPATH for the task client only. At interpreter start-up it
-installs `ckpteval_hook` when it may be needed (CKPTEVAL_OFFLINE_DATA=auto|on, a local dataset copy in
-CKPTEVAL_DATASET_DIR, or CKPTEVAL_SANDBOX_CODE_EVAL=1). Installing imports nothing heavy: the hook acts when the harness
-imports `datasets` or `evaluate`. Then it runs the `sitecustomize` this file shadows (e.g. Debian's), if any.
+installs `ckpteval_hook`: always its fixes to the harness (`request_timeout` per request), and its data
+patches when they may be needed (CKPTEVAL_OFFLINE_DATA=auto|on, a local dataset copy in
+CKPTEVAL_DATASET_DIR, or CKPTEVAL_SANDBOX_CODE_EVAL=1). Installing imports nothing heavy: the hook acts
+when the harness imports `lm_eval.models.api_models`, `datasets` or `evaluate`. Then it runs the
+`sitecustomize` this file shadows (e.g. Debian's), if any.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ from __future__ import annotations
 def _install() -> None:
     import os
 
+    import ckpteval_hook
+
     env = os.environ
-    if (
+    data = bool(
         env.get("CKPTEVAL_OFFLINE_DATA", "off").strip().lower() in ("auto", "on")
         or env.get("CKPTEVAL_DATASET_DIR")
         or env.get("CKPTEVAL_SANDBOX_CODE_EVAL", "").strip().lower() in ("1", "true", "yes", "on")
-    ):
-        import ckpteval_hook
-
-        ckpteval_hook.install()
+    )
+    ckpteval_hook.install(data=data)
 
 
 def _chain() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ckpteval job for invocation abcd1234: deploy once, run 1 task(s), stop.
+# ckpteval job for invocation abcd1234: deploy once, run 2 task(s), stop.
 JOB_DIR=/jobs/abcd1234
 set -uo pipefail
 cd "$JOB_DIR" || exit 2
@@ -21,10 +21,32 @@ stop_deployment() {
   fi
   DEPLOY_PID=""
 }
+TASK_PIDS=()
+tasks_running() {
+  local n=0 p
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+  echo "$n"
+}
+run_tasks() {  # each named task function in the background, at most $MAX_PARALLEL_TASKS at once
+  local t p
+  for t in "$@"; do
+    while [ "$(tasks_running)" -ge "$MAX_PARALLEL_TASKS" ]; do sleep 1; done
+    "$t" &
+    TASK_PIDS+=("$!")
+  done
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do wait "$p" || FAILED=$((FAILED + 1)); done
+}
+stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its children running: stop them
+  trap '' TERM INT
+  if [ "$(cut -d' ' -f5 "/proc/$$/stat" 2>/dev/null)" = "$$" ]; then kill -TERM 0 2>/dev/null
+  else
+    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  fi
+}
 JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
-trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
@@ -46,22 +68,43 @@ until health_ok http://127.0.0.1:8000/v1/health; do
 done
 mark state/deployment ready
 say 'deployment healthy: http://127.0.0.1:8000/v1/health'
-FAILED=0
-if [ -f tasks/adlr_mmlu/.done ]; then
-  say 'task adlr_mmlu: already done, skipped'
-else
-  say 'task adlr_mmlu: running'
-  mark tasks/adlr_mmlu/state running
-  bash -c 'export TASK=adlr_mmlu; nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml' > tasks/adlr_mmlu/client.log 2>&1
-  rc=$?
-  if [ "$rc" -eq 0 ]; then
-    touch tasks/adlr_mmlu/.done; mark tasks/adlr_mmlu/state succeeded; say adlr_mmlu': succeeded'
+task_0() {  # adlr_mmlu
+  if [ -f tasks/adlr_mmlu/.done ]; then
+    say 'task adlr_mmlu: already done, skipped'
   else
-    mark tasks/adlr_mmlu/state "failed $rc"
-    say adlr_mmlu": failed (exit $rc); last lines of tasks/adlr_mmlu/client.log:"
-    tail -n 20 tasks/adlr_mmlu/client.log; FAILED=$((FAILED + 1))
+    say 'task adlr_mmlu: running'
+    mark tasks/adlr_mmlu/state running
+    bash -c 'export TASK=adlr_mmlu; nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml' > tasks/adlr_mmlu/client.log 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+      touch tasks/adlr_mmlu/.done; mark tasks/adlr_mmlu/state succeeded; say adlr_mmlu': succeeded'
+    else
+      mark tasks/adlr_mmlu/state "failed $rc"
+      say adlr_mmlu": failed (exit $rc); last lines of tasks/adlr_mmlu/client.log:"
+      tail -n 20 tasks/adlr_mmlu/client.log; return 1
+    fi
   fi
-fi
+}
+task_1() {  # hellaswag
+  if [ -f tasks/hellaswag/.done ]; then
+    say 'task hellaswag: already done, skipped'
+  else
+    say 'task hellaswag: running'
+    mark tasks/hellaswag/state running
+    bash -c 'export TASK=hellaswag; nemo-evaluator run_eval --run_config tasks/hellaswag/run_config.yml' > tasks/hellaswag/client.log 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+      touch tasks/hellaswag/.done; mark tasks/hellaswag/state succeeded; say hellaswag': succeeded'
+    else
+      mark tasks/hellaswag/state "failed $rc"
+      say hellaswag": failed (exit $rc); last lines of tasks/hellaswag/client.log:"
+      tail -n 20 tasks/hellaswag/client.log; return 1
+    fi
+  fi
+}
+FAILED=0
+MAX_PARALLEL_TASKS=2
+run_tasks task_0 task_1
 stop_deployment
 if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; else JOB_RC=1; say "$FAILED task(s) failed"; fi
 exit "$JOB_RC"

@@ -21,10 +21,32 @@ stop_deployment() {
   fi
   DEPLOY_PID=""
 }
+TASK_PIDS=()
+tasks_running() {
+  local n=0 p
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+  echo "$n"
+}
+run_tasks() {  # each named task function in the background, at most $MAX_PARALLEL_TASKS at once
+  local t p
+  for t in "$@"; do
+    while [ "$(tasks_running)" -ge "$MAX_PARALLEL_TASKS" ]; do sleep 1; done
+    "$t" &
+    TASK_PIDS+=("$!")
+  done
+  for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do wait "$p" || FAILED=$((FAILED + 1)); done
+}
+stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its children running: stop them
+  trap '' TERM INT
+  if [ "$(cut -d' ' -f5 "/proc/$$/stat" 2>/dev/null)" = "$$" ]; then kill -TERM 0 2>/dev/null
+  else
+    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+  fi
+}
 JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
-trap 'say "interrupted"; JOB_RC=143; exit 143' TERM INT
+trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
@@ -46,35 +68,39 @@ until health_ok http://127.0.0.1:8000/v1/health; do
 done
 mark state/deployment ready
 say 'deployment healthy: http://127.0.0.1:8000/v1/health'
-FAILED=0
-if [ -f tasks/gsm8k/.done ]; then
-  say 'task gsm8k: already done, skipped'
-else
-  say 'task gsm8k: running, 2 samples per problem'
-  mark tasks/gsm8k/state running
-  rc=0; log=tasks/gsm8k/client-rs0.log
-  if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs0/.done ]; then
-    say 'task gsm8k: repeat 0 of 2 (seed 0)'
-    log=tasks/gsm8k/client-rs0.log
-    bash -c 'export REPEAT=0; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
-    rc=$?
-    if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs0 && touch tasks/gsm8k/output-rs0/.done; fi
-  fi
-  if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs1/.done ]; then
-    say 'task gsm8k: repeat 1 of 2 (seed 1)'
-    log=tasks/gsm8k/client-rs1.log
-    bash -c 'export REPEAT=1; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
-    rc=$?
-    if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs1 && touch tasks/gsm8k/output-rs1/.done; fi
-  fi
-  if [ "$rc" -eq 0 ]; then
-    touch tasks/gsm8k/.done; mark tasks/gsm8k/state succeeded; say gsm8k': succeeded'
+task_0() {  # gsm8k
+  if [ -f tasks/gsm8k/.done ]; then
+    say 'task gsm8k: already done, skipped'
   else
-    mark tasks/gsm8k/state "failed $rc"
-    say gsm8k": failed (exit $rc); last lines of $log:"
-    tail -n 20 "$log"; FAILED=$((FAILED + 1))
+    say 'task gsm8k: running, 2 samples per problem'
+    mark tasks/gsm8k/state running
+    rc=0; log=tasks/gsm8k/client-rs0.log
+    if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs0/.done ]; then
+      say 'task gsm8k: repeat 0 of 2 (seed 0)'
+      log=tasks/gsm8k/client-rs0.log
+      bash -c 'export REPEAT=0; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
+      rc=$?
+      if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs0 && touch tasks/gsm8k/output-rs0/.done; fi
+    fi
+    if [ "$rc" -eq 0 ] && [ ! -f tasks/gsm8k/output-rs1/.done ]; then
+      say 'task gsm8k: repeat 1 of 2 (seed 1)'
+      log=tasks/gsm8k/client-rs1.log
+      bash -c 'export REPEAT=1; export TASK=gsm8k; nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml' > "$log" 2>&1
+      rc=$?
+      if [ "$rc" -eq 0 ]; then mkdir -p tasks/gsm8k/output-rs1 && touch tasks/gsm8k/output-rs1/.done; fi
+    fi
+    if [ "$rc" -eq 0 ]; then
+      touch tasks/gsm8k/.done; mark tasks/gsm8k/state succeeded; say gsm8k': succeeded'
+    else
+      mark tasks/gsm8k/state "failed $rc"
+      say gsm8k": failed (exit $rc); last lines of $log:"
+      tail -n 20 "$log"; return 1
+    fi
   fi
-fi
+}
+FAILED=0
+MAX_PARALLEL_TASKS=1
+run_tasks task_0
 stop_deployment
 if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; else JOB_RC=1; say "$FAILED task(s) failed"; fi
 exit "$JOB_RC"
