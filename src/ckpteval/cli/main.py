@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "resume": ("resume", "resume_command", "Run a stopped invocation again; finished tasks are skipped."),
     "results": ("results", "results_command", "Scores of invocations, side by side; --json for machines."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
+    "watch": ("watch", "watch_command", "Evaluate each new checkpoint of a running training; watch status|stop RUN."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
     "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),
