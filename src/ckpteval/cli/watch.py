@@ -108,7 +108,7 @@ def watch_command(
         env_file=str(env_file) if env_file else None,
         every=every,
         policy=policy,  # type: ignore[arg-type]
-        max_pending=max_pending or (4 if run and run != "local" else 1),
+        max_pending=max_pending if max_pending is not None else (4 if run and run != "local" else 1),
         max_attempts=max_attempts,
         wandb_run_id=wandb_run_id,
     )

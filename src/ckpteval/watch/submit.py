@@ -157,11 +157,16 @@ def _model(record: InvocationRecord) -> str | None:
 
 def export_settings(spec: WatchSpec, *, run: str) -> Any:
     """The `export` section the user's configs and overrides give (W&B/MLflow destinations of the curves)."""
+    # the save dir may not exist yet (the training has not started): its nearest existing parent stands in
+    # for the checkpoint in this config check, which runs no evaluation
+    stand_in = Path(spec.save_dir)
+    while not stand_in.exists() and stand_in.parent != stand_in:
+        stand_in = stand_in.parent
     request = CompileRequest(
         configs=tuple(spec.configs),
         profile=spec.profile,
         mode="local",
-        overrides=(f"run.model={spec.save_dir}", "deployment.prepare=null", f"run.name={run}", *spec.overrides),
+        overrides=(f"run.model={stand_in}", "deployment.prepare=null", f"run.name={run}", *spec.overrides),
         tasks=tuple(spec.tasks),
         env_file=Path(spec.env_file) if spec.env_file else None,
     )
