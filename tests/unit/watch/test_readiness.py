@@ -8,7 +8,7 @@ import pytest
 
 from ckpteval.cluster.remote import LocalRemote
 from ckpteval.errors import ConfigError
-from ckpteval.watch.readiness import listing_command, list_save_dir, parse_listing
+from ckpteval.watch.readiness import list_save_dir, listing_command, parse_listing
 
 
 def _iter_dir(root: Path, iteration: int, *files: str) -> Path:

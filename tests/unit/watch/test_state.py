@@ -50,8 +50,7 @@ def test_a_damaged_state_file_is_one_clear_error():
 
 
 def test_two_watchers_of_one_run_are_refused():
-    with RunLock("run42-abcdef"):
-        with pytest.raises(ConfigError, match="Another watcher"):
-            RunLock("run42-abcdef").__enter__()
+    with RunLock("run42-abcdef"), pytest.raises(ConfigError, match="Another watcher"):
+        RunLock("run42-abcdef").__enter__()
     with RunLock("run42-abcdef"):  # released with the first
         pass
