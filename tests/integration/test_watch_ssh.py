@@ -90,3 +90,71 @@ def test_dry_run_lists_over_ssh_and_shows_the_slurm_job(write_env_toml, infra: I
     assert "iteration       300  incomplete (missing .metadata, metadata.json)" in out
     assert "would evaluate now: iteration 100, 200 (at most 4 at a time)" in out
     assert "#SBATCH" in out and f"{save_dir}/iter_0000100" in out
+
+
+@pytest.mark.slow
+def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(write_env_toml, infra: Infra, remote_job_dir):
+    """Three ready checkpoints, --max-pending 2: two real Slurm jobs (held, so they never run), recorded with
+    their iterations; a restarted watcher submits nothing again; a cancelled one is retried (attempt 2)."""
+    import subprocess
+
+    from ckpteval.job.invocation import load_record
+    from ckpteval.watch.run import open_watch
+    from ckpteval.watch.state import WatchSpec
+
+    save_dir = Path(remote_job_dir) / "run42" / "checkpoints"
+    _write_saves(save_dir, infra, complete=[100, 200, 300], half=[400])
+    venv_bin = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+    env = write_env_toml("CI", python=str(venv_bin / "python"), sbatch_flags={"hold": True})
+
+    def spec() -> WatchSpec:
+        return WatchSpec(
+            save_dir=str(save_dir),
+            configs=["tiny"],
+            profile="CI",
+            tasks=["adlr_humaneval_greedy"],
+            overrides=["deployment.backend=builtin"],
+            env_file=str(env),
+            every=1,
+            max_pending=2,
+        )
+
+    jobs: list[str] = []
+    try:
+        watcher = open_watch(spec())
+        report = watcher.poll()
+        assert report.submitted == [100, 200]
+        assert watcher.lister.round_trips == 1  # type: ignore[attr-defined]
+        entries = watcher.state.iterations
+        for iteration in (100, 200):
+            record = load_record(entries[iteration].attempts[0].invocation)
+            jobs.append(str(record.slurm_job_id))
+            assert record.extra["watch"]["iteration"] == iteration
+            assert f"iter_{iteration:07d}" in " ".join(record.command_line)
+        squeue = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %r"], capture_output=True, text=True)
+        assert len(squeue.stdout.strip().splitlines()) == 2 and "JobHeldUser" in squeue.stdout
+
+        # the watcher is "killed"; the same command again: the two in flight are followed, not resubmitted
+        again = open_watch(spec())
+        assert again.poll().submitted == []
+        # one of them is cancelled on the cluster: it is retried, and 300 still waits for a slot
+        subprocess.run(["scancel", jobs[0]], check=True)
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(again.state.iterations[100].attempts) == 1 and time.monotonic() < deadline:
+            again.poll()
+            time.sleep(1)
+        first, second = again.state.iterations[100].attempts
+        assert first.state == "cancelled" and second.invocation
+        assert again.state.iterations[100].state == "submitted"
+        assert again.state.iterations[300].state == "waiting"  # both slots taken again
+        jobs.append(str(load_record(second.invocation).slurm_job_id))
+        assert 400 not in again.state.iterations
+    finally:
+        for entry in list(open_watch(spec()).state.iterations.values()):
+            for attempt in entry.attempts:
+                if attempt.invocation:
+                    record = load_record(attempt.invocation)
+                    if record.slurm_job_id:
+                        subprocess.run(["scancel", str(record.slurm_job_id)], check=False)
