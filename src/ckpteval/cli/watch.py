@@ -95,6 +95,8 @@ def watch_command(
 
         typer.echo(request_stop(words[1]))
         return
+    if max_pending is not None and max_pending < 1:
+        raise ConfigError("--max-pending must be at least 1.")
     if policy not in ("all", "latest"):
         raise ConfigError(f"--policy is all or latest, not {policy!r}.")
     from ckpteval.watch.state import WatchSpec
@@ -108,7 +110,7 @@ def watch_command(
         env_file=str(env_file) if env_file else None,
         every=every,
         policy=policy,  # type: ignore[arg-type]
-        max_pending=max_pending if max_pending is not None else (4 if run and run != "local" else 1),
+        max_pending=max_pending if max_pending is not None else 0,
         max_attempts=max_attempts,
         wandb_run_id=wandb_run_id,
     )

@@ -91,12 +91,22 @@ def resolve_profile(spec: WatchSpec) -> Profile:
     return load_env_file(Path(spec.env_file) if spec.env_file else None).profile(spec.profile)
 
 
-def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lambda _e: None) -> Watcher:
-    """The watcher of `spec` (its state created, or continued from the last run of the same command)."""
-    if spec.max_pending < 1 or spec.max_attempts < 1 or spec.every <= 0:
+DEFAULT_MAX_PENDING = {"slurm": 4, "local": 1}
+
+
+def _resolve(spec: WatchSpec) -> Profile:
+    """Check the spec's numbers, make its save dir absolute and its max pending concrete; its profile."""
+    if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0:
         raise ConfigError("--max-pending and --max-attempts must be at least 1, --every above 0.")
     profile = resolve_profile(spec)
     spec.save_dir = absolute_save_dir(spec.save_dir, profile)
+    spec.max_pending = spec.max_pending or DEFAULT_MAX_PENDING[profile.executor]
+    return profile
+
+
+def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lambda _e: None) -> Watcher:
+    """The watcher of `spec` (its state created, or continued from the last run of the same command)."""
+    profile = _resolve(spec)
     run = run_name(spec.save_dir, spec.profile)
     export = submit.export_settings(spec, run=run)  # compiles the config once: bad input fails here
     state = load_state(run)
@@ -128,8 +138,7 @@ class DryRun:
 
 def dry_run(spec: WatchSpec) -> DryRun:
     """List the save dir and say what a watcher would submit now; submits nothing, writes nothing."""
-    profile = resolve_profile(spec)
-    spec.save_dir = absolute_save_dir(spec.save_dir, profile)
+    profile = _resolve(spec)
     run = run_name(spec.save_dir, spec.profile)
     lister = SaveDirLister(profile, spec.save_dir)
     try:

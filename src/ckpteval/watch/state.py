@@ -70,7 +70,7 @@ class WatchSpec:
     env_file: str | None = None
     every: float = 300.0
     policy: Policy = "all"
-    max_pending: int = 1
+    max_pending: int = 0  # 0: the default for where it runs (Slurm 4, this machine 1)
     max_attempts: int = 3
     wandb_run_id: str | None = None
 

@@ -22,7 +22,8 @@ import pytest
 
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# three evaluations: ~3 min on 2 idle cores, but the harness start-up alone takes minutes on a loaded machine
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 EVALUATE = [sys.executable, "-m", "ckpteval.cli"]
 TRAINER = Path(__file__).with_name("trainer.py")

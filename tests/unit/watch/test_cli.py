@@ -17,7 +17,7 @@ def test_bad_input_is_one_clear_line():
     for args, text in (
         (["watch"], "Name the save directory"),
         (["watch", "/x", "-c", "tiny", "--policy", "newest"], "--policy is all or latest"),
-        (["watch", "/x", "-c", "tiny", "--max-pending", "0"], "at least 1"),
+        (["watch", "/x", "-c", "tiny", "--max-pending", "0"], "--max-pending must be at least 1"),
         (["watch", "stop"], "takes one watch run"),
         (["watch", "status", "nope"], "not a watch run"),
         (["results", "--watch", "nope"], "not a watch run"),

@@ -67,6 +67,7 @@ class Pipeline:
 
 
 def make(root: Path, pipeline: Pipeline, *, exported: list | None = None, **spec_kw) -> tuple[Watcher, list]:
+    spec_kw.setdefault("max_pending", 1)
     spec = WatchSpec(save_dir=str(root), configs=["tiny"], profile=None, tasks=[], overrides=[], **spec_kw)
     state = load_state("run-000000") or WatchState(run="run-000000", spec=spec, created=0.0)
     events: list[WatchEvent] = []
