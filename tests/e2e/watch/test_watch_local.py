@@ -99,7 +99,7 @@ def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated
 
         # 3. the same command again, --once: follows 10 (still running or done), evaluates 20 and 40, exits
         second = subprocess.run(
-            [*watch, "--once"], cwd=isolated_user, env=env, capture_output=True, text=True, timeout=900
+            [*watch, "--once"], cwd=isolated_user, env=env, capture_output=True, text=True, timeout=2000
         )
         assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
     finally:
