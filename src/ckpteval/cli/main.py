@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "report": ("report", "report_command", "One self-contained HTML report: scores, CIs, charts, verdicts."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
+    "watch": ("watch", "watch_command", "Evaluate each new checkpoint of a running training; watch status|stop RUN."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
     "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),

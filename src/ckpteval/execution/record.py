@@ -84,6 +84,15 @@ class SlurmSubmission:
 
 
 @dataclass
+class WatchOrigin:
+    """An invocation `evaluate watch` submitted: which watch run, which iteration of the training, where."""
+
+    run: str
+    iteration: int
+    iter_dir: str
+
+
+@dataclass
 class LocalProcess:
     """The local job's process group: its pid and the pid's start time (a reused pid has another)."""
 
@@ -135,6 +144,7 @@ class InvocationRecord:
     slurm: SlurmSubmission | None = None
     process: LocalProcess | None = None
     final: FinalStatus | None = None
+    watch: WatchOrigin | None = None
     version: int = RECORD_VERSION
 
     @property
@@ -268,14 +278,17 @@ def record_from_json(data: dict[str, Any]) -> InvocationRecord:
     slurm = data.get("slurm")
     process = data.get("process")
     final = data.get("final")
+    watch = data.get("watch")
     fields = {f.name for f in dataclasses.fields(InvocationRecord)}
-    plain = {k: v for k, v in data.items() if k in fields and k not in ("tasks", "slurm", "process", "final")}
+    nested = ("tasks", "slurm", "process", "final", "watch")
+    plain = {k: v for k, v in data.items() if k in fields and k not in nested}
     return InvocationRecord(
         **plain,
         tasks=[TaskEntry(**t) for t in data["tasks"]],
         slurm=SlurmSubmission(**slurm) if slurm else None,
         process=LocalProcess(**process) if process else None,
         final=(FinalStatus(**{**final, "tasks": [TaskStatus(**t) for t in final["tasks"]]}) if final else None),
+        watch=WatchOrigin(**watch) if watch else None,
     )
 
 

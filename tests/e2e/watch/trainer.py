@@ -1,0 +1,92 @@
+"""A stand-in for a Megatron training run: saves the tiny model as iter 10, 20, 30, 40 over time.
+
+    python trainer.py SAVE_DIR GO_FILE
+
+Every save is written by the project's own checkpoint writer (megatron-core's `dist_checkpointing.save`,
+torch_dist, through `ckpteval.deploy.model.save_checkpoint`, which also writes the tracker file as
+Megatron-LM does). To be seen half-written, a save is first written to a staging dir and its files are
+then moved into `SAVE_DIR/iter_NNNNNNN` in the order the writer produces them: `common.pt` and the
+`*.distcp` shards, then `.metadata`, then `metadata.json`, then the tracker.
+
+- iter 10: saved in place, complete.
+- iter 20: shards and common.pt moved in; the trainer prints "HALF 20" and waits for GO_FILE; then
+  `.metadata`, `metadata.json` and the tracker follow (a slow save, complete in the end).
+- iter 30: shards and common.pt moved in, then the "training crashes": never completed.
+- iter 40: saved in place, complete (the training restarted and went on).
+
+Prints "SAVED N" when iteration N is complete, "DONE" at the end.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def _move(staging: Path, iter_dir: Path, names: list[str]) -> None:
+    for name in names:
+        shutil.move(str(staging / name), str(iter_dir / name))
+
+
+def main(save_dir: Path, go_file: Path) -> None:
+    import torch
+
+    from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
+    from ckpteval.deploy.model import build_gpt_model, save_checkpoint
+    from ckpteval.deploy.packaged import TINY_ARCHITECTURE, TINY_INIT_STD, TINY_SEED
+    from ckpteval.deploy.runtime import init_runtime
+    from ckpteval.deploy.tokenizer import write_byte_tokenizer
+
+    init_runtime("cpu")
+    torch.manual_seed(TINY_SEED)
+    model = build_gpt_model(TINY_ARCHITECTURE, initialize=True, init_std=TINY_INIT_STD)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    write_byte_tokenizer(save_dir / "tokenizer")
+
+    def args():
+        return TINY_ARCHITECTURE.to_args(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=None, vocab_size=257)
+
+    def train_a_bit() -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+
+    def staged(iteration: int) -> tuple[Path, Path, list[str]]:
+        staging = save_dir.parent / f".staging-{iteration}"
+        save_checkpoint(model, staging, args=args(), iteration=iteration)
+        src = staging / iteration_dir_name(iteration)
+        dst = save_dir / iteration_dir_name(iteration)
+        dst.mkdir()
+        shards = sorted(p.name for p in src.iterdir() if p.suffix == ".distcp")
+        _move(src, dst, ["common.pt", *shards])
+        return src, dst, shards
+
+    train_a_bit()
+    save_checkpoint(model, save_dir, args=args(), iteration=10)
+    print("SAVED 10", flush=True)
+
+    train_a_bit()
+    src, dst, _ = staged(20)
+    print("HALF 20", flush=True)
+    while not go_file.exists():
+        time.sleep(0.1)
+    _move(src, dst, [".metadata"])
+    time.sleep(0.3)
+    _move(src, dst, ["metadata.json"])
+    (save_dir / TRACKER_FILE).write_text("20")
+    print("SAVED 20", flush=True)
+
+    train_a_bit()
+    staged(30)  # ... and the training dies here: no .metadata, no metadata.json, no tracker update
+    print("CRASHED 30", flush=True)
+
+    train_a_bit()
+    save_checkpoint(model, save_dir, args=args(), iteration=40)
+    print("SAVED 40", flush=True)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,235 @@
+"""The watcher's decisions, poll by poll: once per ready checkpoint, bounded retries, max pending,
+--policy latest, restarts, and curves exported in iteration order.
+
+The save dir is real (listed with the real command); the pipeline is a stand-in that records what was
+submitted and answers states the way `ckpteval.watch.submit` does (the e2e test runs the real one)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from ckpteval.cluster.remote import LocalRemote
+from ckpteval.errors import ClusterError
+from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
+from ckpteval.watch.loop import Watcher, WatchEvent
+from ckpteval.watch.readiness import list_save_dir
+from ckpteval.watch.state import IterationEntry, WatchSpec, WatchState, load_state, stop_file
+from ckpteval.watch.submit import EvaluationState
+
+
+def save(root: Path, iteration: int, *, complete: bool = True) -> None:
+    path = root / f"iter_{iteration:07d}"
+    path.mkdir(parents=True, exist_ok=True)
+    names = ["common.pt", "__0_0.distcp"] + ([".metadata", "metadata.json"] if complete else [])
+    for name in names:
+        (path / name).write_bytes(b"x")
+
+
+class Pipeline:
+    """Records submissions; each evaluation ends as `outcome(iteration, attempt)` says when `finish` is called."""
+
+    def __init__(self, outcome=lambda iteration, attempt: "succeeded", *, refuse: int = 0) -> None:
+        self.outcome = outcome
+        self.submitted: list[tuple[int, str]] = []
+        self.running: dict[str, int] = {}
+        self.ended: dict[str, EvaluationState] = {}
+        self.ids = (f"inv{n:05d}" for n in itertools.count())
+        self.refuse = refuse  # the first N submissions fail (the cluster said no)
+
+    def submit(self, iteration: int, iter_dir: str) -> str:
+        assert iter_dir.endswith(f"iter_{iteration:07d}")
+        if self.refuse:
+            self.refuse -= 1
+            raise ClusterError("sbatch: error: QOSMaxSubmitJobPerUserLimit")
+        invocation = next(self.ids)
+        self.submitted.append((iteration, invocation))
+        self.running[invocation] = iteration
+        return invocation
+
+    def finish(self) -> None:
+        for invocation, iteration in list(self.running.items()):
+            attempt = sum(1 for i, _ in self.submitted if i == iteration)
+            state = self.outcome(iteration, attempt)
+            results = InvocationResults(
+                invocation=invocation,
+                created="now",
+                status=state,
+                tasks={"hellaswag": TaskOutcome("hellaswag", state, metrics={"acc": Metric(iteration / 100, 0.01)})},
+            )
+            self.ended[invocation] = EvaluationState(invocation, state, results=results, detail="task client died")
+            del self.running[invocation]
+
+    def state(self, invocation: str) -> EvaluationState:
+        return self.ended.get(invocation) or EvaluationState(invocation, "running")
+
+
+def make(root: Path, pipeline: Pipeline, *, exported: list | None = None, **spec_kw) -> tuple[Watcher, list]:
+    spec_kw.setdefault("max_pending", 1)
+    spec = WatchSpec(save_dir=str(root), configs=["tiny"], profile=None, tasks=[], overrides=[], **spec_kw)
+    state = load_state("run-000000") or WatchState(run="run-000000", spec=spec, created=0.0)
+    events: list[WatchEvent] = []
+
+    def exporter(st: WatchState, entries: list[IterationEntry]) -> str:
+        assert exported is not None
+        exported.extend(e.iteration for e in entries)
+        return "exported"
+
+    watcher = Watcher(
+        state,
+        lister=lambda: list_save_dir(LocalRemote(), str(root)),
+        pipeline=pipeline,
+        on_event=events.append,
+        exporter=exporter if exported is not None else None,
+    )
+    return watcher, events
+
+
+def test_each_complete_checkpoint_once_and_a_half_written_one_when_complete(tmp_path: Path):
+    save(tmp_path, 10)
+    save(tmp_path, 20, complete=False)
+    pipeline = Pipeline()
+    watcher, events = make(tmp_path, pipeline, max_pending=4)
+    watcher.poll()
+    assert pipeline.submitted == [(10, "inv00000")]
+    assert any(e.kind == "incomplete" and e.iteration == 20 for e in events)
+    watcher.poll()
+    assert len(pipeline.submitted) == 1  # still running: not submitted again
+    save(tmp_path, 20)  # the save completes
+    pipeline.finish()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 20]
+    pipeline.finish()
+    watcher.poll()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 20]
+    assert {i: e.state for i, e in watcher.state.iterations.items()} == {10: "succeeded", 20: "succeeded"}
+    assert watcher.state.iterations[20].metrics["hellaswag/acc"] == pytest.approx(0.2)
+
+
+def test_a_restarted_watcher_resubmits_nothing_and_misses_nothing(tmp_path: Path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    pipeline = Pipeline()
+    first, _ = make(tmp_path, pipeline, max_pending=1)
+    first.poll()  # 10 submitted, 20 waiting for a slot; then the watcher is killed
+    del first
+    save(tmp_path, 30)
+    second, _ = make(tmp_path, pipeline, max_pending=1)
+    second.poll()
+    assert [i for i, _ in pipeline.submitted] == [10]  # 10 still running: no slot, nothing twice
+    pipeline.finish()
+    second.poll()
+    pipeline.finish()
+    second.poll()
+    pipeline.finish()
+    second.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 20, 30]
+    assert all(e.state == "succeeded" for e in load_state("run-000000").iterations.values())  # type: ignore[union-attr]
+
+
+def test_failures_are_retried_a_bounded_number_of_times_then_reported(tmp_path: Path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    pipeline = Pipeline(lambda iteration, attempt: "failed" if iteration == 10 or attempt == 1 else "succeeded")
+    watcher, events = make(tmp_path, pipeline, max_pending=2, max_attempts=3)
+    for _ in range(6):
+        watcher.poll()
+        pipeline.finish()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted].count(10) == 3
+    assert [i for i, _ in pipeline.submitted].count(20) == 2
+    assert watcher.state.iterations[10].state == "failed"
+    assert "3 attempts failed" in watcher.state.iterations[10].note
+    assert watcher.state.iterations[20].state == "succeeded"
+    assert [e.iteration for e in events if e.kind == "failed"] == [10]
+
+
+def test_a_refused_submission_counts_as_an_attempt(tmp_path: Path):
+    save(tmp_path, 10)
+    pipeline = Pipeline(refuse=1)
+    watcher, events = make(tmp_path, pipeline)
+    watcher.poll()
+    assert watcher.state.iterations[10].state == "retry"
+    assert "QOSMaxSubmitJobPerUserLimit" in next(e.message for e in events if e.kind == "retry")
+    watcher.poll()
+    assert pipeline.submitted == [(10, "inv00000")]
+
+
+def test_max_pending_bounds_what_is_in_flight(tmp_path: Path):
+    for i in (10, 20, 30, 40, 50):
+        save(tmp_path, i)
+    pipeline = Pipeline()
+    watcher, _ = make(tmp_path, pipeline, max_pending=2)
+    watcher.poll()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 20]
+    pipeline.finish()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 20, 30, 40]
+
+
+def test_policy_latest_skips_to_the_newest_and_says_so(tmp_path: Path):
+    for i in (10, 20, 30):
+        save(tmp_path, i)
+    pipeline = Pipeline()
+    watcher, events = make(tmp_path, pipeline, policy="latest", max_pending=1)
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [30]
+    assert {i: e.state for i, e in watcher.state.iterations.items()} == {10: "skipped", 20: "skipped", 30: "submitted"}
+    assert sorted(e.iteration for e in events if e.kind == "skipped") == [10, 20]  # type: ignore[type-var]
+
+
+def test_curves_get_points_in_iteration_order_only(tmp_path: Path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    exported: list[int] = []
+    finish_order = {"first": 20}
+
+    class OutOfOrder(Pipeline):
+        def finish_one(self, iteration: int) -> None:
+            invocation = next(inv for inv, it in self.running.items() if it == iteration)
+            keep = {k: v for k, v in self.running.items() if k != invocation}
+            self.running = {invocation: iteration}
+            self.finish()
+            self.running = keep
+
+    pipeline = OutOfOrder()
+    watcher, _ = make(tmp_path, pipeline, max_pending=2, exported=exported)
+    watcher.poll()
+    pipeline.finish_one(finish_order["first"])  # 20 ends before 10
+    watcher.poll()
+    assert exported == []  # 20 waits for 10: a lower step after a higher one would be dropped
+    pipeline.finish_one(10)
+    watcher.poll()
+    assert exported == [10, 20]
+    watcher.poll()
+    assert exported == [10, 20]  # never twice
+    assert watcher.state.exported_through == 20
+
+
+def test_once_ends_when_what_was_ready_at_start_is_done(tmp_path: Path):
+    save(tmp_path, 10)
+    pipeline = Pipeline()
+    watcher, _ = make(tmp_path, pipeline, every=0.05)
+
+    def lister():
+        listing = list_save_dir(LocalRemote(), str(tmp_path))
+        pipeline.finish()
+        save(tmp_path, 20)  # appears after the first poll: not part of --once
+        return listing
+
+    watcher.lister = lister
+    watcher.run(once=True)
+    assert [i for i, _ in pipeline.submitted] == [10]
+
+
+def test_a_stop_file_ends_the_loop(tmp_path: Path):
+    pipeline = Pipeline()
+    watcher, _ = make(tmp_path, pipeline, every=0.05)
+    stop_file("run-000000").parent.mkdir(parents=True, exist_ok=True)
+    stop_file("run-000000").write_text("now")
+    watcher.run()
+    assert watcher.state.polls == 1
