@@ -223,7 +223,9 @@ class LocalBackend:
             return read_results(path)
         if not job_dir.path().exists():
             raise EvaluationError(f"The job directory of invocation {record.id} is gone: {job_dir.root}.")
-        return collect_results(
+        if job_dir.path(JobDir.FINISHED).exists() and not job_process_alive(record):
+            return collect_here(record)  # ended, and nobody followed it (e.g. evaluate watch): write results.json
+        return collect_results(  # still running: partial, and not written
             job_dir.path(), record.task_dirs, invocation=record.id, created=record.created, model=None
         )
 

@@ -129,12 +129,7 @@ def evaluation_state(invocation: str) -> EvaluationState:
     status = backend.status(record)
     if status.state not in FINAL_STATES:
         return EvaluationState(invocation, status.state, detail=status.detail)
-    if record.executor == "local":
-        from ckpteval.execution.local import collect_here
-
-        results = collect_here(record)  # nobody followed the job: collect (and write results.json) now
-    else:
-        results = backend.results(record)
+    results = backend.results(record)  # nobody followed the job: collected (and results.json written) now
     return EvaluationState(invocation, status.state, results=results, detail=status.detail or status.log_tail[-300:])
 
 
