@@ -164,3 +164,76 @@ def write_png(chart: BarChart, path: Path, *, dpi: int = 150) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One score of a watched training run against iteration: (iteration, value, stderr or None) points."""
+
+    run: str
+    key: str  # <task>/<metric>
+    points: tuple[tuple[int, float, float | None], ...]
+
+
+def watch_curves(run: str, rows: Sequence[dict], keys: Sequence[str]) -> list[Curve]:
+    """The curves of a watch run from its table rows (`ckpteval.watch.curves.curve_rows`): evaluated
+    iterations only, in iteration order."""
+    curves = []
+    for key in keys:
+        points = tuple(
+            (int(row["iteration"]), float(row["scores"][key][0]), row["scores"][key][1])
+            for row in rows
+            if row["state"] == "succeeded" and key in row["scores"]
+        )
+        if points:
+            curves.append(Curve(run=run, key=key, points=points))
+    return curves
+
+
+def render_curve_svg(curve: Curve, *, width: int = 640, height: int = 260) -> str:
+    """A curve as an inline SVG: the score at each iteration, a band of ± 1 stderr where every point has one."""
+    left, right, top, bottom = 56, 16, 28, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [p[0] for p in curve.points]
+    lows = [v - (s or 0.0) for _, v, s in curve.points]
+    highs = [v + (s or 0.0) for _, v, s in curve.points]
+    y_min, y_max = min(lows), max(highs)
+    pad = (y_max - y_min) * 0.1 or 0.05
+    y_min, y_max = y_min - pad, y_max + pad
+    x_min, x_max = min(xs), max(xs)
+
+    def x(i: int) -> float:
+        return left + (plot_w * (i - x_min) / (x_max - x_min) if x_max > x_min else plot_w / 2)
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - (v - y_min) / (y_max - y_min))
+
+    esc = html.escape
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" aria-label="{esc(curve.key)} against iteration">',
+        f'<text x="{left}" y="16" class="chart-title">{esc(curve.key)} — watch run {esc(curve.run)}</text>',
+    ]
+    for i in range(5):
+        v = y_min + (y_max - y_min) * i / 4
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>')
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3f}</text>')
+    if all(s is not None for _, _, s in curve.points) and len(curve.points) > 1:
+        band = [f"{x(i):.1f},{y(h):.1f}" for (i, _, _), h in zip(curve.points, highs, strict=True)]
+        band += [f"{x(i):.1f},{y(lo):.1f}" for (i, _, _), lo in reversed(list(zip(curve.points, lows, strict=True)))]
+        out.append(f'<polygon points="{" ".join(band)}" fill="{PALETTE[0]}" fill-opacity="0.18"/>')
+    line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v, _ in curve.points)
+    out.append(f'<polyline points="{line}" fill="none" stroke="{PALETTE[0]}" stroke-width="2"/>')
+    for i, v, s in curve.points:
+        spread = f" ± {s:.4f}" if s is not None else ""
+        out.append(
+            f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" fill="{PALETTE[0]}">'
+            f"<title>iteration {i}: {esc(curve.key)} = {v:.4f}{spread}</title></circle>"
+        )
+        out.append(f'<text x="{x(i):.1f}" y="{y(v) - 8:.1f}" text-anchor="middle" class="value">{v:.3f}</text>')
+        out.append(f'<text x="{x(i):.1f}" y="{top + plot_h + 16}" text-anchor="middle" class="tick">{i}</text>')
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle" class="metric">iteration</text>'
+    )
+    out.append("</svg>")
+    return "\n".join(out)

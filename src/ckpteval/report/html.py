@@ -1,13 +1,14 @@
 """`evaluate report`: one self-contained HTML page (inline CSS and SVG; nothing fetched when it opens) with
-the invocations, the score table with standard errors and 95 % intervals, a bar chart per task, and the
-comparison verdicts of every invocation against the first."""
+the invocations, the score table with standard errors and 95 % intervals, a bar chart per task, the
+comparison verdicts of every invocation against the first, and each watched training run's scores against
+iteration."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
 
-from ckpteval.report.charts import Z_95, bar_chart, render_svg, series_name
+from ckpteval.report.charts import Z_95, Curve, bar_chart, render_curve_svg, render_svg, series_name
 from ckpteval.results.compare import BETTER, WORSE, Comparison
 from ckpteval.results.model import InvocationResults
 
@@ -41,30 +42,41 @@ def _p(value: float | None) -> str:
 
 
 def render_report(
-    results: Sequence[InvocationResults], comparison: Comparison | None = None, *, generated: str = ""
+    results: Sequence[InvocationResults],
+    comparison: Comparison | None = None,
+    *,
+    generated: str = "",
+    curves: Sequence[Curve] = (),
 ) -> str:
-    """The whole page."""
+    """The whole page (`curves`: the score-vs-iteration curves of watched training runs, if any)."""
+    title = ", ".join([*(r.invocation for r in results), *dict.fromkeys(f"watch {c.run}" for c in curves)])
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>ckpteval report: {_e(', '.join(r.invocation for r in results))}</title>",
+        f"<title>ckpteval report: {_e(title)}</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>ckpteval report</h1>",
         f'<p class="note">generated {_e(generated)}</p>' if generated else "",
-        _invocations(results),
-        "<h2>Scores</h2>",
-        _scores(results),
-        "<h2>Charts</h2>",
-        '<div class="charts">',
     ]
-    tasks = list(dict.fromkeys(t for r in results for t in r.tasks))
-    for task in tasks:
-        chart = bar_chart(task, results)
-        if chart is not None:
-            parts.append(f'<figure id="chart-{_e(task)}">{render_svg(chart)}</figure>')
-    parts.append("</div>")
+    if results:
+        parts += [_invocations(results), "<h2>Scores</h2>", _scores(results), "<h2>Charts</h2>", '<div class="charts">']
+        tasks = list(dict.fromkeys(t for r in results for t in r.tasks))
+        for task in tasks:
+            chart = bar_chart(task, results)
+            if chart is not None:
+                parts.append(f'<figure id="chart-{_e(task)}">{render_svg(chart)}</figure>')
+        parts.append("</div>")
     if comparison is not None:
         parts += ["<h2>Comparison</h2>", _comparison(comparison)]
+    if curves:
+        parts += [
+            "<h2>Scores against iteration</h2>",
+            '<p class="note">Each evaluated checkpoint of a watched training run (evaluate watch); '
+            "the band is ± 1 standard error.</p>",
+            '<div class="charts">',
+            *(f'<figure id="curve-{_e(c.run)}-{_e(c.key)}">{render_curve_svg(c)}</figure>' for c in curves),
+            "</div>",
+        ]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p) + "\n"
 

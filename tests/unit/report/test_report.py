@@ -129,3 +129,53 @@ def test_report_of_an_unknown_invocation_is_one_message(tmp_path: Path):
     result = runner.invoke(app, ["report", "ffff0000", "-o", str(tmp_path / "r.html")])
     assert result.exit_code == 2 and "No invocation 'ffff0000'" in result.output
     assert not (tmp_path / "r.html").exists()
+
+
+def _watched_run() -> None:
+    """A watch run with three evaluated checkpoints and one that failed (recorded as `evaluate watch` does)."""
+    from ckpteval.watch.state import IterationEntry, WatchSpec, WatchState
+
+    spec = WatchSpec(save_dir="/s", configs=["tiny"], profile=None, tasks=["hellaswag"], overrides=[])
+    state = WatchState(run="run42-abcdef", spec=spec, created=0.0)
+    for i, acc in ((100, 0.25), (200, 0.3125), (300, 0.4375)):
+        metrics = {"hellaswag/acc": acc, "hellaswag/acc_stderr": 0.02, "hellaswag/n_samples": 50.0}
+        state.iterations[i] = IterationEntry(i, f"/s/iter_{i:07d}", "succeeded", 0.0, metrics=metrics)
+    state.iterations[400] = IterationEntry(400, "/s/iter_0000400", "failed", 0.0, note="3 attempts failed")
+    state.save()
+
+
+@needs_browser
+def test_a_watched_run_shows_its_scores_against_iteration(tmp_path: Path):
+    _watched_run()
+    out = tmp_path / "watch.html"
+    result = runner.invoke(app, ["report", "--watch", "run42", "-o", str(out), "--png", str(tmp_path / "png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "png" / "watch-run42-abcdef.png").stat().st_size > 1000
+    page = _Text()
+    page.feed(out.read_text())
+    assert page.loads == []
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", out.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    shown = _Text()
+    shown.feed(dom)
+    text = " | ".join(shown.text)
+    assert "Scores against iteration" in text and "hellaswag/acc — watch run run42-abcdef" in text
+    # one point per evaluated iteration, in order, with its value; the failed iteration has none
+    for i, acc in ((100, 0.25), (200, 0.3125), (300, 0.4375)):
+        assert f"iteration {i}: hellaswag/acc = {acc:.4f} ± 0.0200" in dom
+    assert "iteration 400:" not in dom
+    values = re.findall(r'class="value">([0-9.]+)<', dom)
+    assert values == ["0.250", "0.312", "0.438"]
+    assert dom.count("<polygon") == 1  # the ± 1 stderr band
+
+
+def test_report_needs_an_invocation_or_a_watch_run(tmp_path: Path):
+    result = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2
+    assert "Name the invocation(s) or watch run(s)" in result.output
+    assert not (tmp_path / "r.html").exists()
