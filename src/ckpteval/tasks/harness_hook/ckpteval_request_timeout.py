@@ -51,13 +51,23 @@ def _wrap(original: Any) -> Any:
         slots = asyncio.Semaphore(max(1, int(getattr(self, "_concurrent", 1) or 1)))
 
         async def one_request(*a: Any, **kw: Any) -> Any:
+            session = kw.get("session")
             async with slots:
+                if getattr(session, "closed", False):
+                    # the batch has already failed (another request gave up) and closed its session: a request
+                    # still waiting for a slot ends quietly instead of logging "Session is closed" over the
+                    # reason the task failed
+                    raise asyncio.CancelledError
                 try:
                     return await amodel_call(*a, **kw)
                 except RequestTimeoutError:
                     raise
                 except TimeoutError as exc:  # aiohttp's total timeout (asyncio.TimeoutError is TimeoutError)
                     raise RequestTimeoutError(timeout_message(getattr(self, "timeout", "?"), self.base_url)) from exc
+                except Exception:
+                    if getattr(session, "closed", False):  # in flight when the failed batch closed the session
+                        raise asyncio.CancelledError from None
+                    raise
 
         self.amodel_call = one_request  # the original wraps `self.amodel_call` in its retry
         try:
