@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +66,28 @@ def bar_chart(task: str, results: Sequence[InvocationResults]) -> BarChart | Non
     return BarChart(task, groups, series) if groups else None
 
 
+def _svg_open(width: int, height: int, *, label: str, title: str, left: int) -> list[str]:
+    """An inline SVG's opening tag and its title line."""
+    esc = html.escape
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" aria-label="{esc(label)}">',
+        f'<text x="{left}" y="16" class="chart-title">{esc(title)}</text>',
+    ]
+
+
+def _grid(
+    y: Callable[[float], float], y_min: float, y_max: float, *, steps: int, x0: int, x1: int, fmt: str
+) -> list[str]:
+    """Horizontal grid lines with their value ticks, `steps` intervals from y_min to y_max."""
+    out = []
+    for i in range(steps + 1):
+        v = y_min + (y_max - y_min) * i / steps
+        out.append(f'<line x1="{x0}" x2="{x1}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>')
+        out.append(f'<text x="{x0 - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">{v:{fmt}}</text>')
+    return out
+
+
 def _top(chart: BarChart) -> float:
     highest = max((b.high if b.high is not None else b.value) for _, bars in chart.groups for b in bars)
     return 1.0 if highest <= 1.0 else highest * 1.1
@@ -83,15 +105,8 @@ def render_svg(chart: BarChart, *, width: int = 640, height: int = 300) -> str:
         return top + plot_h * (1 - (v - y_min) / (y_max - y_min or 1.0))
 
     esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" aria-label="{esc(chart.task)} scores">',
-        f'<text x="{left}" y="16" class="chart-title">{esc(chart.task)}</text>',
-    ]
-    for i in range(6):
-        v = y_min + (y_max - y_min) * i / 5
-        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">{v:.2f}</text>')
+    out = _svg_open(width, height, label=f"{chart.task} scores", title=chart.task, left=left)
+    out += _grid(y, y_min, y_max, steps=5, x0=left, x1=width - right, fmt=".2f")
     group_w = plot_w / len(chart.groups)
     n_series = len(chart.series)
     bar_w = min(48.0, group_w * 0.8 / n_series)
@@ -209,15 +224,9 @@ def render_curve_svg(curve: Curve, *, width: int = 640, height: int = 260) -> st
         return top + plot_h * (1 - (v - y_min) / (y_max - y_min))
 
     esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" aria-label="{esc(curve.key)} against iteration">',
-        f'<text x="{left}" y="16" class="chart-title">{esc(curve.key)} — watch run {esc(curve.run)}</text>',
-    ]
-    for i in range(5):
-        v = y_min + (y_max - y_min) * i / 4
-        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" class="grid"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3f}</text>')
+    title = f"{curve.key} — watch run {curve.run}"
+    out = _svg_open(width, height, label=f"{curve.key} against iteration", title=title, left=left)
+    out += _grid(y, y_min, y_max, steps=4, x0=left, x1=width - right, fmt=".3f")
     if all(s is not None for _, _, s in curve.points) and len(curve.points) > 1:
         band = [f"{x(i):.1f},{y(h):.1f}" for (i, _, _), h in zip(curve.points, highs, strict=True)]
         band += [f"{x(i):.1f},{y(lo):.1f}" for (i, _, _), lo in reversed(list(zip(curve.points, lows, strict=True)))]
