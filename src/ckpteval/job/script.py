@@ -48,6 +48,21 @@ step_nodes() {  # the first $1 nodes of the job, this one first (the deployment'
 }
 """
 
+# How the deployment is asked to stop. Here: TERM to its process group. On Slurm: TERM to the step's tasks
+# through Slurm (`scancel --signal`); a TERM to `srun` itself would make it SIGKILL them at once ("forcing
+# job termination"), leaving no rank time to clean up (a Ray node's daemons outlive a SIGKILLed rank).
+_LOCAL_SIGNAL = r"""signal_deployment() {
+  kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+}
+"""
+_SLURM_SIGNAL = r"""signal_deployment() {
+  local step
+  step=$(squeue -h -s -j "${SLURM_JOB_ID:-0}" -o '%i %j' 2>/dev/null | awk '$2 == "deployment" {print $1; exit}')
+  if [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null; then return; fi
+  kill -TERM "$DEPLOY_PID" 2>/dev/null
+}
+"""
+
 _FUNCTIONS = r"""say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 health_ok() {
@@ -59,7 +74,7 @@ DEPLOY_PID=""
 stop_deployment() {
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
-    kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+    signal_deployment
     for _ in $(seq 1 30); do kill -0 "$DEPLOY_PID" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$DEPLOY_PID" 2>/dev/null || kill -KILL "$DEPLOY_PID" 2>/dev/null
   fi
@@ -117,6 +132,10 @@ def _launch(step: Step, launcher: Launcher, *, name: str) -> str:
         f"--ntasks={step.nodes * step.ntasks_per_node}",
         f"--ntasks-per-node={step.ntasks_per_node}",
     ]
+    if step.nodes * step.ntasks_per_node > 1:
+        # the ranks are one server: one failing (rank 0's script, a worker's `ray start`) ends the step, so
+        # the job sees the deployment exit instead of waiting out its readiness timeout on the others
+        args.append("--kill-on-bad-exit=1")
     if step.image:
         args.append(f"--container-image={step.image}")
         if step.mounts:
@@ -245,6 +264,7 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         f"JOB_DIR={shlex.quote(plan.job_dir)}\n",
         _PRELUDE,
         _SLURM_PRELUDE if launcher == "slurm" else "",
+        _SLURM_SIGNAL if launcher == "slurm" else _LOCAL_SIGNAL,
         _FUNCTIONS,
         'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "slurm" else "",
         _env_prefix(plan.env),

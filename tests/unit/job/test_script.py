@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,25 @@ def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
     assert state(job, "state/finished") == "143"
     assert not alive((job / "task.pid").read_text())
     assert not alive((job / "server.pid").read_text())
+
+
+def test_a_step_of_several_ranks_ends_when_one_rank_fails():
+    """A multi-node deployment is one server: rank 0's script failing must end the step (and so the job's
+    health wait), not leave the workers holding it until the readiness timeout."""
+    multi = JobPlan(
+        invocation="abcd1234",
+        job_dir="/jobs/abcd1234",
+        tasks=(),
+        deployment=DeploymentPlan(
+            kind="megatron/export-deploy",
+            health_url="http://127.0.0.1:8000/v1/health",
+            readiness_timeout=600,
+            port=8000,
+            step=Step(command="python deploy_ray.py", image="/c/nemo.sqsh", nodes=2),
+        ),
+    )
+    script = render_job_script(multi, launcher="slurm")
+    deploy_line = next(line for line in script.splitlines() if "--job-name=deployment" in line)
+    assert "--kill-on-bad-exit=1" in deploy_line and "--nodes=2 --ntasks=2" in deploy_line
+    single = replace(multi, deployment=replace(multi.deployment, step=Step(command="python serve.py", nodes=1)))
+    assert "--kill-on-bad-exit" not in render_job_script(single, launcher="slurm")

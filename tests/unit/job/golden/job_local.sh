@@ -4,6 +4,9 @@ JOB_DIR=/jobs/abcd1234
 set -uo pipefail
 cd "$JOB_DIR" || exit 2
 mkdir -p state logs
+signal_deployment() {
+  kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+}
 say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 health_ok() {
@@ -15,7 +18,7 @@ DEPLOY_PID=""
 stop_deployment() {
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
-    kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+    signal_deployment
     for _ in $(seq 1 30); do kill -0 "$DEPLOY_PID" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$DEPLOY_PID" 2>/dev/null || kill -KILL "$DEPLOY_PID" 2>/dev/null
   fi

@@ -11,6 +11,12 @@ step_nodes() {  # the first $1 nodes of the job, this one first (the deployment'
     scontrol show hostnames "${SLURM_JOB_NODELIST:-$PRIMARY_NODE}" | grep -vxF "$PRIMARY_NODE"
   } | head -n "$1" | paste -sd, -
 }
+signal_deployment() {
+  local step
+  step=$(squeue -h -s -j "${SLURM_JOB_ID:-0}" -o '%i %j' 2>/dev/null | awk '$2 == "deployment" {print $1; exit}')
+  if [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null; then return; fi
+  kill -TERM "$DEPLOY_PID" 2>/dev/null
+}
 say() { printf '[ckpteval %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 mark() { printf '%s\n' "$2" > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"; }
 health_ok() {
@@ -22,7 +28,7 @@ DEPLOY_PID=""
 stop_deployment() {
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
-    kill -TERM -- "-$DEPLOY_PID" 2>/dev/null || kill -TERM "$DEPLOY_PID" 2>/dev/null
+    signal_deployment
     for _ in $(seq 1 30); do kill -0 "$DEPLOY_PID" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$DEPLOY_PID" 2>/dev/null || kill -KILL "$DEPLOY_PID" 2>/dev/null
   fi

@@ -108,16 +108,26 @@ def parse_args():
     return parser.parse_args()
 
 
+# Export-Deploy's routes (its FastAPI app's, trailing slashes included) and the builtin server's path for each
+ROUTES = {
+    ("POST", "/v1/completions/"): "/v1/completions",
+    ("POST", "/v1/chat/completions/"): "/v1/chat/completions",
+    ("GET", "/v1/models"): "/v1/models",
+    ("GET", "/v1/health"): None,
+}
+
+
 def make_deployment(model_id, checkpoint, max_batch_size):
-    """The Serve deployment: Export-Deploy's routes in front of ckpteval's builtin engine."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    """The Serve deployment: Export-Deploy's routes in front of ckpteval's builtin engine.
+
+    The real script puts a FastAPI app in front (`@serve.ingress(app)`); Serve pickles that app, which
+    FastAPI 0.163+ (its telemetry holds a lock) no longer allows, so the stand-in routes in `__call__` and
+    answers as FastAPI would: a known path with or without its trailing slash is redirected (307) to the
+    route's own spelling, an unknown one is a 404, a known one with the wrong method a 405.
+    """
     from ray import serve
 
-    app = FastAPI()
-
     @serve.deployment
-    @serve.ingress(app)
     class MegatronRayDeployable:
         def __init__(self):
             from pathlib import Path
@@ -129,29 +139,28 @@ def make_deployment(model_id, checkpoint, max_batch_size):
             self.routes = asgi.routes
             self.node = os.environ.get("SLURMD_NODENAME", "?")
 
-        async def _call(self, path, method, body):
+        async def __call__(self, request):
+            from starlette.responses import JSONResponse, RedirectResponse, Response
+
             from ckpteval.deploy.protocol import ApiError
 
+            path, method = request.url.path, request.method
+            if (method, path) not in ROUTES:
+                other = path[:-1] if path.endswith("/") else path + "/"
+                if (method, other) in ROUTES:
+                    return RedirectResponse(str(request.url.replace(path=other)), status_code=307)
+                if any(p in (path, other) for _, p in ROUTES):
+                    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            target = ROUTES[(method, path)]
+            if target is None:
+                return JSONResponse({"status": "healthy"})
+            body = await request.json() if method == "POST" else None
             try:
-                return await self.routes[path][method](body)
+                answer = await self.routes[target][method](body)
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
-
-        @app.post("/v1/completions/")
-        async def completions(self, request: Request):
-            return await self._call("/v1/completions", "POST", await request.json())
-
-        @app.post("/v1/chat/completions/")
-        async def chat_completions(self, request: Request):
-            return await self._call("/v1/chat/completions", "POST", await request.json())
-
-        @app.get("/v1/models")
-        async def list_models(self):
-            return await self._call("/v1/models", "GET", None)
-
-        @app.get("/v1/health")
-        async def health_check(self):
-            return {"status": "healthy"}
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
 
         def slurm_node(self):
             return self.node
