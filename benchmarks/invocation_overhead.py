@@ -1,10 +1,12 @@
 """The fixed cost of one invocation: `evaluate -c tiny` from start to its first request, and from its last
 response to exit.
 
-    uv run python benchmarks/invocation_overhead.py [--runs 1]
+    uv run python benchmarks/invocation_overhead.py [--runs 1] [--modes during,after] [--limit N]
 
 Each run starts `uv run evaluate -c tiny` (SmolLM2-135M on the builtin server, adlr_mmlu, 57 requests,
-on this machine) in a fresh working directory and splits its wall clock into phases, from:
+on this machine) in a fresh working directory, once per mode: `during` (the default: the task client
+prepares while the model loads) and `after` (`evaluation.prepare_during_load=false`: the client starts once
+the deployment is healthy, the behaviour before). It splits each one's wall clock into phases, from:
 
 - this script's clock: process start and exit;
 - the job's files: `state/started` and the `[ckpteval HH:MM:SS]` lines of `logs/job.log` (deployment
@@ -23,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,13 +62,13 @@ class Timeline:
     requests: int
 
     def phases(self) -> dict[str, float]:
-        """Seconds per phase, in order; they add up to the whole run."""
+        """Seconds per phase, in order; they add up to the whole run (the line in brackets is not a phase)."""
         return {
             "CLI start -> job started": self.job_started - self.start,
             "job started -> deployment starting": self.deploy_start - self.job_started,
             "deployment starting -> healthy": self.healthy - self.deploy_start,
-            "healthy -> task client started": self.task_start - self.healthy,
-            "task client started -> first request": self.first_request - self.task_start,
+            "(task client started, from deployment starting)": self.task_start - self.deploy_start,
+            "healthy -> first request": self.first_request - self.healthy,
             "first -> last request": self.last_request - self.first_request,
             "last request -> task client done": self.task_done - self.last_request,
             "task done -> deployment stopped, job done": self.all_done - self.task_done,
@@ -114,15 +115,18 @@ def read_timeline(job_dir: Path, start: float, end: float) -> Timeline:
     )
 
 
-def run_invocation(work: Path) -> tuple[Timeline, str]:
-    """`uv run evaluate -c tiny` in a fresh directory (own state and config dirs); its timeline."""
+MODES = {"during": [], "after": ["evaluation.prepare_during_load=false"]}
+
+
+def run_invocation(work: Path, overrides: list[str]) -> tuple[Timeline, str]:
+    """`uv run evaluate -c tiny [overrides]` in a fresh directory (own state and config dirs); its timeline."""
     cwd = work / "cwd"
     cwd.mkdir(parents=True)
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "XDG_CONFIG_HOME": str(work / "config")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", COLUMNS="200")
     start = time.time()
     proc = subprocess.run(
-        ["uv", "run", "--project", str(REPO), "evaluate", "-c", "tiny"],
+        ["uv", "run", "--project", str(REPO), "evaluate", "-c", "tiny", *overrides],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -165,28 +169,47 @@ def main() -> None:
     """Alternate: server start-up (baseline), invocation, server start-up; print a markdown record."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--modes", default="during,after", help="comma-separated: during, after")
+    parser.add_argument("--limit", type=int, default=None, help="limit_samples (default: the config's, 57)")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"--modes: choose from {', '.join(MODES)} (got {args.modes!r})")
     before, started = load_average(), time.strftime("%H:%M")
     rows = []
     with tempfile.TemporaryDirectory(prefix="ckpteval-overhead-") as tmp:
         work = Path(tmp)
         for r in range(args.runs):
             base_before = server_startup(work / f"r{r}" / "server-before")
-            timeline, invocation = run_invocation(work / f"r{r}" / "evaluate")
+            timed = []
+            for mode in modes:
+                limit = (
+                    []
+                    if args.limit is None
+                    else [f"evaluation.nemo_evaluator_config.config.params.limit_samples={args.limit}"]
+                )
+                timeline, invocation = run_invocation(work / f"r{r}" / mode, [*MODES[mode], *limit])
+                timed.append((mode, timeline, invocation))
+                print(mode, invocation, json.dumps(timeline.phases()), flush=True)
             base_after = server_startup(work / f"r{r}" / "server-after")
-            rows.append((timeline, invocation, (base_before + base_after) / 2, load_average()))
-            print(invocation, json.dumps(timeline.phases()), base_before, base_after, flush=True)
-    print(render(rows, args.runs, started, before, load_average()))
+            print("baseline server start-up", base_before, base_after, flush=True)
+            for mode, timeline, invocation in timed:
+                rows.append((timeline, f"{mode} {invocation}", (base_before + base_after) / 2, load_average()))
+    limit_arg = "" if args.limit is None else f" --limit {args.limit}"
+    print(render(rows, args.runs, started, before, load_average(), limit_arg))
 
 
-def render(rows: list[tuple[Timeline, str, float, str]], runs: int, started: str, before: str, after: str) -> str:
+def render(
+    rows: list[tuple[Timeline, str, float, str]], runs: int, started: str, before: str, after: str, limit: str = ""
+) -> str:
     """Markdown: phases per run (s), then the two fixed overheads against the baseline server start-up."""
     names = list(rows[0][0].phases())
     lines = [
         f"## Run ({started}, load {before} → {after})",
         "",
         f"Machine: {os.uname().machine}, {os.cpu_count()} cores. Command: "
-        f"`uv run python benchmarks/invocation_overhead.py --runs {runs}`",
+        f"`uv run python benchmarks/invocation_overhead.py --runs {runs}{limit}` (modes side by side in each run)",
         "",
         "| phase (s) | "
         + " | ".join(f"run {i} ({inv}, load after {load})" for i, (_, inv, _, load) in enumerate(rows, 1))
@@ -199,21 +222,15 @@ def render(rows: list[tuple[Timeline, str, float, str]], runs: int, started: str
     lines.append("| requests | " + " | ".join(str(t.requests) for t, *_ in rows) + " |")
     lines += [
         "",
-        "| run | start -> first request (s) | baseline: server start -> healthy (s) | start -> first request, "
+        "| run, mode | start -> first request (s) | baseline: server start -> healthy (s) | start -> first request, "
         "beyond the server's own start-up (s) | last request -> exit (s) | fixed overhead / total |",
         "|---|---|---|---|---|---|",
     ]
-    for i, (t, _, base, _) in enumerate(rows, 1):
+    for i, (t, name, base, _) in enumerate(rows, 1):
         to_first, after_last = t.first_request - t.start, t.exit - t.last_request
         lines.append(
-            f"| {i} | {to_first:.1f} | {base:.1f} | {to_first - base:.1f} | {after_last:.1f} | "
+            f"| {i} {name} | {to_first:.1f} | {base:.1f} | {to_first - base:.1f} | {after_last:.1f} | "
             f"{(to_first + after_last) / (t.exit - t.start):.2f} |"
-        )
-    if len(rows) > 1:
-        lines.append(
-            f"| median | {statistics.median(t.first_request - t.start for t, *_ in rows):.1f} | "
-            f"{statistics.median(b for _, _, b, _ in rows):.1f} | | "
-            f"{statistics.median(t.exit - t.last_request for t, *_ in rows):.1f} | |"
         )
     return "\n".join(lines)
 

@@ -215,6 +215,9 @@ class Evaluation:
     offline_data: Literal["auto", "on", "off"] = "auto"
     # tasks run side by side against the one deployment; None: all of them, at most MAX_PARALLEL_TASKS
     max_parallel_tasks: int | None = None
+    # task clients start with the deployment and prepare while the model loads (their first request waits
+    # for its health); false: they start once it is healthy
+    prepare_during_load: bool = True
     tasks: list[TaskConfig] = field(default_factory=list)
 
 

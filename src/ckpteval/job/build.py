@@ -105,6 +105,7 @@ def build_plan(
         tasks=tasks,
         env=env,
         max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
+        prepare_during_load=config.evaluation.prepare_during_load,
     )
 
 

@@ -95,6 +95,7 @@ class JobPlan:
     tasks: tuple[TaskPlan, ...]
     env: dict[str, str] = field(default_factory=dict)  # for every step
     max_parallel_tasks: int = 1  # task clients running at once (`parallel_tasks`)
+    prepare_during_load: bool = True  # clients start with the deployment, not once it is healthy
     # shell lines run once the tasks are done and the deployment is stopped (the in-job export of a
     # detached cluster job); their failure never changes the job's outcome
     after_tasks: tuple[str, ...] = ()

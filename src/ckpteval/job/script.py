@@ -2,7 +2,11 @@
 
 Pure functions of the plan (golden-file tested). The script:
 1. starts the deployment once (its own process group, so it can be stopped as a whole),
-2. waits for its health check, failing with the log tail after the readiness timeout or if it dies,
+2. starts the tasks' clients at once, so that they prepare (imports, data, requests) while the model
+   loads: their first request waits until the deployment is healthy (the harness hook's
+   `ckpteval_wait_ready`, told the health URL by `CKPTEVAL_DEPLOYMENT_HEALTH`); a background watcher marks
+   the deployment ready, or, when it dies or misses the readiness timeout, prints its log tail and stops
+   the job (exit 3; the clients, which sent nothing yet, go back to pending),
 3. runs the tasks' clients side by side, at most `max_parallel_tasks` at once (1: one after another),
    each in the background as its own shell function, skipping tasks already marked done (a resubmitted
    job resumes), recording each task's state in its own directory; one task failing does not stop the
@@ -71,7 +75,13 @@ health_ok() {
   fi
 }
 DEPLOY_PID=""
+WATCH_PID=""
+HEALTH_URL=""
 stop_deployment() {
+  if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
+    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
+    if health_ok "$HEALTH_URL"; then mark state/deployment ready; say "deployment healthy: $HEALTH_URL"; fi
+  fi
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
     signal_deployment
@@ -99,13 +109,23 @@ stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its chi
   trap '' TERM INT
   if [ "$(cut -d' ' -f5 "/proc/$$/stat" 2>/dev/null)" = "$$" ]; then kill -TERM 0 2>/dev/null
   else
-    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+    # each task's shell before its client, so that it does not record the client's death as a failure
+    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do
+      kids=$(pgrep -P "$p" 2>/dev/null); kill -TERM "$p" 2>/dev/null; [ -z "$kids" ] || kill -TERM $kids 2>/dev/null
+    done
   fi
+}
+deployment_failed() {  # the watcher's signal: no client has sent a request yet; stop them, they did not run
+  WATCH_PID=""
+  stop_tasks
+  for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ "$(cat "$d/state" 2>/dev/null)" = running ] && rm -f "$d/state"; done
+  JOB_RC=3; exit 3
 }
 JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
+trap deployment_failed USR1
 rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
@@ -158,21 +178,33 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
     ]
     if dep.health_url:
         url = shlex.quote(dep.health_url)
+        timeout = int(dep.readiness_timeout)
         lines += [
-            f"deadline=$((SECONDS + {int(dep.readiness_timeout)}))",
-            f"until health_ok {url}; do",
-            '  if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then',
-            '    say "the deployment exited before it became healthy; last lines of logs/deployment.log:"',
-            "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
-            "  fi",
-            '  if [ "$SECONDS" -ge "$deadline" ]; then',
-            f'    say "the deployment did not become healthy within {int(dep.readiness_timeout)} s; '
-            'last lines of logs/deployment.log:"',
-            "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
-            "  fi",
-            "  sleep 2",
-            "done",
+            # the tasks' clients start now and prepare while the model loads (their first request waits for
+            # health: the hook's ckpteval_wait_ready); this watcher marks the deployment ready, or stops the job
+            "watch_deployment() {",
+            f"  local deadline=$((SECONDS + {timeout}))",
+            f"  until health_ok {url}; do",
+            '    if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then',
+            '      say "the deployment exited before it became healthy; last lines of logs/deployment.log:"',
+            "      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3",
+            "    fi",
+            '    if [ "$SECONDS" -ge "$deadline" ]; then',
+            f'      say "the deployment did not become healthy within {timeout} s; last lines of logs/deployment.log:"',
+            "      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3",
+            "    fi",
+            "    sleep 1",
+            "  done",
+            f"  mark state/deployment ready; say {shlex.quote('deployment healthy: ' + dep.health_url)}",
+            "}",
+            f"HEALTH_URL={url}",
+            "watch_deployment &",
+            "WATCH_PID=$!",
+            f"export CKPTEVAL_DEPLOYMENT_HEALTH={url} CKPTEVAL_DEPLOYMENT_WAIT_S={timeout}",
         ]
+        if not plan.prepare_during_load:  # the clients start once the deployment is healthy
+            lines.append('wait "$WATCH_PID"; WATCH_PID=""')
+        return "\n".join(lines) + "\n"
     lines += ["mark state/deployment ready", f"say {shlex.quote('deployment healthy: ' + (dep.health_url or ''))}"]
     return "\n".join(lines) + "\n"
 
@@ -268,6 +300,7 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         _FUNCTIONS,
         'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "slurm" else "",
         _env_prefix(plan.env),
+        f"TASK_DIRS=({' '.join(shlex.quote(t.dir) for t in plan.tasks)})\n",
         _deployment_section(plan, launcher),
         *(_task_function(i, t, launcher) for i, t in enumerate(plan.tasks)),
         f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",

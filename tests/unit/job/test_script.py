@@ -34,6 +34,10 @@ HEALTH_SERVER = (
 )
 
 
+# what the harness hook does before a client's first request (ckpteval_wait_ready), in shell
+CLIENT_WAITS = 'until curl -sf -o /dev/null "$CKPTEVAL_DEPLOYMENT_HEALTH"; do sleep 0.2; done; '
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +53,10 @@ def make_plan(
     timeout: int = 30,
     repeats: int = 0,
     parallel: int = 1,
+    waits: bool = True,
 ) -> JobPlan:
+    """A job whose task clients run `tasks`' commands; like the real client (the harness hook), each first
+    waits for the deployment's health URL the job gives it (`waits`)."""
     step = Step(
         command=deploy_cmd or f"exec {sys.executable} server.py {port}", env={"HITS": str(job_dir / "hits.log")}
     )
@@ -68,7 +75,7 @@ def make_plan(
                 TaskRun(
                     run_config={},
                     step=Step(
-                        command=cmd,
+                        command=(CLIENT_WAITS + cmd) if waits else cmd,
                         env={"TASK": name} if layout.repeat is None else {"TASK": name, "REPEAT": str(layout.repeat)},
                     ),
                     layout=layout,
@@ -134,6 +141,7 @@ def test_golden(launcher: str):
             ("hellaswag", "nemo-evaluator run_eval --run_config tasks/hellaswag/run_config.yml"),
         ],
         parallel=2,
+        waits=False,
     )
     if launcher == "slurm":
         plan = JobPlan(
@@ -184,6 +192,7 @@ def test_golden_repeats():
         deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
         tasks=[("gsm8k", "nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml")],
         repeats=2,
+        waits=False,
     )
     text = render_job_script(plan)
     golden = GOLDEN / "job_repeats.sh"
@@ -272,7 +281,8 @@ def test_deployment_that_dies_fails_with_its_log_tail(tmp_path: Path):
     assert "exited before it became healthy" in proc.stdout
     assert "CUDA out of memory (simulated)" in proc.stdout
     assert state(job, "state/deployment") == "failed"
-    assert not (job / "tasks/a/state").exists()
+    assert not (job / "tasks/a/state").exists()  # its client, waiting for the model, sent nothing: pending
+    assert "a: succeeded" not in proc.stdout
 
 
 def test_deployment_never_healthy_times_out(tmp_path: Path):
@@ -292,6 +302,42 @@ def test_deployment_never_healthy_times_out(tmp_path: Path):
     assert "did not become healthy within 3 s" in proc.stdout
     assert "starting" in proc.stdout  # the log tail
     assert not alive((Path(plan.job_dir) / "server.pid").read_text())  # the slow server was stopped
+    assert not (Path(plan.job_dir) / "tasks/a/state").exists()
+
+
+@pytest.mark.parametrize("during_load", [True, False])
+def test_clients_prepare_while_the_model_loads_and_send_once_it_is_healthy(tmp_path: Path, during_load: bool):
+    """The clients start with the deployment, not after it: their preparation overlaps the model's load,
+    and their first request goes once the health URL answers (here the server takes 2 s to listen).
+    `prepare_during_load=false` gives the old order: clients start once the deployment is healthy."""
+    port = free_port()
+    prepare = 'date +%s.%N > "$TASK.prepared"; '
+    send = f'curl -sf -o /dev/null http://127.0.0.1:{port}/v1/health && date +%s.%N > "$TASK.sent"'
+    plan = make_plan(tmp_path / "job", port=port, tasks=[("a", send), ("b", send)], parallel=2, waits=False)
+    plan = replace(
+        plan,
+        prepare_during_load=during_load,
+        tasks=tuple(
+            replace(
+                t, runs=tuple(replace(r, step=replace(r.step, command=prepare + CLIENT_WAITS + send)) for r in t.runs)
+            )
+            for t in plan.tasks
+        ),
+    )
+    job = Path(plan.job_dir)
+    started = time.time()
+    proc = run_job(write_job(tmp_path, plan), DELAY="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for task in "ab":
+        prepared = float((job / f"{task}.prepared").read_text())
+        sent = float((job / f"{task}.sent").read_text())
+        if during_load:
+            assert prepared - started < 1.5, "the client started only after the model had loaded"
+        else:
+            assert prepared - started >= 2, "the client started before the deployment was healthy"
+        assert sent - started >= 2  # not before the server listened
+    assert "deployment healthy" in proc.stdout
+    assert state(job, "state/deployment") == "ready"
 
 
 SPAN = 'date +%s.%N > "$TASK.start"; sleep 1.5; date +%s.%N > "$TASK.end"'

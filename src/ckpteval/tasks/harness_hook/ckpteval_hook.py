@@ -2,7 +2,9 @@
 
 `install()` adds an import hook that patches functions right after their modules are imported:
 - `lm_eval.models.api_models`: `request_timeout` bounds one request, not its wait in the connection queue
-  (`ckpteval_request_timeout`; always installed);
+  (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
+  (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
+- `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
 - `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
   data for (`ckpteval_offline_data.SOURCES`) returns that `DatasetDict`; anything else goes to the real
   loader, and if that fails offline the error says what is missing and how to provide it;
@@ -157,19 +159,33 @@ def _patch_evaluate(module: ModuleType) -> None:
     module.load = _patched_evaluate_load(module.load)  # type: ignore[attr-defined]
 
 
-def _patch_api_models(module: ModuleType) -> None:
-    try:
-        import ckpteval_request_timeout  # as loaded by the hook (the hook dir is on sys.path)
-    except ImportError:  # imported as part of the ckpteval package
-        from . import ckpteval_request_timeout
+def _hook_module(name: str) -> ModuleType:
+    """A module of the hook directory: as loaded by the hook (the directory is on sys.path), or as part of
+    the ckpteval package."""
+    import importlib
 
-    ckpteval_request_timeout.patch(module)
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return importlib.import_module(f"{__package__}.{name}")
+
+
+def _patch_api_models(module: ModuleType) -> None:
+    _hook_module("ckpteval_request_timeout").patch(module)
+    _hook_module("ckpteval_wait_ready").patch_api_models(module)  # outermost: wait, then bound each request
+
+
+def _patch_evaluator_input(module: ModuleType) -> None:
+    _hook_module("ckpteval_wait_ready").patch_input(module)
 
 
 # offline data and the sandboxed code_eval: only when asked for (see sitecustomize)
 _DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
 # fixes to the harness itself: always
-_HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {"lm_eval.models.api_models": _patch_api_models}
+_HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "lm_eval.models.api_models": _patch_api_models,
+    "nemo_evaluator.core.input": _patch_evaluator_input,
+}
 
 
 class _PatchingLoader(importlib.abc.Loader):

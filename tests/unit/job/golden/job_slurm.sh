@@ -25,7 +25,13 @@ health_ok() {
   fi
 }
 DEPLOY_PID=""
+WATCH_PID=""
+HEALTH_URL=""
 stop_deployment() {
+  if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
+    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
+    if health_ok "$HEALTH_URL"; then mark state/deployment ready; say "deployment healthy: $HEALTH_URL"; fi
+  fi
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
     signal_deployment
@@ -53,35 +59,51 @@ stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its chi
   trap '' TERM INT
   if [ "$(cut -d' ' -f5 "/proc/$$/stat" 2>/dev/null)" = "$$" ]; then kill -TERM 0 2>/dev/null
   else
-    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do pkill -TERM -P "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
+    # each task's shell before its client, so that it does not record the client's death as a failure
+    for p in ${TASK_PIDS[@]+"${TASK_PIDS[@]}"}; do
+      kids=$(pgrep -P "$p" 2>/dev/null); kill -TERM "$p" 2>/dev/null; [ -z "$kids" ] || kill -TERM $kids 2>/dev/null
+    done
   fi
+}
+deployment_failed() {  # the watcher's signal: no client has sent a request yet; stop them, they did not run
+  WATCH_PID=""
+  stop_tasks
+  for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ "$(cat "$d/state" 2>/dev/null)" = running ] && rm -f "$d/state"; done
+  JOB_RC=3; exit 3
 }
 JOB_RC=1
 finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
+trap deployment_failed USR1
 rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 mark state/slurm_job "${SLURM_JOB_ID:-}"
 export HF_HUB_OFFLINE=1
+TASK_DIRS=(tasks/adlr_mmlu tasks/hellaswag)
 say 'starting the deployment (megatron/export-deploy)'
 setsid srun --job-name=deployment --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --container-image=/c/nemo.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home --nodelist="$(step_nodes 1)" bash -c 'python deploy.py --port 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
-deadline=$((SECONDS + 600))
-until health_ok http://127.0.0.1:8000/v1/health; do
-  if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then
-    say "the deployment exited before it became healthy; last lines of logs/deployment.log:"
-    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3
-  fi
-  if [ "$SECONDS" -ge "$deadline" ]; then
-    say "the deployment did not become healthy within 600 s; last lines of logs/deployment.log:"
-    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3
-  fi
-  sleep 2
-done
-mark state/deployment ready
-say 'deployment healthy: http://127.0.0.1:8000/v1/health'
+watch_deployment() {
+  local deadline=$((SECONDS + 600))
+  until health_ok http://127.0.0.1:8000/v1/health; do
+    if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then
+      say "the deployment exited before it became healthy; last lines of logs/deployment.log:"
+      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      say "the deployment did not become healthy within 600 s; last lines of logs/deployment.log:"
+      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3
+    fi
+    sleep 1
+  done
+  mark state/deployment ready; say 'deployment healthy: http://127.0.0.1:8000/v1/health'
+}
+HEALTH_URL=http://127.0.0.1:8000/v1/health
+watch_deployment &
+WATCH_PID=$!
+export CKPTEVAL_DEPLOYMENT_HEALTH=http://127.0.0.1:8000/v1/health CKPTEVAL_DEPLOYMENT_WAIT_S=600
 task_0() {  # adlr_mmlu
   if [ -f tasks/adlr_mmlu/.done ]; then
     say 'task adlr_mmlu: already done, skipped'

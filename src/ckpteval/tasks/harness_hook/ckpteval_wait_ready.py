@@ -1,0 +1,148 @@
+"""A task client prepares while the model loads, and sends its first request once the deployment is healthy.
+
+The job starts the task clients together with the deployment, not once it is healthy, and gives each the
+deployment's health URL (`CKPTEVAL_DEPLOYMENT_HEALTH`) and how long the job waits for it
+(`CKPTEVAL_DEPLOYMENT_WAIT_S`). The client does its slow part meanwhile: imports, dataset load, few-shot
+and request building. What would reach the model first waits here until the health URL answers 200:
+
+- nemo-evaluator's `verify_capabilities` (one probe request before the harness starts; nemo-evaluator
+  only logs its outcome) runs in a background thread once the deployment is healthy, and returns True at
+  once, so the harness starts preparing;
+- lm-eval's `TemplateAPI.model_call` and `get_batched_requests` wait before their first request.
+
+The wait happens once per process (later callers find it done) and is bounded by the job's own wait plus
+a margin: past it the request goes out and fails as it would have. The job stops every client when the
+deployment fails, so a client never waits for a deployment that is gone.
+
+Self-contained (standard library only): it runs inside the harness's processes through the hook directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sys
+import threading
+import time
+import urllib.request
+from types import ModuleType
+from typing import Any
+
+HEALTH_ENV = "CKPTEVAL_DEPLOYMENT_HEALTH"
+WAIT_ENV = "CKPTEVAL_DEPLOYMENT_WAIT_S"
+_MARGIN_S = 60.0
+_POLL_S = 0.5
+_MARK = "__ckpteval_wait_ready__"
+
+_ready = threading.Event()
+_lock = threading.Lock()
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # like the harness: no HTTP proxy
+
+
+def _log(message: str) -> None:
+    print(f"[ckpteval] {message}", file=sys.stderr, flush=True)
+
+
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """True when `url` answers 200 now."""
+    try:
+        with _direct.open(url, timeout=timeout) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _limit_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(WAIT_ENV, "") or 600)) + _MARGIN_S
+    except ValueError:
+        return 600 + _MARGIN_S
+
+
+def wait_for_deployment() -> float:
+    """Block until the deployment named by the environment is healthy (at once if none is named);
+    the seconds waited."""
+    url = os.environ.get(HEALTH_ENV, "").strip()
+    if not url or _ready.is_set():
+        return 0.0
+    with _lock:
+        if _ready.is_set():
+            return 0.0
+        start = time.monotonic()
+        announced = False
+        while not healthy(url):
+            waited = time.monotonic() - start
+            if waited > _limit_s():
+                _log(f"the deployment ({url}) is still not healthy after {waited:.0f} s; sending anyway")
+                break
+            if not announced:
+                _log(f"prepared; waiting for the deployment ({url}) before the first request")
+                announced = True
+            time.sleep(_POLL_S)
+        waited = time.monotonic() - start
+        if announced:
+            _log(f"the deployment is healthy: first request after waiting {waited:.1f} s")
+        _ready.set()
+        return waited
+
+
+def _wrap_sync(original: Any) -> Any:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        wait_for_deployment()
+        return original(*args, **kwargs)
+
+    setattr(call, _MARK, True)
+    return call
+
+
+def _wrap_async(original: Any) -> Any:
+    @functools.wraps(original)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        if not _ready.is_set():
+            await asyncio.get_running_loop().run_in_executor(None, wait_for_deployment)
+        return await original(*args, **kwargs)
+
+    setattr(call, _MARK, True)
+    return call
+
+
+def patch_api_models(module: ModuleType) -> None:
+    """lm-eval: `TemplateAPI.model_call` and `get_batched_requests` wait for the deployment first."""
+    api = getattr(module, "TemplateAPI", None)
+    if api is None:
+        return
+    for name, wrap in (("model_call", _wrap_sync), ("get_batched_requests", _wrap_async)):
+        original = getattr(api, name, None)
+        if original is None or getattr(original, _MARK, False):
+            continue
+        if name == "get_batched_requests" and not asyncio.iscoroutinefunction(original):
+            continue
+        setattr(api, name, wrap(original))
+
+
+def patch_input(module: ModuleType) -> None:
+    """nemo-evaluator: `verify_capabilities` probes the endpoint in the background once it is healthy."""
+    original = getattr(module, "verify_capabilities", None)
+    if original is None or getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def verify_capabilities(*args: Any, **kwargs: Any) -> Any:
+        url = os.environ.get(HEALTH_ENV, "").strip()
+        if not url or _ready.is_set() or healthy(url):
+            return original(*args, **kwargs)
+
+        def later() -> None:
+            wait_for_deployment()
+            try:
+                original(*args, **kwargs)
+            except Exception as exc:  # it only ever logged; keep it that way
+                _log(f"capability check failed: {type(exc).__name__}: {exc}")
+
+        threading.Thread(target=later, name="ckpteval-verify-capabilities", daemon=True).start()
+        return True
+
+    setattr(verify_capabilities, _MARK, True)
+    module.verify_capabilities = verify_capabilities  # type: ignore[attr-defined]
