@@ -247,6 +247,7 @@ def test_runs_every_task_against_one_deployment(tmp_path: Path):
     assert (job / "out-a.txt").read_text().strip() == "ran-a"
     assert state(job, "state/finished") == "1"
     assert state(job, "state/deployment") == "ready"
+    assert proc.stdout.count("deployment healthy") == 1
     assert (job / "out.txt").read_text().strip() == "ran-c-1"
     assert "b: failed (exit 7)" in proc.stdout
     # deployed once (one server process), and stopped at the end
@@ -336,7 +337,7 @@ def test_clients_prepare_while_the_model_loads_and_send_once_it_is_healthy(tmp_p
         else:
             assert prepared - started >= 2, "the client started before the deployment was healthy"
         assert sent - started >= 2  # not before the server listened
-    assert "deployment healthy" in proc.stdout
+    assert proc.stdout.count("deployment healthy") == 1
     assert state(job, "state/deployment") == "ready"
 
 

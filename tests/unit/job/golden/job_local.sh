@@ -20,7 +20,9 @@ HEALTH_URL=""
 stop_deployment() {
   if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
     kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
-    if health_ok "$HEALTH_URL"; then mark state/deployment ready; say "deployment healthy: $HEALTH_URL"; fi
+    if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL"; then
+      mark state/deployment ready; say "deployment healthy: $HEALTH_URL"
+    fi
   fi
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
     say "stopping the deployment"
