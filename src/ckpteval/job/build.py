@@ -106,11 +106,20 @@ def build_plan(
         env=env,
         max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
         prepare_during_load=config.evaluation.prepare_during_load,
+        clients_need=_prepared_by_deployment(compiled),
     )
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
     return dict(compiled.config.execution.env_vars)
+
+
+def _prepared_by_deployment(compiled: CompiledConfig) -> tuple[str, ...]:
+    """The checkpoint, when the deployment step prepares it (`deployment.prepare`): it appears, complete,
+    only then (renamed into place), and the clients read its tokenizer (and mount it, on Slurm)."""
+    deployment = compiled.config.deployment
+    checkpoint = getattr(deployment, "checkpoint_path", None)
+    return (checkpoint,) if checkpoint and getattr(deployment, "prepare", None) is not None else ()
 
 
 def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]:

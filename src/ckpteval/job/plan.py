@@ -96,6 +96,9 @@ class JobPlan:
     env: dict[str, str] = field(default_factory=dict)  # for every step
     max_parallel_tasks: int = 1  # task clients running at once (`parallel_tasks`)
     prepare_during_load: bool = True  # clients start with the deployment, not once it is healthy
+    # paths the deployment creates and the clients read (a checkpoint it prepares: its tokenizer): with
+    # prepare_during_load the clients start once these exist
+    clients_need: tuple[str, ...] = ()
     # shell lines run once the tasks are done and the deployment is stopped (the in-job export of a
     # detached cluster job); their failure never changes the job's outcome
     after_tasks: tuple[str, ...] = ()

@@ -211,6 +211,20 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _clients_need(plan: JobPlan) -> str:
+    """Clients starting during the model's load first wait for what the deployment prepares for them (the
+    watcher stops the job if the deployment fails meanwhile)."""
+    if not (plan.prepare_during_load and plan.clients_need and plan.tasks and plan.deployment.step):
+        return ""
+    paths = " ".join(shlex.quote(p) for p in plan.clients_need)
+    return (
+        f"for p in {paths}; do\n"
+        '  [ -e "$p" ] || say "the task clients start once the deployment has prepared $p"\n'
+        '  until [ -e "$p" ]; do sleep 1; done\n'
+        "done\n"
+    )
+
+
 def _task_section(task: TaskPlan, launcher: Launcher) -> str:
     if task.repeats:
         return _repeated_task_section(task, launcher)
@@ -305,6 +319,7 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         f"TASK_DIRS=({' '.join(shlex.quote(t.dir) for t in plan.tasks)})\n",
         _deployment_section(plan, launcher),
         *(_task_function(i, t, launcher) for i, t in enumerate(plan.tasks)),
+        _clients_need(plan),
         f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",
         f"run_tasks {' '.join(f'task_{i}' for i in range(len(plan.tasks)))}\n" if plan.tasks else "",
         "stop_deployment\n",

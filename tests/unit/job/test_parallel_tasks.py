@@ -34,3 +34,13 @@ def test_the_config_sets_it(isolated_user: Path, tmp_path: Path) -> None:
 def test_less_than_one_is_a_config_error(isolated_user: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="max_parallel_tasks must be at least 1"):
         _plan(tmp_path, "evaluation.max_parallel_tasks=0")
+
+
+def test_clients_prepare_during_the_load_unless_told_not_to(isolated_user: Path, tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    assert plan.prepare_during_load is True
+    assert _plan(tmp_path, "evaluation.prepare_during_load=false").prepare_during_load is False
+    # -c tiny's deployment prepares its checkpoint in the job: the clients, which read its tokenizer, wait for it
+    checkpoint = _plan(tmp_path, "deployment.prepare=smollm2").clients_need
+    assert len(checkpoint) == 1 and checkpoint[0].endswith("smollm2")
+    assert _plan(tmp_path, "deployment.prepare=null").clients_need == ()

@@ -420,3 +420,27 @@ def test_a_step_of_several_ranks_ends_when_one_rank_fails():
     assert "--kill-on-bad-exit=1" in deploy_line and "--nodes=2 --ntasks=2" in deploy_line
     single = replace(multi, deployment=replace(multi.deployment, step=Step(command="python serve.py", nodes=1)))
     assert "--kill-on-bad-exit" not in render_job_script(single, launcher="slurm")
+
+
+def test_clients_starting_during_the_load_wait_for_the_checkpoint_the_deployment_prepares(tmp_path: Path):
+    """A deployment that prepares its checkpoint (`deployment.prepare`) renames it into place when complete;
+    the clients read its tokenizer (and mount it, on Slurm), so they start only once it is there."""
+    port = free_port()
+    checkpoint = tmp_path / "prepared"
+    deploy = f"sleep 2; mkdir {checkpoint}; exec {sys.executable} server.py {port}"
+    plan = make_plan(
+        tmp_path / "job",
+        port=port,
+        tasks=[("a", f'test -d {checkpoint} && date +%s.%N > "$TASK.start"')],
+        deploy_cmd=deploy,
+        waits=False,  # the client reads the checkpoint at once, before any request
+    )
+    plan = replace(plan, clients_need=(str(checkpoint),))
+    job = Path(plan.job_dir)
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"the task clients start once the deployment has prepared {checkpoint}" in proc.stdout
+    assert (job / "a.start").exists()
+    # after the order before (clients once healthy), there is nothing to wait for
+    later = replace(plan, prepare_during_load=False)
+    assert "have prepared" not in render_job_script(later) and "has prepared" not in render_job_script(later)
