@@ -47,8 +47,16 @@ def http_deployment(job_dir: str, port: int, *, extra: str = "", timeout: int = 
     )
 
 
+# what the harness hook does before a client's first request (ckpteval_wait_ready), in shell
+CLIENT_WAITS = (
+    '[ -z "${CKPTEVAL_DEPLOYMENT_HEALTH:-}" ] || '
+    'until curl -sf -o /dev/null "$CKPTEVAL_DEPLOYMENT_HEALTH"; do sleep 0.5; done; '
+)
+
+
 def shell_tasks(job_dir: str, commands: Sequence[tuple[str, str]], *, image: str | None = None) -> tuple[TaskPlan, ...]:
-    """Task clients that are shell commands (name, command)."""
+    """Task clients that are shell commands (name, command); like the real client, each waits for the
+    deployment to be healthy first (the job starts the clients while the model loads)."""
     return tuple(
         TaskPlan(
             name=name,
@@ -58,7 +66,7 @@ def shell_tasks(job_dir: str, commands: Sequence[tuple[str, str]], *, image: str
                 TaskRun(
                     run_config={"task": name},
                     step=Step(
-                        command=cmd,
+                        command=CLIENT_WAITS + cmd,
                         env={"TASK_NAME": name},
                         image=image,
                         mounts=(f"{job_dir}:{job_dir}",) if image else (),
