@@ -1,6 +1,7 @@
 """Tasks side by side against the one deployment vs one after another: wall clock, and the scores equal.
 
     uv run python benchmarks/concurrent_tasks.py [--rounds 1] [--limit 1] [--tasks adlr_mmlu hellaswag gsm8k]
+        [--set key=value ...]
 
 Each round runs, alternately (so both see the same load), in fresh working directories:
 
@@ -55,16 +56,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--limit", type=int, default=1)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="key=value for both runs (another model ...)"
+    )
     args = parser.parse_args()
     ratios, rows = [], []
     for i in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="ckpteval-concurrent-") as tmp:
             load_seq = os.getloadavg()
             seq, seq_scores = run(
-                Path(tmp) / "sequential", args.limit, tuple(args.tasks), "evaluation.max_parallel_tasks=1"
+                Path(tmp) / "sequential",
+                args.limit,
+                tuple(args.tasks),
+                *args.overrides,
+                "evaluation.max_parallel_tasks=1",
             )
             load_con = os.getloadavg()
-            con, con_scores = run(Path(tmp) / "concurrent", args.limit, tuple(args.tasks))
+            con, con_scores = run(Path(tmp) / "concurrent", args.limit, tuple(args.tasks), *args.overrides)
         ratios.append(con / seq)
         rows.append((i + 1, seq, load_seq, con, load_con, con / seq, seq_scores == con_scores))
         print(f"round {i + 1}: scores sequential {seq_scores}\n         concurrent {con_scores}", flush=True)
