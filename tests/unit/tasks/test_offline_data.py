@@ -189,8 +189,14 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     datasets.load_dataset("hellaswag")
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
-    # only the harness fix (request_timeout per request) is installed, not the data patches
-    assert done.stdout.split() == ["datasets.load", "lm_eval.models.api_models"]
+    # only the harness fixes (request_timeout per request, the wait for the deployment, the sanitizer) are
+    # installed, not the data patches
+    assert done.stdout.split() == [
+        "datasets.load",
+        "lm_eval.filters.sanitize",
+        "lm_eval.models.api_models",
+        "nemo_evaluator.core.input",
+    ]
     assert done.returncode != 0 and "OfflineModeIsEnabled" in done.stderr  # datasets' own offline failure
     assert not (tmp_path / "offline_data.json").exists()
 

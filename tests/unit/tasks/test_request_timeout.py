@@ -30,7 +30,7 @@ SLOW_PROMPT = "take your time"
 # Runs the scenarios given as arguments in one process (importing lm-eval takes ~10 s here); for each, one
 # JSON line on stdout and, if it failed, its traceback on stderr as lm-eval would print it.
 HARNESS = """
-import json, sys, time, traceback
+import inspect, json, sys, time, traceback
 from lm_eval.api.instance import Instance
 from lm_eval.models.api_models import TemplateAPI
 from lm_eval.models.openai_completions import LocalCompletionsAPI
@@ -40,8 +40,8 @@ url, TIMEOUT = sys.argv[1], 2
 for scenario in sys.argv[2:]:
     name, n, first = scenario.split(":")
     print("=== scenario", name, file=sys.stderr, flush=True)
-    # "unpatched": the harness's own method, which the hook wrapped (functools.wraps keeps it)
-    TemplateAPI.get_batched_requests = patched.__wrapped__ if name == "unpatched" else patched
+    # "unpatched": the harness's own method, under the hook's wrappers (functools.wraps keeps each one's)
+    TemplateAPI.get_batched_requests = inspect.unwrap(patched) if name == "unpatched" else patched
     model = LocalCompletionsAPI(base_url=url, model="m", tokenizer_backend=None, tokenized_requests=False,
                                 num_concurrent=2, timeout=TIMEOUT, max_retries=1)
     prompts = [first] + [f"prompt {i:04d}" for i in range(1, int(n))]

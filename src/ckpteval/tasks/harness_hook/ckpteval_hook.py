@@ -5,6 +5,7 @@
   (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
   (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
+- `lm_eval.filters.sanitize`: a completion with a NUL byte is code that does not parse, not a crash;
 - `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
   data for (`ckpteval_offline_data.SOURCES`) returns that `DatasetDict`; anything else goes to the real
   loader, and if that fails offline the error says what is missing and how to provide it;
@@ -175,6 +176,26 @@ def _patch_api_models(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_api_models(module)  # outermost: wait, then bound each request
 
 
+def _patch_sanitize(module: ModuleType) -> None:
+    """lm-eval's code sanitizer (HumanEval's `build_predictions`) asks evalplus's `syntax_check` whether a
+    block parses; that catches SyntaxError only, and on Python 3.11 a completion holding a NUL byte raises
+    ValueError ("source code string cannot contain null bytes"; 3.12 says SyntaxError), which failed the
+    whole task. Such a block does not parse: the check says False, the sample scores as wrong code."""
+    original = getattr(module, "syntax_check", None)
+    if original is None or getattr(original, "__ckpteval_patched__", False):
+        return
+
+    def syntax_check(code: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(code, *args, **kwargs)
+        except ValueError:
+            return False
+
+    syntax_check.__ckpteval_patched__ = True  # type: ignore[attr-defined]
+    syntax_check.__wrapped__ = original  # type: ignore[attr-defined]
+    module.syntax_check = syntax_check  # type: ignore[attr-defined]
+
+
 def _patch_evaluator_input(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_input(module)
 
@@ -185,6 +206,7 @@ _DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_dat
 _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "lm_eval.models.api_models": _patch_api_models,
     "nemo_evaluator.core.input": _patch_evaluator_input,
+    "lm_eval.filters.sanitize": _patch_sanitize,
 }
 
 
