@@ -160,8 +160,15 @@ def test_cancel_stops_the_job_and_its_deployment(ci_profile):
 
     sub = submit_plan(profile, plan)
     record = sub.record
+    # the client starts with the deployment (and waits for it): wait for both
     wait_for(
-        lambda: (s := status_of(record)).snapshot and s.snapshot.tasks[0].state == "running", timeout=90, what="task"
+        lambda: (
+            (s := status_of(record)).snapshot
+            and s.snapshot.deployment == "ready"
+            and s.snapshot.tasks[0].state == "running"
+        ),
+        timeout=90,
+        what="the deployment ready and the task running",
     )
     deploy_pid = int(
         subprocess.run(["cat", posixpath.join(record.job_dir, "deploy.pid")], capture_output=True, text=True).stdout
