@@ -145,16 +145,17 @@ def _launch(step: Step, launcher: Launcher, *, name: str) -> str:
         inner = f"{exports}; {inner}"
     if launcher == "local":
         return f"bash -c {shlex.quote(inner)}"
+    ranks = step.nodes * step.ntasks_per_node
     args = [
         "srun",
         f"--job-name={name}",
         "--export=ALL",
         "--overlap",
         f"--nodes={step.nodes}",
-        f"--ntasks={step.nodes * step.ntasks_per_node}",
+        f"--ntasks={ranks}",
         f"--ntasks-per-node={step.ntasks_per_node}",
     ]
-    if step.nodes * step.ntasks_per_node > 1:
+    if ranks > 1:
         # the ranks are one server: one failing (rank 0's script, a worker's `ray start`) ends the step, so
         # the job sees the deployment exit instead of waiting out its readiness timeout on the others
         args.append("--kill-on-bad-exit=1")
@@ -186,14 +187,16 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
             # health: the hook's ckpteval_wait_ready); this watcher marks the deployment ready, or stops the job
             "watch_deployment() {",
             f"  local deadline=$((SECONDS + {timeout}))",
+            "  gave_up() {  # say why with the log's tail, and have the job stop (deployment_failed)",
+            '    say "$1; last lines of logs/deployment.log:"',
+            "    tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$",
+            "  }",
             f"  until health_ok {url}; do",
             '    if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then',
-            '      say "the deployment exited before it became healthy; last lines of logs/deployment.log:"',
-            "      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3",
+            '      gave_up "the deployment exited before it became healthy"; return 3',
             "    fi",
             '    if [ "$SECONDS" -ge "$deadline" ]; then',
-            f'      say "the deployment did not become healthy within {timeout} s; last lines of logs/deployment.log:"',
-            "      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3",
+            f'      gave_up "the deployment did not become healthy within {timeout} s"; return 3',
             "    fi",
             "    sleep 1",
             "  done",

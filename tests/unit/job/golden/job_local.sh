@@ -78,14 +78,16 @@ DEPLOY_PID=$!
 mark state/deployment starting
 watch_deployment() {
   local deadline=$((SECONDS + 30))
+  gave_up() {  # say why with the log's tail, and have the job stop (deployment_failed)
+    say "$1; last lines of logs/deployment.log:"
+    tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$
+  }
   until health_ok http://127.0.0.1:8000/v1/health; do
     if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then
-      say "the deployment exited before it became healthy; last lines of logs/deployment.log:"
-      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3
+      gave_up "the deployment exited before it became healthy"; return 3
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
-      say "the deployment did not become healthy within 30 s; last lines of logs/deployment.log:"
-      tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$; return 3
+      gave_up "the deployment did not become healthy within 30 s"; return 3
     fi
     sleep 1
   done
