@@ -178,9 +178,10 @@ def _patch_api_models(module: ModuleType) -> None:
 
 def _patch_sanitize(module: ModuleType) -> None:
     """lm-eval's code sanitizer (HumanEval's `build_predictions`) asks evalplus's `syntax_check` whether a
-    block parses; that catches SyntaxError only, and on Python 3.11 a completion holding a NUL byte raises
-    ValueError ("source code string cannot contain null bytes"; 3.12 says SyntaxError), which failed the
-    whole task. Such a block does not parse: the check says False, the sample scores as wrong code."""
+    block parses; that catches SyntaxError only, and on early Python 3.11 releases (Debian 12's 3.11.2) a
+    completion holding a NUL byte raises ValueError ("source code string cannot contain null bytes"; 3.11.7
+    and 3.12 say SyntaxError), which failed the whole task. Such a block does not parse: the check says
+    False, the sample scores as wrong code."""
     original = getattr(module, "syntax_check", None)
     if original is None or getattr(original, "__ckpteval_patched__", False):
         return
