@@ -180,7 +180,7 @@ def _task_plan(
     mounts: tuple[str, ...],
 ) -> TaskPlan:
     from ckpteval.tasks.client import client_command, client_env
-    from ckpteval.tasks.runconfig import EndpointSpec, build_run_config
+    from ckpteval.tasks.runconfig import EndpointSpec, build_run_config, client_hook_env
 
     config = compiled.config
     api = config.target.api_endpoint
@@ -217,6 +217,7 @@ def _task_plan(
         command = client_command(
             f"{task_dir}/{layout.run_config}", executable=toolchain.evaluator, hook_dir=toolchain.hook_dir
         )
-        step = Step(command=command, env=env, image=image, mounts=mounts if image else ())
+        run_env = {**env, **client_hook_env(run_config, request_params)}
+        step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
     return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)

@@ -1,6 +1,7 @@
 """How far a running task is, for the CLI's progress bar (polled about twice a second).
 
-`done` comes from nemo-evaluator's progress_tracking interceptor: the file `<output_dir>/progress` holds
+`done` comes from the file `<output_dir>/progress` (written by our harness hook for lm-eval tasks,
+`ckpteval_responses`, and by nemo-evaluator's progress_tracking interceptor for other harnesses): it holds
 the number of requests the endpoint answered successfully (cache replays and failed attempts are not
 counted; a resumed run starts from the count the previous run left). `total` is the number of requests
 the harness will send, computed from the task, `limit_samples` and the data in use; it counts requests,

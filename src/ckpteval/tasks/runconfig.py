@@ -9,6 +9,7 @@ container). nemo-evaluator merges its own task defaults under it and renders the
 from __future__ import annotations
 
 import copy
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -80,15 +81,52 @@ class TaskPaths:
         return self.task_dir / LOG_FILE
 
 
-# `adapter_config` that runs the harness straight against the endpoint, with no interceptor proxy. For a
-# very fast endpoint on a small CPU budget the proxy is the evaluator's main cost (benchmarks/
-# harness_throughput.md: ~3-4x fewer requests/s than lm-eval alone). Without it there is no progress file
-# (the bar shows no count) and no response cache; lm-eval's own --use_cache still makes reruns resume.
+LM_EVAL_HARNESS = "lm-evaluation-harness"
+
+# `adapter_config` that runs the harness straight against the endpoint: nemo-evaluator starts no interceptor
+# proxy (it does when a chain has an enabled interceptor; an empty list would get its legacy defaults). The
+# default for lm-eval tasks: the proxy held the evaluator to about half of a fast server's capacity
+# (benchmarks/harness_throughput.md), and our harness hook keeps what its chain gave at lm-eval's own HTTP
+# seam (`ckpteval_responses`: response cache for resume, progress, request params, response stats).
 NO_PROXY_ADAPTER_CONFIG: dict[str, Any] = {"interceptors": [{"name": "endpoint", "enabled": False}]}
 
 
-def default_adapter_config(output_dir: str, endpoint: EndpointSpec) -> dict[str, Any]:
-    """nemo-evaluator's interceptor chain for a ckpteval task.
+def default_adapter_config(spec: TaskSpec, output_dir: str, endpoint: EndpointSpec) -> dict[str, Any]:
+    """The interceptor chain a task gets unless the user gives one: none for lm-eval tasks (the harness hook
+    does their caching and progress), nemo-evaluator's proxy chain for every other harness."""
+    if spec.harness == LM_EVAL_HARNESS:
+        return copy.deepcopy(NO_PROXY_ADAPTER_CONFIG)
+    return proxy_adapter_config(output_dir, endpoint)
+
+
+def runs_through_proxy(adapter_config: Mapping[str, Any]) -> bool:
+    """Whether nemo-evaluator starts its interceptor proxy for `adapter_config`: an enabled interceptor or
+    post-eval hook, or nemo-evaluator's legacy flags (no `interceptors` list, which it converts to a chain)."""
+    interceptors = adapter_config.get("interceptors")
+    if not isinstance(interceptors, list) or not interceptors:
+        return True
+    hooks = adapter_config.get("post_eval_hooks") or []
+    enabled = [i for i in [*interceptors, *hooks] if not isinstance(i, dict) or i.get("enabled", True) is not False]
+    return bool(enabled)
+
+
+def client_hook_env(run_config: Mapping[str, Any], request_params: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Environment for the task client's harness hook: with no proxy in the chain, the hook keeps the
+    response cache and progress in the task's output dir and sets `request_params` on every request body
+    (`ckpteval_responses`). Empty when the proxy runs: its interceptors do that."""
+    from ckpteval.tasks.harness_hook import ckpteval_responses as responses
+
+    adapter = run_config["target"]["api_endpoint"].get("adapter_config") or {}
+    if runs_through_proxy(adapter):
+        return {}
+    env = {responses.OUTPUT_ENV: str(run_config["config"]["output_dir"])}
+    if request_params:
+        env[responses.PARAMS_ENV] = json.dumps(dict(request_params), sort_keys=True)
+    return env
+
+
+def proxy_adapter_config(output_dir: str, endpoint: EndpointSpec) -> dict[str, Any]:
+    """nemo-evaluator's interceptor chain for a task run through its proxy (every harness but lm-eval).
 
     - caching: every successful response is kept in `<output_dir>/cache` and replayed on a rerun
       (`reuse_cached_responses`), so a resumed task sends no request twice;
@@ -163,7 +201,8 @@ def build_run_config(
     {"adapter_config": {...}}}}`), already merged global < task by the caller. `config.params` is the
     catalog task's defaults with the user's params merged over them (nested `extra` merges key by key).
     `request_params` are added to every request body (a repeat's `seed`, `top_k`: fields the harness
-    does not send itself) by a `payload_modifier` interceptor at the head of the chain.
+    does not send itself): by a `payload_modifier` interceptor at the head of the chain when the proxy runs,
+    else by the harness hook (`client_hook_env` gives it them).
     """
     if endpoint.type not in spec.endpoint_types and spec.endpoint_types:
         raise ConfigError(
@@ -176,6 +215,17 @@ def build_run_config(
     user_params = ((user.get("config") or {}).get("params")) or {}
     user_endpoint = ((user.get("target") or {}).get("api_endpoint")) or {}
     params = deep_merge(spec.params, user_params)
+    default = default_adapter_config(spec, output_dir, endpoint)
+    adapter = merge_adapter_config(default, user_endpoint.get("adapter_config"))
+    if runs_through_proxy(adapter):
+        adapter = with_request_params(adapter, request_params or {})
+    elif request_params and spec.harness != LM_EVAL_HARNESS:
+        raise ConfigError(
+            f"Task {spec.name} ({spec.harness}) needs request params ({', '.join(sorted(request_params))}: a "
+            "repeat's seed, top_k) set on its requests, and only nemo-evaluator's interceptor proxy can do that "
+            "for this harness, but the task's adapter_config disables every interceptor.",
+            hint="Enable an interceptor in its adapter_config (or drop the adapter_config to get the default chain).",
+        )
     api_endpoint = deep_merge(dict(spec.target_defaults.get("api_endpoint") or {}), {})
     api_endpoint.update(
         {
@@ -183,10 +233,7 @@ def build_run_config(
             "model_id": endpoint.model_id,
             "type": endpoint.type,
             "api_key_name": endpoint.api_key_name,
-            "adapter_config": with_request_params(
-                merge_adapter_config(default_adapter_config(output_dir, endpoint), user_endpoint.get("adapter_config")),
-                request_params or {},
-            ),
+            "adapter_config": adapter,
         }
     )
     run_config: dict[str, Any] = {

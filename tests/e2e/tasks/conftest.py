@@ -18,7 +18,7 @@ import pytest
 
 from ckpteval.tasks.catalog import load_catalog
 from ckpteval.tasks.client import client_command, client_env, hook_dir
-from ckpteval.tasks.runconfig import EndpointSpec, TaskPaths, build_run_config, write_run_config
+from ckpteval.tasks.runconfig import EndpointSpec, TaskPaths, build_run_config, client_hook_env, write_run_config
 from tests.e2e.conftest import free_port
 
 FAKE_ENDPOINT = Path(__file__).with_name("fake_endpoint.py")
@@ -57,6 +57,7 @@ def start_task(
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
         **client_env(offline_data=offline_data),  # type: ignore[arg-type]
+        **client_hook_env(run_config),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }

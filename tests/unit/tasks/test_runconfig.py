@@ -19,8 +19,11 @@ from ckpteval.tasks.runconfig import (
     EndpointSpec,
     TaskPaths,
     build_run_config,
+    client_hook_env,
     default_adapter_config,
     harness_command,
+    proxy_adapter_config,
+    runs_through_proxy,
     write_run_config,
 )
 
@@ -97,9 +100,44 @@ def test_params_are_task_defaults_under_user_params() -> None:
     assert api["stream"] is False  # the catalog's target default
 
 
-def test_default_adapter_chain_caches_tracks_progress_and_caps_logging() -> None:
-    spec = load_catalog().get("hellaswag")
-    rc = build_run_config(spec, {}, endpoint=ENDPOINT, output_dir="/out/artifacts")
+CHAT = EndpointSpec(url="http://127.0.0.1:8000/v1/chat/completions", model_id="megatron-model", type="chat")
+
+
+def test_lm_eval_tasks_run_without_the_proxy_and_the_hook_keeps_cache_progress_and_params() -> None:
+    spec = load_catalog().get("gsm8k")
+    rc = build_run_config(spec, {}, endpoint=ENDPOINT, output_dir="/out/artifacts", request_params={"seed": 2})
+    adapter = rc["target"]["api_endpoint"]["adapter_config"]
+    assert adapter == NO_PROXY_ADAPTER_CONFIG and not runs_through_proxy(adapter)  # no payload_modifier added
+    assert client_hook_env(rc, {"seed": 2}) == {
+        "CKPTEVAL_CLIENT_OUTPUT": "/out/artifacts",
+        "CKPTEVAL_REQUEST_PARAMS": '{"seed": 2}',
+    }
+    assert client_hook_env(rc) == {"CKPTEVAL_CLIENT_OUTPUT": "/out/artifacts"}
+
+
+def test_a_chain_of_the_users_runs_the_proxy_with_the_params_and_no_hook_env() -> None:
+    spec = load_catalog().get("gsm8k")
+    user = {"target": {"api_endpoint": {"adapter_config": {"interceptors": [{"name": "endpoint"}]}}}}
+    rc = build_run_config(spec, user, endpoint=ENDPOINT, output_dir="/o", request_params={"seed": 1})
+    names = [i["name"] for i in rc["target"]["api_endpoint"]["adapter_config"]["interceptors"]]
+    assert names == ["payload_modifier", "endpoint"] and client_hook_env(rc, {"seed": 1}) == {}
+    legacy = {"target": {"api_endpoint": {"adapter_config": {"use_caching": True}}}}
+    assert runs_through_proxy(
+        build_run_config(spec, legacy, endpoint=ENDPOINT, output_dir="/o")["target"]["api_endpoint"]["adapter_config"]
+    )
+
+
+def test_params_for_another_harness_with_every_interceptor_disabled_are_a_config_error() -> None:
+    spec = load_catalog().get("AIME_2025")  # simple_evals: only the proxy can set a repeat's seed
+    user = {"target": {"api_endpoint": {"adapter_config": NO_PROXY_ADAPTER_CONFIG}}}
+    with pytest.raises(ConfigError, match="only nemo-evaluator's interceptor proxy can do that"):
+        build_run_config(spec, user, endpoint=CHAT, output_dir="/o", request_params={"seed": 1})
+
+
+def test_other_harnesses_keep_the_proxy_chain_that_caches_tracks_progress_and_caps_logging() -> None:
+    spec = load_catalog().get("AIME_2025")
+    rc = build_run_config(spec, {}, endpoint=CHAT, output_dir="/out/artifacts")
+    assert client_hook_env(rc) == {}
     chain = {i["name"]: i.get("config", {}) for i in rc["target"]["api_endpoint"]["adapter_config"]["interceptors"]}
     assert list(chain)[:3] == ["request_logging", "caching", "endpoint"]
     assert chain["caching"]["cache_dir"] == "/out/artifacts/cache" and chain["caching"]["reuse_cached_responses"]
@@ -112,8 +150,10 @@ def test_default_adapter_chain_caches_tracks_progress_and_caps_logging() -> None
 
 
 def test_nemo_evaluator_builds_the_interceptors_we_configure() -> None:
+    # the proxy chain (other harnesses' default) on an lm-eval task: only its harness is installed here
     spec = load_catalog().get("hellaswag")
-    rc = build_run_config(spec, {}, endpoint=ENDPOINT, output_dir="/out")
+    user = {"target": {"api_endpoint": {"adapter_config": proxy_adapter_config("/out", ENDPOINT)}}}
+    rc = build_run_config(spec, user, endpoint=ENDPOINT, output_dir="/out")
     from nemo_evaluator.core.input import validate_configuration
 
     adapter = validate_configuration(rc).target.api_endpoint.adapter_config
@@ -151,7 +191,17 @@ def test_user_adapter_chain_replaces_ours_and_other_keys_merge() -> None:
     )
     adapter = rc["target"]["api_endpoint"]["adapter_config"]
     assert adapter["log_failed_requests"] is True
-    assert adapter["interceptors"] == default_adapter_config("/o", ENDPOINT)["interceptors"]
+    assert adapter["interceptors"] == default_adapter_config(spec, "/o", ENDPOINT)["interceptors"]
+    other = load_catalog().get("AIME_2025")
+    rc = build_run_config(
+        other,
+        {"target": {"api_endpoint": {"adapter_config": {"log_failed_requests": True}}}},
+        endpoint=CHAT,
+        output_dir="/o",
+    )
+    adapter = rc["target"]["api_endpoint"]["adapter_config"]
+    assert adapter["log_failed_requests"] is True
+    assert adapter["interceptors"] == proxy_adapter_config("/o", CHAT)["interceptors"]
 
 
 def test_the_no_proxy_setting_starts_no_interceptor() -> None:
@@ -176,9 +226,20 @@ def test_health_url_override_and_api_key_name() -> None:
     rc = build_run_config(load_catalog().get("adlr_mmlu"), None, endpoint=endpoint, output_dir="/o")
     api = rc["target"]["api_endpoint"]
     assert api["api_key_name"] == "MY_KEY"
+    assert "OPENAI_API_KEY=$MY_KEY lm-eval" in rendered_command(rc)
+    # the proxy's progress heartbeat (another harness's task) goes to the health URL given
+    chat = EndpointSpec(
+        url="https://api.example.com/v1/chat/completions",
+        model_id="m",
+        type="chat",
+        api_key_name="MY_KEY",
+        health_url="https://api.example.com/health",
+    )
+    rc = build_run_config(load_catalog().get("AIME_2025"), None, endpoint=chat, output_dir="/o")
+    api = rc["target"]["api_endpoint"]
+    assert api["api_key_name"] == "MY_KEY"
     chain = {i["name"]: i.get("config", {}) for i in api["adapter_config"]["interceptors"]}
     assert chain["progress_tracking"]["progress_tracking_url"] == "https://api.example.com/health"
-    assert "OPENAI_API_KEY=$MY_KEY lm-eval" in rendered_command(rc)
 
 
 def test_bad_endpoint_type_and_relative_output_dir_are_config_errors() -> None:

@@ -1,7 +1,9 @@
 """Patch the harness at its seams, right after its modules are imported (installed by sitecustomize).
 
 `install()` adds an import hook that patches functions right after their modules are imported:
-- `lm_eval.models.api_models`: `request_timeout` bounds one request, not its wait in the connection queue
+- `lm_eval.models.api_models`: the response cache, progress and request params of a task run without
+  nemo-evaluator's interceptor proxy (`ckpteval_responses`, when the job sets `CKPTEVAL_CLIENT_OUTPUT`);
+  `request_timeout` bounds one request, not its wait in the connection queue
   (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
   (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
@@ -172,6 +174,7 @@ def _hook_module(name: str) -> ModuleType:
 
 
 def _patch_api_models(module: ModuleType) -> None:
+    _hook_module("ckpteval_responses").patch(module)  # innermost: at the HTTP call
     _hook_module("ckpteval_request_timeout").patch(module)
     _hook_module("ckpteval_wait_ready").patch_api_models(module)  # outermost: wait, then bound each request
 

@@ -1,0 +1,405 @@
+"""Resume, progress and per-request params for lm-eval talking straight to the endpoint (no interceptor proxy).
+
+nemo-evaluator's interceptor proxy (caching, progress_tracking, payload_modifier, response_stats) held the
+evaluator to about half of a fast server's capacity (benchmarks/harness_throughput.md): every request went
+through a second HTTP server in Python. ckpteval runs lm-eval tasks without it and keeps what the chain gave,
+here, at the HTTP seam of lm-eval's `TemplateAPI` (both of its request paths: `amodel_call`'s aiohttp
+session and `model_call`'s `requests.post`), when the job sets `CKPTEVAL_CLIENT_OUTPUT` to the task's
+output directory:
+
+- **request params**: `CKPTEVAL_REQUEST_PARAMS` (a JSON object: a repeat's `seed`, `top_k`, ...) is set over
+  every request body, as the payload_modifier interceptor did;
+- **response cache**: every answered request body (after the params) is keyed by its SHA-256 and its answer
+  appended to `<output_dir>/cache/ckpteval_responses.jsonl`, flushed at once; a rerun in the same directory
+  (`evaluate resume`) replays those answers instead of asking the endpoint. The key does not contain the
+  URL, so a new deployment on another port still hits. Streamed requests are neither cached nor replayed;
+- **progress**: `<output_dir>/progress` holds the number of requests answered so far, the previous runs' count
+  included (what they answered is replayed or answered by lm-eval's own cache, uncounted), rewritten at most
+  every 0.5 s and at exit;
+- **response stats**: at exit, `response_stats` in `<output_dir>/eval_factory_metrics.json` (the keys the
+  proxy wrote that nemo-evaluator and our benchmarks read: `count`, `successful_count`, `inference_time`,
+  `inference_run_times` with each run's first and last request time).
+
+Self-contained (standard library only): it runs inside the harness's process through the hook directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import functools
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+OUTPUT_ENV = "CKPTEVAL_CLIENT_OUTPUT"
+PARAMS_ENV = "CKPTEVAL_REQUEST_PARAMS"
+CACHE_FILE = "cache/ckpteval_responses.jsonl"
+PROGRESS_FILE = "progress"
+METRICS_FILE = "eval_factory_metrics.json"
+PROGRESS_INTERVAL_S = 0.5
+_MARK = "__ckpteval_responses__"
+
+
+def _log(message: str) -> None:
+    print(f"[ckpteval] {message}", file=sys.stderr, flush=True)
+
+
+def request_key(payload: Any) -> str:
+    """The cache key of a request body: SHA-256 of its canonical JSON."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _iso(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).isoformat(timespec="microseconds")
+
+
+class Recorder:
+    """One task's response cache, progress count and request times (one per harness process)."""
+
+    def __init__(self, output_dir: str | Path, params: dict[str, Any] | None = None) -> None:
+        self.output_dir = Path(output_dir)
+        self.params = dict(params or {})
+        self.cache_path = self.output_dir / CACHE_FILE
+        self._lock = threading.Lock()
+        self._answers = self._load()
+        self._out: Any = None
+        self.previous = self._read_progress()
+        self.answered = 0  # by the endpoint, in this process
+        self.replayed = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self._progress_written = 0.0
+        self._closed = False
+
+    def _load(self) -> dict[str, Any]:
+        answers: dict[str, Any] = {}
+        try:
+            lines = self.cache_path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return answers
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                answers[entry["key"]] = entry["response"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short when a previous run was killed
+        return answers
+
+    def _read_progress(self) -> int:
+        try:
+            return max(0, int((self.output_dir / PROGRESS_FILE).read_text().strip() or 0))
+        except (OSError, ValueError):
+            return 0
+
+    def body(self, payload: Any) -> Any:
+        """The request body as sent: `payload` with the request params set over it."""
+        if self.params and isinstance(payload, dict):
+            return {**payload, **copy.deepcopy(self.params)}
+        return payload
+
+    def cached(self, payload: Any) -> tuple[str | None, Any]:
+        """(key, cached answer or None) for a body; key None when the body is not cacheable (streamed)."""
+        if not isinstance(payload, dict) or payload.get("stream"):
+            return None, None
+        key = request_key(payload)
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is not None:
+                self.replayed += 1
+        return key, copy.deepcopy(answer) if answer is not None else None
+
+    def sending(self) -> None:
+        with self._lock:
+            if self.first is None:
+                self.first = time.time()
+
+    def answered_with(self, key: str | None, answer: Any) -> None:
+        """A successful answer from the endpoint: keep it (when cacheable) and count it."""
+        with self._lock:
+            if key is not None and answer is not None and key not in self._answers:
+                self._answers[key] = answer
+                if self._out is None:
+                    self._out = self._open_cache()
+                self._out.write(json.dumps({"key": key, "response": answer}, ensure_ascii=False) + "\n")
+                self._out.flush()
+            self.answered += 1
+            self.last = time.time()
+            if self.last - self._progress_written >= PROGRESS_INTERVAL_S:
+                self._write_progress()
+
+    def _open_cache(self) -> Any:
+        """The cache file, for appending; a last line cut short by a kill is ended first."""
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cut_short = False
+        with contextlib.suppress(OSError), open(self.cache_path, "rb") as existing:
+            existing.seek(0, os.SEEK_END)
+            if existing.tell() > 0:
+                existing.seek(-1, os.SEEK_END)
+                cut_short = existing.read(1) != b"\n"
+        out = open(self.cache_path, "a", encoding="utf-8")  # noqa: SIM115 (closed at exit)
+        if cut_short:
+            out.write("\n")
+        return out
+
+    def _write_progress(self) -> None:
+        self._progress_written = time.time()
+        with contextlib.suppress(OSError):  # progress is for display; never fail a request over it
+            _write_atomically(self.output_dir / PROGRESS_FILE, str(self.previous + self.answered))
+
+    def close(self) -> None:
+        """Flush the cache, write the final progress and the response stats (at exit; idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._out is not None:
+                self._out.close()
+            if self.answered:
+                self._write_progress()
+            if self.first is not None or self.replayed:
+                try:
+                    self._write_stats()
+                except (OSError, ValueError) as exc:
+                    _log(f"could not write response stats to {self.output_dir / METRICS_FILE}: {exc}")
+
+    def _write_stats(self) -> None:
+        path = self.output_dir / METRICS_FILE
+        try:
+            metrics = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(metrics, dict):
+                metrics = {}
+        except (OSError, ValueError):
+            metrics = {}
+        stats = metrics.get("response_stats")
+        if not isinstance(stats, dict):
+            stats = {}
+        runs = stats.get("inference_run_times")
+        runs = dict(runs) if isinstance(runs, dict) else {}
+        spent = 0.0
+        if self.first is not None:  # this run sent requests (not only replays)
+            last = self.last or self.first
+            spent = last - self.first
+            runs[str(len(runs))] = {
+                "first_request_time": _iso(self.first),
+                "last_request_time": _iso(last),
+                "inference_time": spent,
+            }
+        stats.update(
+            {
+                "count": int(stats.get("count") or 0) + self.answered,
+                "successful_count": int(stats.get("successful_count") or 0) + self.answered,
+                "replayed_count": int(stats.get("replayed_count") or 0) + self.replayed,
+                "inference_time": float(stats.get("inference_time") or 0.0) + spent,
+                "inference_run_times": runs,
+                "recorded_by": "ckpteval harness hook (no interceptor proxy)",
+            }
+        )
+        metrics["response_stats"] = stats
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, json.dumps(metrics, indent=2))
+
+
+class _ReplayedResponse:
+    """A cached answer, shaped like the aiohttp and requests responses lm-eval reads."""
+
+    ok = True
+    status = status_code = 200
+    reason = "OK (replayed from ckpteval's response cache)"
+
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+        self.text_value = json.dumps(answer)
+
+    def raise_for_status(self) -> None:
+        return None
+
+    # requests.Response
+    def json(self, **_kwargs: Any) -> Any:
+        return self._answer
+
+    @property
+    def text(self) -> str:
+        return self.text_value
+
+    @property
+    def content(self) -> bytes:
+        return self.text_value.encode("utf-8")
+
+
+class _AsyncReplayedResponse(_ReplayedResponse):
+    async def json(self, **_kwargs: Any) -> Any:
+        return self._answer
+
+    async def text(self, **_kwargs: Any) -> str:  # type: ignore[override]
+        return self.text_value
+
+
+class _RecordedResponse:
+    """The endpoint's aiohttp response; its parsed JSON is recorded when the answer is a success."""
+
+    def __init__(self, response: Any, recorder: Recorder, key: str | None) -> None:
+        self._response = response
+        self._recorder = recorder
+        self._key = key
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._response, name)
+
+    async def json(self, *args: Any, **kwargs: Any) -> Any:
+        answer = await self._response.json(*args, **kwargs)
+        if self._response.ok:
+            self._recorder.answered_with(self._key, answer)
+        return answer
+
+
+class _Post:
+    """`session.post(...)` as an async context manager: the cached answer, or the endpoint's, recorded."""
+
+    def __init__(self, session: Any, recorder: Recorder, url: Any, payload: Any, kwargs: dict[str, Any]) -> None:
+        self._session = session
+        self._recorder = recorder
+        self._url = url
+        self._payload = recorder.body(payload)
+        self._kwargs = kwargs
+        self._inner: Any = None
+
+    async def __aenter__(self) -> Any:
+        key, answer = self._recorder.cached(self._payload)
+        if answer is not None:
+            return _AsyncReplayedResponse(answer)
+        self._recorder.sending()
+        self._inner = self._session.post(self._url, json=self._payload, **self._kwargs)
+        response = await self._inner.__aenter__()
+        if key is None:  # streamed: counted, not cached
+            if response.ok:
+                self._recorder.answered_with(None, None)
+            return response
+        return _RecordedResponse(response, self._recorder, key)
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        if self._inner is not None:
+            return await self._inner.__aexit__(*exc)
+        return None
+
+
+class _Session:
+    """lm-eval's aiohttp session with `post` going through the recorder; everything else passes through."""
+
+    def __init__(self, session: Any, recorder: Recorder) -> None:
+        self._session = session
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def post(self, url: Any, *, json: Any = None, **kwargs: Any) -> _Post:
+        return _Post(self._session, self._recorder, url, json, kwargs)
+
+
+class _Requests:
+    """The `requests` module as lm-eval's `model_call` sees it: `post` goes through the recorder."""
+
+    def __init__(self, real: ModuleType, recorder: Recorder) -> None:
+        self._real = real
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def post(self, url: Any, *args: Any, json: Any = None, **kwargs: Any) -> Any:
+        payload = self._recorder.body(json)
+        key, answer = self._recorder.cached(payload)
+        if answer is not None:
+            return _ReplayedResponse(answer)
+        self._recorder.sending()
+        response = self._real.post(url, *args, json=payload, **kwargs)
+        if response.ok:
+            try:
+                parsed = response.json() if key is not None else None
+            except ValueError:
+                parsed = None  # lm-eval reports the unparsable answer itself
+            self._recorder.answered_with(key, parsed)
+        return response
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def recorder() -> Recorder | None:
+    """This process's recorder, when the job asked for one (`CKPTEVAL_CLIENT_OUTPUT`); created once."""
+    global _recorder
+    output = os.environ.get(OUTPUT_ENV, "").strip()
+    if not output:
+        return None
+    with _recorder_lock:
+        if _recorder is None:
+            params: dict[str, Any] = {}
+            raw = os.environ.get(PARAMS_ENV, "").strip()
+            if raw:
+                try:
+                    loaded = json.loads(raw)
+                except ValueError:
+                    loaded = None
+                if not isinstance(loaded, dict):
+                    raise RuntimeError(f"{PARAMS_ENV} must hold a JSON object, not {raw[:200]!r}")
+                params = loaded
+            _recorder = Recorder(output, params)
+            atexit.register(_recorder.close)
+        return _recorder
+
+
+def _wrap_amodel_call(original: Any) -> Any:
+    @functools.wraps(original)
+    async def amodel_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = recorder()
+        if rec is not None:
+            if "session" in kwargs:
+                kwargs["session"] = _Session(kwargs["session"], rec)
+            elif args:
+                args = (_Session(args[0], rec), *args[1:])
+        return await original(self, *args, **kwargs)
+
+    setattr(amodel_call, _MARK, True)
+    return amodel_call
+
+
+def patch(module: ModuleType) -> None:
+    """Patch `module` (lm-eval's `api_models`) when the job asked for it; idempotent."""
+    rec = recorder()
+    if rec is None:
+        return
+    api = getattr(module, "TemplateAPI", None)
+    amodel_call = getattr(api, "amodel_call", None)
+    real_requests = getattr(module, "requests", None)
+    if api is None or amodel_call is None or real_requests is None:
+        _log("lm-eval's api_models is not the shape we patch: no response cache, progress or request params")
+        return
+    if not getattr(amodel_call, _MARK, False):
+        api.amodel_call = _wrap_amodel_call(amodel_call)
+    if not isinstance(real_requests, _Requests):
+        module.requests = _Requests(real_requests, rec)  # type: ignore[attr-defined]
+    if rec._answers:
+        _log(f"{len(rec._answers)} answers from a previous run in {rec.cache_path} are replayed, not asked again")
