@@ -9,10 +9,12 @@ the evaluator). In the same round, side by side:
 
 - capacity: a plain load generator (keep-alive HTTP, `parallelism` threads) replays the very request
   bodies the harness sent, straight to the server: requests/s the server sustains;
-- harness: the run's rate at nemo-evaluator's interceptor proxy (answered requests / time from first
-  to last request, from eval_factory_metrics.json);
-- the same with a minimal chain (caching + endpoint) and with the proxy disabled (lm-eval straight to
-  the server; rate from lm-eval's own progress bar), to see what the proxy and its interceptors cost.
+- harness, with ckpteval's default for lm-eval tasks (no proxy; the harness hook keeps the response cache,
+  progress and stats): answered requests / time from first to last request, from the `response_stats`
+  the hook writes into eval_factory_metrics.json, and lm-eval's own progress bar;
+- the same through nemo-evaluator's interceptor proxy with the chain that was the default before
+  (`proxy_adapter_config`: the rate at the proxy), with a minimal chain (caching + endpoint), and with
+  neither proxy nor hook (lm-eval alone; its progress bar), to see what the proxy and the hook cost.
 
 The same measurements against an instant fake endpoint give the evaluator's own ceiling on this machine.
 
@@ -46,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from tests.e2e.conftest import free_port, model_server_command, serve  # noqa: E402
 from tests.e2e.tasks.conftest import run_task  # noqa: E402
 
-from ckpteval.tasks.runconfig import NO_PROXY_ADAPTER_CONFIG  # noqa: E402
+from ckpteval.tasks.runconfig import NO_PROXY_ADAPTER_CONFIG, EndpointSpec, proxy_adapter_config  # noqa: E402
 
 
 def checkpoint_tokenizer(kind: str) -> str:
@@ -119,7 +121,7 @@ def capacity(url: str, bodies: list[bytes], parallelism: int) -> float:
 
 
 def proxy_rate(output_dir: Path) -> tuple[float, int]:
-    """Rate seen at nemo-evaluator's interceptor proxy: answered requests / (last - first request time)."""
+    """Rate in `response_stats` (the proxy's, or the hook's): answered requests / (last - first request time)."""
     stats = json.loads((output_dir / "eval_factory_metrics.json").read_text())["response_stats"]
     (run,) = stats["inference_run_times"].values()
     first = time.mktime(time.strptime(run["first_request_time"].split(".")[0], "%Y-%m-%dT%H:%M:%S"))
@@ -142,34 +144,44 @@ def lm_eval_rate(log: Path) -> float:
 
 
 FAKE_ENDPOINT = REPO / "tests" / "e2e" / "tasks" / "fake_endpoint.py"
-CHAINS: dict[str, dict[str, Any] | None] = {
-    "default chain": None,  # ckpteval's (runconfig.default_adapter_config)
+PROXY_CHAIN = "proxy chain"  # filled in per run: proxy_adapter_config(output_dir, endpoint)
+CHAINS: dict[str, dict[str, Any] | str | None] = {
+    "default (hook; no proxy)": None,  # ckpteval's (runconfig.default_adapter_config)
+    "proxy chain (old default)": PROXY_CHAIN,
     "caching + endpoint only": {
         "interceptors": [{"name": "caching", "config": {"reuse_cached_responses": True}}, {"name": "endpoint"}]
     },
-    "no proxy": NO_PROXY_ADAPTER_CONFIG,
+    "lm-eval alone": NO_PROXY_ADAPTER_CONFIG,  # run without the hook's variables
 }
+TIMED = ("default (hook; no proxy)", "proxy chain (old default)")  # the ones that write response_stats
 
 
 def measure(
-    url: str, model_id: str, work: Path, params: dict[str, Any], chains: dict[str, dict[str, Any] | None]
+    url: str, model_id: str, work: Path, params: dict[str, Any], chains: dict[str, dict[str, Any] | str | None]
 ) -> dict[str, float]:
     """One round against one server: capacity, then each chain, then capacity again."""
     parallelism = int(params["parallelism"])
     out: dict[str, float] = {}
     bodies: list[bytes] = []
     for name, chain in chains.items():
-        if chain is not None and "interceptors" in chain and chain["interceptors"][0]["name"] == "caching":
+        task_dir = work / re.sub(r"[^A-Za-z0-9]+", "_", name)
+        if chain == PROXY_CHAIN:
+            endpoint = EndpointSpec(url=url, model_id=model_id, type="completions")
+            chain = proxy_adapter_config(str(task_dir / "artifacts"), endpoint)
+        elif isinstance(chain, dict) and chain["interceptors"][0]["name"] == "caching":
             chain = copy.deepcopy(chain)
-            chain["interceptors"][0]["config"]["cache_dir"] = str(work / name / "artifacts" / "cache")
-        run = run_task("hellaswag", work / name.replace(" ", "_"), url=url, params=params, adapter_config=chain)
+            chain["interceptors"][0]["config"]["cache_dir"] = str(task_dir / "artifacts" / "cache")
+        assert not isinstance(chain, str)
+        run = run_task(
+            "hellaswag", task_dir, url=url, params=params, adapter_config=chain, hook=name != "lm-eval alone"
+        )
         assert run.returncode == 0, run.paths.log.read_text()[-2000:]
         if not bodies:
             bodies = request_bodies(run.paths.output_dir, model_id)
             out["capacity before"] = capacity(url, bodies, parallelism)
         out[f"{name}: lm-eval bar"] = lm_eval_rate(run.paths.log)
-        if chain is None:  # only the default chain has response_stats, which times the requests at the proxy
-            out[f"{name}: at proxy"] = proxy_rate(run.paths.output_dir)[0]
+        if name in TIMED:
+            out[f"{name}: response_stats"] = proxy_rate(run.paths.output_dir)[0]
     out["capacity after"] = capacity(url, bodies, parallelism)
     out["capacity"] = (out["capacity before"] + out["capacity after"]) / 2
     out["requests"] = len(bodies)

@@ -43,8 +43,12 @@ def start_task(
     model_id: str = "megatron-model",
     offline_data: str = "auto",
     adapter_config: dict[str, Any] | None = None,
+    hook: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Write the run config and start the client exactly as the job script does (bash, env, log)."""
+    """Write the run config and start the client exactly as the job script does (bash, env, log).
+
+    `hook=False` leaves out the variables that switch on the harness hook's response cache and progress
+    (for benchmarks that measure lm-eval alone)."""
     paths = TaskPaths(task_dir)
     spec = load_catalog().get(task)
     endpoint = EndpointSpec(url=url, model_id=model_id, type="completions")
@@ -57,7 +61,7 @@ def start_task(
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
         **client_env(offline_data=offline_data),  # type: ignore[arg-type]
-        **client_hook_env(run_config),
+        **(client_hook_env(run_config) if hook else {}),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
