@@ -3,7 +3,8 @@
 A task client's log is mostly noise when it fails (tracebacks, asyncio chatter, the proxy's per-request
 lines). `explain_log` picks what the user needs, in this order: the offline-data hook's "no offline copy"
 message; nemo-evaluator's interruption marker; the endpoint's last error when the harness gave up on the
-endpoint after its retries (the proxy's reason when lm-eval only saw the proxy's generic 500); a request
+endpoint after its retries (the proxy's reason when lm-eval only saw the proxy's generic 500; the failed
+connection when lm-eval talked to the endpoint directly and got no HTTP answer); a request
 timeout (with the setting that bounds it); else the last exception line. It works on the log's text, so the
 same function serves a local job dir and one read over SSH (`evaluate status` on a Slurm job).
 """
@@ -35,6 +36,8 @@ _API_ERROR = re.compile(r"API request failed with error message: (.*?)(?:\. Retr
 _PROXY_ERROR = re.compile(r"Request interceptor EndpointInterceptor failed: (.*?)(?: logger=\S+.*)?$")
 # exceptions with which lm-eval gives up on the endpoint (after tenacity's retries)
 _ENDPOINT_EXCEPTIONS = ("ClientResponseError", "ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
+# of those, the ones where the connection itself failed (no HTTP answer)
+_CONNECTION_EXCEPTIONS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
 _PROXY_GENERIC = "No adapter interceptor returned response"
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout|Missing)\w*)(?::\s*(.*))?$")
 _NOISE = ("Traceback (most recent call last)", "The above exception", "Task exception was never retrieved", "future: <")
@@ -80,6 +83,17 @@ def explain_log(text: str, *, log: str, interrupted: bool = False) -> TaskFailur
             f"The endpoint kept failing and the harness gave up after its retries. Last endpoint error: {last[:500]}",
             log,
             "Check the deployment log; max_retries and request_timeout set how long the harness insists.",
+        )
+    connection = [e for e in exceptions if any(name in e for name in _CONNECTION_EXCEPTIONS)]
+    if connection and not endpoint_errors:
+        # lm-eval straight to the endpoint (no proxy): a connection that failed has no HTTP answer to log
+        last = connection[-1].split(": ", 1)[-1]
+        return TaskFailure(
+            f"The endpoint stopped answering and the harness gave up after its retries. Last endpoint error: "
+            f"{last[:500]}",
+            log,
+            "Check the deployment log (did the server exit?); max_retries and request_timeout set how long the "
+            "harness insists.",
         )
     if exceptions:
         last = exceptions[-1]

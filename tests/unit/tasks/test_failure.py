@@ -18,7 +18,8 @@ GOLDEN = Path(__file__).parent / "golden"
     ("case", "reason", "hint"),
     [
         ("fail_http500", 'Last endpoint error: {"error": "injected failure: model worker crashed"}', "deployment log"),
-        ("fail_endpoint_dead", "Connection refused", "deployment log"),
+        ("fail_endpoint_dead", "Connection refused", "deployment log"),  # through nemo-evaluator's proxy
+        ("fail_endpoint_dead_no_proxy", "stopped answering", "deployment log"),  # lm-eval straight to it
         ("fail_timeout", "timed out", REQUEST_TIMEOUT_SETTING),
         ("fail_no_offline_data", "No offline copy of dataset TIGER-Lab/MMLU-Pro", "dataset_dir"),
     ],
