@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -228,13 +229,7 @@ def test_health_url_override_and_api_key_name() -> None:
     assert api["api_key_name"] == "MY_KEY"
     assert "OPENAI_API_KEY=$MY_KEY lm-eval" in rendered_command(rc)
     # the proxy's progress heartbeat (another harness's task) goes to the health URL given
-    chat = EndpointSpec(
-        url="https://api.example.com/v1/chat/completions",
-        model_id="m",
-        type="chat",
-        api_key_name="MY_KEY",
-        health_url="https://api.example.com/health",
-    )
+    chat = dataclasses.replace(endpoint, url="https://api.example.com/v1/chat/completions", type="chat")
     rc = build_run_config(load_catalog().get("AIME_2025"), None, endpoint=chat, output_dir="/o")
     api = rc["target"]["api_endpoint"]
     assert api["api_key_name"] == "MY_KEY"
