@@ -117,6 +117,31 @@ ROUTES = {
 }
 
 
+# The stand-in's health answers 503 until the driver has asked the replicas which Slurm node they run on and
+# logged it (the real script is healthy as soon as Serve is): a job whose task finishes within seconds of
+# health would otherwise stop the deployment before that line is written. To the job this is a slightly
+# longer model load.
+READY_FLAG, READY_NAMESPACE = "ckpteval_spread_logged", "ckpteval_stand_in"
+
+
+def make_ready_flag():
+    """A Ray actor holding whether the spread is logged (False until `set`)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ReadyFlag:
+        def __init__(self):
+            self.value = False
+
+        def set(self):
+            self.value = True
+
+        def get(self):
+            return self.value
+
+    return ReadyFlag.options(name=READY_FLAG, namespace=READY_NAMESPACE).remote()
+
+
 def make_deployment(model_id, checkpoint, max_batch_size):
     """The Serve deployment: Export-Deploy's routes in front of ckpteval's builtin engine.
 
@@ -138,6 +163,7 @@ def make_deployment(model_id, checkpoint, max_batch_size):
             asgi, self.scheduler = build_app(loaded, served_model_name=model_id, max_batch_size=max_batch_size)
             self.routes = asgi.routes
             self.node = os.environ.get("SLURMD_NODENAME", "?")
+            self.checked = False
 
         async def __call__(self, request):
             from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -154,6 +180,8 @@ def make_deployment(model_id, checkpoint, max_batch_size):
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
             target = ROUTES[(method, path)]
             if target is None:
+                if not await self.spread_checked():
+                    return JSONResponse({"status": "starting"}, status_code=503)
                 return JSONResponse({"status": "healthy"})
             body = await request.json() if method == "POST" else None
             try:
@@ -164,6 +192,14 @@ def make_deployment(model_id, checkpoint, max_batch_size):
 
         def slurm_node(self):
             return self.node
+
+        async def spread_checked(self):
+            """Whether the driver has logged which Slurm nodes answer (the stand-in's health waits for it)."""
+            if not self.checked:
+                import ray
+
+                self.checked = await ray.get_actor(READY_FLAG, namespace=READY_NAMESPACE).get.remote()
+            return self.checked
 
     return MegatronRayDeployable
 
@@ -209,10 +245,12 @@ def main():
         ray_actor_options={"num_cpus": args.num_cpus_per_replica, "num_gpus": gpus_per_replica},
         max_ongoing_requests=args.max_batch_size * 2,
     ).bind()
+    ready = make_ready_flag()
     handle = serve.run(app, name=args.model_id)
     nodes = sorted({handle.slurm_node.remote().result() for _ in range(8 * args.num_replicas)})
     alive = [n for n in ray.nodes() if n["Alive"]]
     LOGGER.info(f"Ray cluster of {len(alive)} nodes; replicas answer from Slurm nodes {','.join(nodes)}")
+    ray.get(ready.set.remote())
     LOGGER.info(f"Megatron model deployed successfully at {args.host}:{args.port}")
     while True:
         signal.pause()
