@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
+from ckpteval.tasks.harness_hook import ckpteval_responses as responses
 
-PROGRESS_FILE = "progress"
+PROGRESS_FILE = responses.PROGRESS_FILE  # the hook writes it (the proxy's progress_tracking, same name)
 
 # lm-eval task -> requests per evaluated document
 _REQUESTS_PER_DOC = {"mmlu_str": 1, "hellaswag": 4, "gsm8k": 1, "adlr_humaneval_greedy": 1}

@@ -17,10 +17,11 @@ from typing import Any
 
 from ckpteval.errors import EvaluationError
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
+from ckpteval.tasks.harness_hook import ckpteval_responses as responses
 
 HARNESS_RESULTS_FILE = "results.yml"  # the harness's own (not the invocation's results.json)
 STARTED_FILE = "run_config.yml"  # nemo-evaluator writes it into the output dir when a run starts
-METRICS_FILE = "eval_factory_metrics.json"
+METRICS_FILE = responses.METRICS_FILE  # nemo-evaluator's; the hook adds its response_stats
 
 
 @dataclass(frozen=True)

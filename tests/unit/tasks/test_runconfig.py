@@ -184,25 +184,18 @@ def test_user_adapter_chain_replaces_ours_and_other_keys_merge() -> None:
         spec, {"target": {"api_endpoint": {"adapter_config": legacy}}}, endpoint=ENDPOINT, output_dir="/o"
     )
     assert rc["target"]["api_endpoint"]["adapter_config"] == legacy
-    rc = build_run_config(
-        spec,
-        {"target": {"api_endpoint": {"adapter_config": {"log_failed_requests": True}}}},
-        endpoint=ENDPOINT,
-        output_dir="/o",
-    )
-    adapter = rc["target"]["api_endpoint"]["adapter_config"]
-    assert adapter["log_failed_requests"] is True
-    assert adapter["interceptors"] == default_adapter_config(spec, "/o", ENDPOINT)["interceptors"]
+    # other keys merge over the default chain: none for lm-eval tasks, the proxy chain for other harnesses
     other = load_catalog().get("AIME_2025")
-    rc = build_run_config(
-        other,
-        {"target": {"api_endpoint": {"adapter_config": {"log_failed_requests": True}}}},
-        endpoint=CHAT,
-        output_dir="/o",
-    )
-    adapter = rc["target"]["api_endpoint"]["adapter_config"]
-    assert adapter["log_failed_requests"] is True
-    assert adapter["interceptors"] == proxy_adapter_config("/o", CHAT)["interceptors"]
+    for task, endpoint, chain in (
+        (spec, ENDPOINT, default_adapter_config(spec, "/o", ENDPOINT)),
+        (other, CHAT, proxy_adapter_config("/o", CHAT)),
+    ):
+        user = {"target": {"api_endpoint": {"adapter_config": {"log_failed_requests": True}}}}
+        adapter = build_run_config(task, user, endpoint=endpoint, output_dir="/o")["target"]["api_endpoint"][
+            "adapter_config"
+        ]
+        assert adapter["log_failed_requests"] is True
+        assert adapter["interceptors"] == chain["interceptors"]
 
 
 def test_the_no_proxy_setting_starts_no_interceptor() -> None:
