@@ -47,8 +47,20 @@ def iteration_dir_name(iteration: int | None) -> str:
 
 
 def is_tokenizer_dir(path: Path) -> bool:
-    """Whether `path` looks like a Hugging Face tokenizer directory."""
-    return path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    """Whether `path` looks like a Hugging Face tokenizer directory.
+
+    Megatron-LM's save_tokenizer_assets also writes <iter>/tokenizer/tokenizer.json for a TikTokenizer:
+    Nemotron's vocabulary, a JSON list, which is not one.
+    """
+    if not path.is_dir():
+        return False
+    if (path / "tokenizer_config.json").is_file():
+        return True
+    tokenizer_json = path / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        return False
+    with open(tokenizer_json, "rb") as handle:
+        return handle.read(64).lstrip()[:1] == b"{"
 
 
 def locate_checkpoint(path: str | Path) -> CheckpointLayout:
