@@ -35,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--replicas", type=int, default=1, help="server processes behind this port, each request to the least busy"
     )
-    serve.add_argument("--tokenizer", type=Path, default=None)
+    serve.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a Hugging Face tokenizer directory or hub id (default: the checkpoint's)",
+    )
     serve.add_argument(
         "--prepare",
         choices=PACKAGED_MODELS,

@@ -12,13 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
-from ckpteval.deploy.layout import (
-    COMMON_STATE_FILE,
-    TOKENIZER_DIR,
-    CheckpointLayout,
-    is_tokenizer_dir,
-    locate_checkpoint,
-)
+from ckpteval.deploy.layout import COMMON_STATE_FILE, CheckpointLayout, locate_checkpoint
 from ckpteval.errors import DeploymentError
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
@@ -88,8 +82,9 @@ def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
 def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = None) -> CheckpointInfo:
     """Read a checkpoint's architecture and find its tokenizer; DeploymentError says what is missing.
 
-    `path` is the checkpoint root or an iter_* directory. `tokenizer` overrides the tokenizer
-    directory (default: <root>/tokenizer, <iter>/tokenizer, or the args' tokenizer_model if local).
+    `path` is the checkpoint root or an iter_* directory. `tokenizer` (a Hugging Face directory or hub
+    id) overrides the tokenizer; else <iter>/tokenizer, <root>/tokenizer, or what the args name
+    (ckpteval.deploy.tokenizer_source).
     """
     layout = locate_checkpoint(path)
     common = read_common_state(layout.iter_dir)
@@ -105,25 +100,16 @@ def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = Non
     return CheckpointInfo(
         layout=layout,
         architecture=architecture,
-        tokenizer_dir=_find_tokenizer(layout, args, tokenizer),
+        tokenizer_dir=_find_tokenizer(layout, args, tokenizer, architecture.padded_vocab_size),
         args=args,
     )
 
 
-def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | None) -> Path:
-    if override is not None:
-        path = Path(override).expanduser()
-        if not is_tokenizer_dir(path):
-            raise DeploymentError(f"--tokenizer {path} is not a Hugging Face tokenizer directory.")
-        return path.resolve()
-    if layout.tokenizer_dir is not None:
-        return layout.tokenizer_dir
-    model = getattr(args, "tokenizer_model", None)
-    if isinstance(model, str) and is_tokenizer_dir(Path(model)):
-        return Path(model).resolve()
-    raise DeploymentError(
-        f"The checkpoint has no tokenizer: {layout.root / TOKENIZER_DIR} is missing"
-        + (f" and its tokenizer_model {model!r} is not a local directory." if model else "."),
-        hint="Save the model's Hugging Face tokenizer there "
-        f"(tokenizer.save_pretrained('{layout.root / TOKENIZER_DIR}')) or pass --tokenizer DIR.",
-    )
+def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | None, padded_vocab_size: int) -> Path:
+    """The Hugging Face tokenizer directory to serve with: `override`, the checkpoint's, or what its args name
+    (converted once and cached); its vocabulary must fit the model's."""
+    from ckpteval.deploy.tokenizer_source import check_vocab_fits, materialize_tokenizer, tokenizer_source
+
+    directory = materialize_tokenizer(tokenizer_source(args, layout, override))
+    check_vocab_fits(directory, padded_vocab_size, where=str(layout.iter_dir))
+    return directory

@@ -28,6 +28,7 @@ def builtin_command(deployment: MegatronDeployment, *, python: str, port: int) -
         max_batch_size=deployment.max_batch_size,
         prepare=deployment.prepare,
         replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
+        tokenizer=deployment.tokenizer,  # the same tokenizer the task clients are given
     )
     return "exec " + shlex.join(argv)
 

@@ -32,11 +32,13 @@ def serve_command(
     max_batch_size: int | None = None,
     prepare: str | None = None,
     replicas: int = 1,
+    tokenizer: str | None = None,
 ) -> list[str]:
     """The argv that starts the server (`python -m ckpteval.deploy serve ...`), for a job script.
 
     `prepare` names a packaged model ("smollm2", "tiny") to prepare into `checkpoint` first if it
-    is not there yet. Quote each element (shlex.quote) when rendering it into a shell script.
+    is not there yet. `tokenizer` (a Hugging Face directory or hub id) overrides the checkpoint's.
+    Quote each element (shlex.quote) when rendering it into a shell script.
     """
     command = [
         python,
@@ -60,6 +62,8 @@ def serve_command(
         command += ["--prepare", prepare]
     if replicas != 1:
         command += ["--replicas", str(replicas)]
+    if tokenizer:
+        command += ["--tokenizer", tokenizer]
     return command
 
 
