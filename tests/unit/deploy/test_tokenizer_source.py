@@ -321,3 +321,11 @@ def test_override_naming_the_checkpoints_tokenizer_dir_means_the_checkpoints_tok
     for default in (layout.root / "tokenizer", layout.iter_dir / "tokenizer"):
         source = tokenizer_source(args, layout, override=str(default))
         assert source.kind == "Llama2Tokenizer" and source.problem is None
+
+
+def test_serve_command_passes_the_tokenizer() -> None:
+    from ckpteval.deploy.launch import serve_command
+
+    argv = serve_command(python="python3", checkpoint="/c", port=1, served_model_name="m", tokenizer="acme/tiny")
+    assert argv[argv.index("--tokenizer") + 1] == "acme/tiny"
+    assert "--tokenizer" not in serve_command(python="python3", checkpoint="/c", port=1, served_model_name="m")
