@@ -30,6 +30,7 @@ from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
     from ckpteval.config.schema import ExportSection
+    from ckpteval.deploy.description import CheckpointDescription
     from ckpteval.export.outcome import Destination, ExportOutcome
 
 OutcomeState = Literal["dry-run", "submitted", "succeeded", "failed", "cancelled", "interrupted"]
@@ -119,8 +120,11 @@ def run(
     invocation = new_invocation_id()
     # plan the one job of this invocation (deployment once, every task against it) where it runs
     prepared = backend_for(compiled.execution_type).prepare(compiled, invocation, force_squash=force_squash)
-    # 5. preview: compiled config, job script, squash plan — all that --dry-run shows
-    report(Preview(compiled, invocation, prepared.preview(check=check_squash), dry_run))
+    # 4b. the checkpoint, read (on a cluster only with check_squash; a real run reads it before submitting):
+    # a backend that cannot serve it is refused here, before any side effect
+    checkpoint = prepared.check_checkpoint(check=check_squash)
+    # 5. preview: compiled config, checkpoint, job script, squash plan — all that --dry-run shows
+    report(Preview(compiled, invocation, [*checkpoint, *prepared.preview(check=check_squash)], dry_run))
     if dry_run:
         return Outcome(invocation, "dry-run", 0)
     # 6-7. (squash,) write the job's files, record the invocation, submit
@@ -303,3 +307,32 @@ def export(
         task_dirs=dict(record.task_dirs),
         report=reporter or silent,
     )
+
+
+def inspect_checkpoint(
+    path: str | Path,
+    *,
+    profile: str | None = None,
+    tokenizer: str | None = None,
+    env_file: str | Path | None = None,
+) -> CheckpointDescription:
+    """Describe a checkpoint before anything runs: layout, family, forward-changing settings, saved
+    parallelism, dtype, size, tokenizer, and for each backend whether it can serve it (and the memory).
+
+    With a Slurm `profile` the path is on that cluster: its small files are read over SSH in one round trip
+    (no weights are downloaded). `tokenizer` is what `deployment.tokenizer` would say.
+    """
+    from ckpteval.deploy.description import describe_checkpoint
+
+    if profile is None:
+        return describe_checkpoint(path, tokenizer=tokenizer)
+    from ckpteval.config.profiles import load_env_file
+
+    chosen = load_env_file(Path(env_file) if env_file else None).profile(profile)
+    if chosen.executor == "local":
+        return describe_checkpoint(path, tokenizer=tokenizer)
+    from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
+    from ckpteval.cluster.session import ClusterSession
+
+    with ClusterSession(chosen) as session:
+        return session.call(lambda remote: describe_remote_checkpoint(remote, str(path), tokenizer=tokenizer))

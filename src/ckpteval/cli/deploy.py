@@ -41,7 +41,10 @@ def deploy_command(
     ] = 1,
     tokenizer: Annotated[
         Path | None,
-        typer.Option("--tokenizer", help="A Hugging Face tokenizer directory. Default: CHECKPOINT/tokenizer."),
+        typer.Option(
+            "--tokenizer",
+            help="A Hugging Face tokenizer directory or hub id. Default: the checkpoint's own (evaluate inspect).",
+        ),
     ] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
@@ -66,7 +69,7 @@ def deploy_command(
             max_batch_size=max_batch_size,
             max_batch_tokens=max_batch_tokens,
             replicas=replicas,
-            tokenizer=tokenizer,
+            tokenizer=None if tokenizer is None else str(tokenizer),
             access_log=access_log,
         )
     )

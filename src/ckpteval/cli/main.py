@@ -23,6 +23,11 @@ DEFAULT_COMMAND = "run"
 
 # name -> (module under ckpteval.cli, function, one-line help shown in `evaluate --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "inspect": (
+        "inspect",
+        "inspect_command",
+        "Describe a checkpoint and which backends can serve it (reads no weights; --run PROFILE: on its cluster).",
+    ),
     "tasks": ("tasks", "tasks_command", "List the task catalog: harness, endpoint type, log-probs, offline data."),
     "status": ("status", "status_command", "State of an invocation and its tasks, or of recent invocations."),
     "logs": ("logs", "logs_command", "An invocation's log (job, deployment or a task); -f follows."),

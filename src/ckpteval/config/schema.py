@@ -64,6 +64,9 @@ class Endpoints:
     health: str
 
 
+FROM_CHECKPOINT = "from-checkpoint"  # deployment.tokenizer: the checkpoint's own tokenizer, as the job publishes it
+
+
 @dataclass(frozen=True, kw_only=True)
 class MegatronDeployment:
     type: Literal["megatron"]

@@ -36,10 +36,13 @@ def _parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, help="server processes behind this port, each request to the least busy"
     )
     serve.add_argument(
-        "--tokenizer",
+        "--tokenizer", default=None, help="a Hugging Face tokenizer dir or hub id (default: the checkpoint's)"
+    )
+    serve.add_argument(
+        "--publish-tokenizer",
         type=Path,
         default=None,
-        help="a Hugging Face tokenizer directory or hub id (default: the checkpoint's)",
+        help="first write the tokenizer served with, as a Hugging Face directory, here (the task clients read it)",
     )
     serve.add_argument(
         "--prepare",
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                 from ckpteval.deploy.prepare import ensure_prepared
 
                 ensure_prepared(args.prepare, args.checkpoint)
+            if args.publish_tokenizer:
+                from ckpteval.deploy.checkpoint import publish_tokenizer
+
+                publish_tokenizer(args.checkpoint, args.publish_tokenizer, tokenizer=args.tokenizer)
             serve(
                 ServeOptions(
                     checkpoint=args.checkpoint,

@@ -79,15 +79,17 @@ def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
     }
 
 
-def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = None) -> CheckpointInfo:
-    """Read a checkpoint's architecture and find its tokenizer; DeploymentError says what is missing.
+def read_training_args(layout: CheckpointLayout) -> tuple[Any, str, str | None]:
+    """(args under Megatron-LM's names, the layout kind, the Hugging Face id it started from) of a checkpoint.
 
-    `path` is the checkpoint root or an iter_* directory. `tokenizer` (a Hugging Face directory or hub
-    id) overrides the tokenizer; else <iter>/tokenizer, <root>/tokenizer, or what the args name
-    (ckpteval.deploy.tokenizer_source).
+    Megatron-LM pickles its args into common.pt (read without torch: `deploy.torchfiles`). Raises
+    DeploymentError when no args are found.
     """
-    layout = locate_checkpoint(path)
-    common = read_common_state(layout.iter_dir)
+    from ckpteval.deploy.torchfiles import read_torch_save
+
+    common = read_torch_save(layout.iter_dir / COMMON_STATE_FILE)
+    if not isinstance(common, dict):
+        raise DeploymentError(f"{layout.iter_dir / COMMON_STATE_FILE} does not hold a state dict.")
     args = common.get("args")
     if args is None:
         raise DeploymentError(
@@ -95,6 +97,18 @@ def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = Non
             hint="Megatron-LM stores its training args there; save the checkpoint with Megatron-LM or "
             "re-create it with `evaluate prepare`.",
         )
+    return args, "megatron-lm", None
+
+
+def load_checkpoint_info(path: str | Path, *, tokenizer: str | None = None) -> CheckpointInfo:
+    """Read a checkpoint's architecture and find its tokenizer; DeploymentError says what is missing.
+
+    `path` is the checkpoint root or an iter_* directory. `tokenizer` (a Hugging Face directory or hub
+    id) overrides the tokenizer; else <iter>/tokenizer, <root>/tokenizer, or what the args name
+    (ckpteval.deploy.tokenizer_source).
+    """
+    layout = locate_checkpoint(path)
+    args, _, _ = read_training_args(layout)
     vocab = checkpoint_tensor_shapes(layout.iter_dir).get(EMBEDDING_KEY, (None,))[0]
     architecture = ModelArchitecture.from_args(args, where=str(layout.iter_dir), vocab_from_weights=vocab)
     return CheckpointInfo(
@@ -113,3 +127,28 @@ def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | 
     directory = materialize_tokenizer(tokenizer_source(args, layout, override))
     check_vocab_fits(directory, padded_vocab_size, where=str(layout.iter_dir))
     return directory
+
+
+def publish_tokenizer(checkpoint: str | Path, target: Path, *, tokenizer: str | None = None) -> Path:
+    """Write the tokenizer the server serves `checkpoint` with to `target`, as a Hugging Face directory (the
+    task clients read it there, so both tokenize alike). Written beside `target` and renamed into place."""
+    import os
+    import shutil
+    import tempfile
+
+    info = load_checkpoint_info(checkpoint, tokenizer=tokenizer)
+    source = info.tokenizer_dir
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        for item in source.iterdir():
+            if item.is_file():
+                shutil.copy2(item, staging / item.name)
+        staging.chmod(0o755)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

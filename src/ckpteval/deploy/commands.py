@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import shlex
 
-from ckpteval.config.schema import GenericDeployment, MegatronDeployment, VllmDeployment
+from ckpteval.config.schema import FROM_CHECKPOINT, GenericDeployment, MegatronDeployment, VllmDeployment
 from ckpteval.deploy.launch import serve_command
 
 
-def builtin_command(deployment: MegatronDeployment, *, python: str, port: int) -> str:
-    """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval)."""
+def builtin_command(
+    deployment: MegatronDeployment, *, python: str, port: int, publish_tokenizer: str | None = None
+) -> str:
+    """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval); it writes the
+    tokenizer it serves with to `publish_tokenizer` first, for the task clients."""
     argv = serve_command(
         python=python,
         checkpoint=deployment.checkpoint_path,
@@ -28,7 +31,8 @@ def builtin_command(deployment: MegatronDeployment, *, python: str, port: int) -
         max_batch_size=deployment.max_batch_size,
         prepare=deployment.prepare,
         replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
-        tokenizer=deployment.tokenizer,  # the same tokenizer the task clients are given
+        tokenizer=None if deployment.tokenizer in (None, FROM_CHECKPOINT) else deployment.tokenizer,
+        publish_tokenizer=publish_tokenizer,
     )
     return "exec " + shlex.join(argv)
 

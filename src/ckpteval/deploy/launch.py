@@ -33,12 +33,14 @@ def serve_command(
     prepare: str | None = None,
     replicas: int = 1,
     tokenizer: str | None = None,
+    publish_tokenizer: str | None = None,
 ) -> list[str]:
     """The argv that starts the server (`python -m ckpteval.deploy serve ...`), for a job script.
 
     `prepare` names a packaged model ("smollm2", "tiny") to prepare into `checkpoint` first if it
-    is not there yet. `tokenizer` (a Hugging Face directory or hub id) overrides the checkpoint's.
-    Quote each element (shlex.quote) when rendering it into a shell script.
+    is not there yet. `tokenizer` overrides the checkpoint's; the server first writes the one it serves
+    with to `publish_tokenizer` (a Hugging Face directory the task clients read). Quote each element
+    (shlex.quote) when rendering it into a shell script.
     """
     command = [
         python,
@@ -62,8 +64,10 @@ def serve_command(
         command += ["--prepare", prepare]
     if replicas != 1:
         command += ["--replicas", str(replicas)]
-    if tokenizer:
+    if tokenizer is not None:
         command += ["--tokenizer", tokenizer]
+    if publish_tokenizer is not None:
+        command += ["--publish-tokenizer", publish_tokenizer]
     return command
 
 

@@ -37,7 +37,7 @@ class ServeOptions:
     dtype: str = "auto"
     max_batch_size: int | None = None
     max_batch_tokens: int | None = None
-    tokenizer: Path | None = None
+    tokenizer: str | None = None  # a Hugging Face tokenizer dir or hub id; None: the checkpoint's
     access_log: bool = False
     replicas: int = 1  # > 1: that many server processes behind one router (see `deploy.router`)
 
@@ -77,7 +77,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def load_model(
-    checkpoint: Path, *, device: str = "auto", dtype: str = "auto", tokenizer: Path | None = None
+    checkpoint: Path, *, device: str = "auto", dtype: str = "auto", tokenizer: str | None = None
 ) -> LoadedModel:
     """Read the checkpoint, set up the runtime and return a ready `ModelRunner` (slow: imports megatron)."""
     from ckpteval.deploy.checkpoint import load_checkpoint_info

@@ -78,6 +78,12 @@ class Job(Protocol):
 class PreparedJob(Protocol):
     """A planned job: nothing written, nothing contacted (unless a preview is asked to check)."""
 
+    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
+        """Describe the checkpoint the job serves and refuse (DeploymentError) when its backend cannot serve it;
+        the description as a preview panel. Read-only; on a cluster only with `check` (a real run reads it in
+        `submit`, before anything is written)."""
+        ...
+
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
         """The panels after the compiled config: the job script, and on Slurm the sbatch script and squash plan."""
         ...

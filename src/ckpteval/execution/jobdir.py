@@ -49,6 +49,7 @@ class JobDir:
     JOB_LOG = "logs/job.log"
     DEPLOYMENT_LOG = "logs/deployment.log"
     TASKS = "tasks"
+    TOKENIZER = "tokenizer"  # the tokenizer the builtin server serves with, published for the task clients
     SAMPLES = "samples.jsonl"  # in each task dir: its normalized per-sample scores (ckpteval.results.samples)
     # files written before the job starts that the invocation's record keeps a copy of
     RECORDED = (CONFIG, PROVENANCE)

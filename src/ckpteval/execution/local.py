@@ -75,6 +75,26 @@ class LocalPreparedJob:
         )
         self.files = job_files(self.compiled, self.plan, launcher="local")
 
+    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
+        """The checkpoint on this machine, described and checked against the backend that will serve it
+        (nothing to read yet when the job prepares a packaged model on first use)."""
+        from ckpteval.deploy.description import backend_of, clients_read, refuse_unservable, summary, user_tokenizer
+
+        deployment = self.compiled.config.deployment
+        backend = backend_of(deployment, on_cluster=False)
+        path = getattr(deployment, "checkpoint_path", None)
+        if backend is None or not path:
+            return []
+        checkpoint = Path(path).expanduser()
+        checkpoint = checkpoint if checkpoint.is_absolute() else self.compiled.request.cwd / checkpoint
+        if getattr(deployment, "prepare", None) and not checkpoint.exists():
+            return []
+        from ckpteval.deploy.description import describe_checkpoint
+
+        description = describe_checkpoint(checkpoint, tokenizer=user_tokenizer(deployment))
+        refuse_unservable(description, backend, clients_read=clients_read(deployment, str(checkpoint)))
+        return [PreviewPanel(title=f"checkpoint (served by {backend})", body=summary(description))]
+
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
         """The job script (nothing to squash here)."""
         return [

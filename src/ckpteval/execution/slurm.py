@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
+from ckpteval.cluster.remote import Remote
 from ckpteval.cluster.sbatch import SbatchSpec, render_sbatch_preview
 from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import ClusterFacts, SlurmJobState, cancel_job, job_state
@@ -110,6 +111,32 @@ class SlurmPreparedJob:
             return None
         return key_file_path(self.job_dir)
 
+    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
+        """With `check`, the checkpoint on the cluster described (its small files over SSH, one round trip)
+        and checked against the backend that will serve it; without, nothing is contacted."""
+        if not check:
+            return []
+        session = ClusterSession(self.profile)
+        try:
+            panel = session.call(self._checked_checkpoint)
+        finally:
+            session.close()
+        return [panel] if panel else []
+
+    def _checked_checkpoint(self, remote: Remote) -> PreviewPanel | None:
+        """Describe the job's checkpoint on the cluster; DeploymentError when its backend cannot serve it."""
+        from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
+        from ckpteval.deploy.description import backend_of, clients_read, refuse_unservable, summary, user_tokenizer
+
+        deployment = self.compiled.config.deployment
+        backend = backend_of(deployment, on_cluster=True)
+        path = getattr(deployment, "checkpoint_path", None)
+        if backend is None or not path or getattr(deployment, "prepare", None):
+            return None  # a packaged model the job prepares: ckpteval's own, nothing to read yet
+        description = describe_remote_checkpoint(remote, path, tokenizer=user_tokenizer(deployment))
+        refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
+        return PreviewPanel(title=f"checkpoint (served by {backend})", body=summary(description))
+
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
         """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
         asked unless `check`)."""
@@ -145,6 +172,9 @@ class SlurmPreparedJob:
             facts = cluster_facts(remote)
             check_request(facts, partition=self.spec.partition, account=self.spec.account, where=remote.description)
             check_builtin_python(remote, self.plan, self.profile)  # the job's python imports ckpteval there
+            checkpoint = self._checked_checkpoint(remote)  # a checkpoint its backend cannot serve ends here
+            if checkpoint is not None:
+                report(Note(checkpoint.title + ": " + checkpoint.body.splitlines()[0]))
             plan = self.plan
             if plan.after_tasks and self.compiled.config.export.wandb.enabled:
                 from ckpteval.export.job import stage_wandb_key

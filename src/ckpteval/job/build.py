@@ -8,13 +8,15 @@ Task clients are what the launcher runs in each eval-factory container: `nemo-ev
 
 from __future__ import annotations
 
+import copy
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
 from ckpteval.config.schema import (
+    FROM_CHECKPOINT,
     GenericDeployment,
     MegatronDeployment,
     NoDeployment,
@@ -82,7 +84,9 @@ def build_plan(
     else:
         port = deployment.port if launcher == "slurm" else free_port(deployment.port)
         base_url = f"http://127.0.0.1:{port}"
-        step, kind = _deployment_step(compiled, port=port, toolchain=toolchain, launcher=launcher, mounts=mounts)
+        step, kind = _deployment_step(
+            compiled, port=port, toolchain=toolchain, launcher=launcher, mounts=mounts, job_dir=job_dir
+        )
         dep_plan = DeploymentPlan(
             kind=kind,
             step=step,
@@ -106,7 +110,7 @@ def build_plan(
         env=env,
         max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
         prepare_during_load=config.evaluation.prepare_during_load,
-        clients_need=_prepared_by_deployment(compiled),
+        clients_need=_prepared_by_deployment(compiled) + _published_by_deployment(compiled, job_dir),
     )
 
 
@@ -120,6 +124,31 @@ def _prepared_by_deployment(compiled: CompiledConfig) -> tuple[str, ...]:
     deployment = compiled.config.deployment
     checkpoint = getattr(deployment, "checkpoint_path", None)
     return (checkpoint,) if checkpoint and getattr(deployment, "prepare", None) is not None else ()
+
+
+def _published_by_deployment(compiled: CompiledConfig, job_dir: str) -> tuple[str, ...]:
+    """The tokenizer the builtin server publishes in the job directory, when the clients read it there."""
+    path = published_tokenizer(compiled, job_dir)
+    return (path,) if path else ()
+
+
+def published_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
+    """Where the builtin server writes the tokenizer it serves with (a Hugging Face directory), for the task
+    clients; None for other deployments. The checkpoint may name its tokenizer only in its args (a SentencePiece
+    model, a GPT-2 vocabulary, a TikToken file): the server turns it into that directory first."""
+    deployment = compiled.config.deployment
+    if isinstance(deployment, MegatronDeployment) and deployment.backend == "builtin":
+        return JobDir(job_dir).join(JobDir.TOKENIZER)
+    return None
+
+
+def client_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
+    """What the task clients load as the tokenizer when `deployment.tokenizer` is `from-checkpoint`: the
+    builtin's published directory, else the checkpoint's own tokenizer/ directory (Export-Deploy)."""
+    deployment = compiled.config.deployment
+    if not isinstance(deployment, MegatronDeployment) or deployment.tokenizer != FROM_CHECKPOINT:
+        return None
+    return published_tokenizer(compiled, job_dir) or f"{deployment.checkpoint_path.rstrip('/')}/tokenizer"
 
 
 def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]:
@@ -139,13 +168,21 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
 
 
 def _deployment_step(
-    compiled: CompiledConfig, *, port: int, toolchain: Toolchain, launcher: Launcher, mounts: tuple[str, ...]
+    compiled: CompiledConfig,
+    *,
+    port: int,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    mounts: tuple[str, ...],
+    job_dir: str,
 ) -> tuple[Step, str]:
     deployment = compiled.config.deployment
     env = dict(getattr(deployment, "env_vars", {}) or {})
     if isinstance(deployment, MegatronDeployment):
         if deployment.backend == "builtin":
-            command = builtin_command(deployment, python=toolchain.python, port=port)
+            command = builtin_command(
+                deployment, python=toolchain.python, port=port, publish_tokenizer=published_tokenizer(compiled, job_dir)
+            )
             # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
             image = deployment.image if launcher == "slurm" else None
             return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
@@ -200,6 +237,7 @@ def _task_plan(
         api_key_name=api.api_key_name,
     )
     task_dir = JobDir(job_dir).join(JobDir.task(task.dir_name))
+    evaluator_config = _with_client_tokenizer(task.evaluator_config, client_tokenizer(compiled, job_dir))
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     image = task.container if launcher == "slurm" else None
     runs = []
@@ -209,7 +247,7 @@ def _task_plan(
             request_params["seed"] = layout.seed
         run_config = build_run_config(
             task.spec,
-            task.evaluator_config,
+            evaluator_config,
             endpoint=endpoint,
             output_dir=f"{task_dir}/{layout.output}",
             request_params=request_params,
@@ -221,3 +259,14 @@ def _task_plan(
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
     return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)
+
+
+def _with_client_tokenizer(evaluator_config: dict[str, Any], tokenizer: str | None) -> dict[str, Any]:
+    """The task's evaluator config with `from-checkpoint` (deployment.tokenizer's default) replaced by the
+    directory the clients load."""
+    extra = ((evaluator_config.get("config") or {}).get("params") or {}).get("extra") or {}
+    if tokenizer is None or extra.get("tokenizer") != FROM_CHECKPOINT:
+        return evaluator_config
+    out = copy.deepcopy(evaluator_config)
+    out["config"]["params"]["extra"]["tokenizer"] = tokenizer
+    return out

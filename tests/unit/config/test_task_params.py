@@ -14,10 +14,29 @@ def _params(*overrides: str) -> dict:
     return task.evaluator_config["config"]["params"]
 
 
-def test_a_megatron_deployment_gives_its_tokenizer(isolated_user: Path):
+def test_a_megatron_deployment_gives_its_tokenizer(isolated_user: Path, tmp_path: Path):
+    """The compiled config says the checkpoint's own; the clients' run config names the directory the builtin
+    server publishes it in (the checkpoint may name its tokenizer only in its args: a SentencePiece model...)."""
+    from ckpteval.job.build import Toolchain, build_plan
+
     extra = _params()["extra"]
-    assert extra["tokenizer"].endswith("/tokenizer")
+    assert extra["tokenizer"] == "from-checkpoint"
     assert extra["tokenizer_backend"] == "huggingface"
+    compiled = compile_config(CompileRequest(configs=("tiny",), tasks=("gsm8k",)))
+    toolchain = Toolchain(python="python3", evaluator="nemo-evaluator")
+    plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
+    [run] = plan.tasks[0].runs
+    assert run.run_config["config"]["params"]["extra"]["tokenizer"] == str(tmp_path / "tokenizer")
+    assert (
+        "--publish-tokenizer" in plan.deployment.step.command
+        and str(tmp_path / "tokenizer") in plan.deployment.step.command
+    )
+    named = compile_config(
+        CompileRequest(configs=("tiny",), tasks=("gsm8k",), overrides=("deployment.tokenizer=/tok",))
+    )
+    plan = build_plan(named, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
+    assert plan.tasks[0].runs[0].run_config["config"]["params"]["extra"]["tokenizer"] == "/tok"
+    assert "--tokenizer /tok" in plan.deployment.step.command
 
 
 def test_no_tokenizer_leaves_the_backend_to_the_task(isolated_user: Path):

@@ -40,7 +40,9 @@ def test_clients_prepare_during_the_load_unless_told_not_to(isolated_user: Path,
     plan = _plan(tmp_path)
     assert plan.prepare_during_load is True
     assert _plan(tmp_path, "evaluation.prepare_during_load=false").prepare_during_load is False
-    # -c tiny's deployment prepares its checkpoint in the job: the clients, which read its tokenizer, wait for it
-    checkpoint = _plan(tmp_path, "deployment.prepare=smollm2").clients_need
-    assert len(checkpoint) == 1 and checkpoint[0].endswith("smollm2")
-    assert _plan(tmp_path, "deployment.prepare=null").clients_need == ()
+    # -c tiny's deployment prepares its checkpoint in the job, and the builtin server publishes the tokenizer
+    # it serves with in the job directory: the clients, which read that tokenizer, wait for both
+    checkpoint, tokenizer = _plan(tmp_path, "deployment.prepare=smollm2").clients_need
+    assert checkpoint.endswith("smollm2") and tokenizer == str(tmp_path / "tokenizer")
+    mine = _plan(tmp_path, "deployment.prepare=null", f"run.model={tmp_path}")
+    assert mine.clients_need == (str(tmp_path / "tokenizer"),)

@@ -1,0 +1,40 @@
+"""`evaluate inspect PATH`: what a checkpoint is and which backends can serve it, before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def inspect_command(
+    path: Annotated[
+        str, typer.Argument(help="A checkpoint: Megatron root or iter_* directory, or a Hugging Face directory.")
+    ],
+    run: Annotated[
+        str | None, typer.Option("--run", help="The checkpoint is on this profile's cluster: read it over SSH.")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="What deployment.tokenizer would say (an HF dir or hub id).")
+    ] = None,
+    env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml with the profile.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Describe a checkpoint (layout, model, forward-pass settings, saved parallelism, size, tokenizer) and say,
+    per backend, whether it can serve it and the memory that takes. Reads no weights."""
+    from ckpteval.api import inspect_checkpoint
+
+    description = inspect_checkpoint(path, profile=run, tokenizer=tokenizer, env_file=env_file)
+    if json_output:
+        print(json.dumps(description.to_json(), indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ckpteval.deploy.description import summary
+
+    console = Console(highlight=False, soft_wrap=True)
+    for line in summary(description).splitlines():
+        console.print(escape(line))

@@ -1,0 +1,183 @@
+"""Read a checkpoint's small torch files without importing torch: `common.pt`'s args, the torch_dist index.
+
+Describing a checkpoint must be quick (it runs in every `--dry-run`) and safe (a checkpoint is someone
+else's file). Importing torch takes seconds to half a minute on a busy machine, and `torch.load` of an
+untrusted pickle can run code. These readers unpickle with a restricted unpickler instead: plain Python
+types and the few standard classes Megatron-LM stores (argparse.Namespace, paths, ordered dicts) are rebuilt
+for real; anything from torch, numpy or megatron becomes an inert `StandIn` that only records what it was
+built from (a dtype reads as its name, a `torch.Size` as a tuple, a tensor as its shape); any other class is
+refused. Nothing from the file is ever called.
+
+- `common.pt` is a `torch.save` zip: `<name>/data.pkl` plus one entry per tensor storage (never read here).
+- `.metadata` (torch.distributed.checkpoint) is a plain pickle of a `Metadata` dataclass.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ckpteval.errors import DeploymentError
+
+# module -> names rebuilt as the real thing (all plain data holders; none runs code from its arguments)
+_REAL = {
+    "argparse": {"Namespace"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict", "defaultdict"},
+    "builtins": {"set", "frozenset", "slice", "complex", "tuple", "list", "dict", "bytearray", "range"},
+    "copyreg": {"_reconstructor"},
+    "datetime": {"datetime", "date", "timedelta"},
+}
+# top-level packages whose objects become stand-ins (never imported)
+_INERT = ("torch", "megatron", "numpy", "enum", "transformer_engine", "apex", "signal", "functools", "types", "io")
+_DTYPES = {
+    "float32",
+    "float",
+    "float64",
+    "double",
+    "float16",
+    "half",
+    "bfloat16",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+}
+
+
+class StandIn:
+    """An object of a class this reader does not build: what it was (`qualname`) and what it was built from."""
+
+    qualname = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__.get("state")
+        if isinstance(state, dict) and name in state:
+            return state[name]
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and name in state[1]:
+            return state[1][name]  # (dict, slots) from __reduce_ex__ of a slotted dataclass
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        if self.args and len(self.args) == 1 and isinstance(self.args[0], (str, int, float)):
+            return f"{self.qualname}({self.args[0]!r})"
+        return f"<{self.qualname}>"
+
+    def __str__(self) -> str:
+        # an enum member's value (megatron stores a few enums in its args) reads as itself
+        if self.args and len(self.args) == 1 and isinstance(self.args[0], (str, int, float)):
+            return str(self.args[0])
+        return repr(self)
+
+
+@dataclass(frozen=True)
+class TensorStandIn:
+    """A tensor in common.pt: its shape only (the storage is never read)."""
+
+    shape: tuple[int, ...]
+
+
+def _stand_in_class(module: str, name: str) -> type[StandIn]:
+    return type(name, (StandIn,), {"qualname": f"{module}.{name}", "__module__": "ckpteval.deploy.torchfiles"})
+
+
+def _rebuild_tensor(storage: Any, offset: int, size: Any, *rest: Any) -> TensorStandIn:
+    return TensorStandIn(tuple(size))
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: io.BytesIO, where: str) -> None:
+        super().__init__(data)
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        top = module.split(".")[0]
+        if name in _REAL.get(module, ()):
+            return super().find_class(module, name)
+        if top == "torch":
+            if name in _DTYPES or name in ("strided", "sparse_coo", "contiguous_format", "preserve_format"):
+                return name  # a dtype, layout or memory format reads as its name
+            if name == "Size":
+                return tuple
+            if name.startswith("_rebuild_tensor") or name in ("_rebuild_parameter", "_rebuild_from_type_v2"):
+                return _rebuild_tensor
+        if top in _INERT:
+            return _stand_in_class(module, name)
+        raise DeploymentError(
+            f"{self.where} contains a {module}.{name} object; ckpteval reads only args, shapes and "
+            "torch/megatron types from it, and builds nothing else from a checkpoint.",
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        return StandIn(pid)  # a tensor storage in a torch.save zip: never read
+
+
+def _load(data: bytes, where: str) -> Any:
+    try:
+        return _Unpickler(io.BytesIO(data), where).load()
+    except DeploymentError:
+        raise
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise DeploymentError(f"{where} cannot be read: {exc}") from None
+
+
+def read_torch_save(path: Path) -> Any:
+    """The object `torch.save` wrote to `path` (zip format), with torch objects as stand-ins."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            if not names:
+                raise DeploymentError(f"{path} is not a torch.save file (no data.pkl in it).")
+            data = archive.read(names[0])
+    except zipfile.BadZipFile:
+        raise DeploymentError(
+            f"{path} is not a torch.save zip file (written by a torch older than 1.6?).",
+            hint="Re-save the checkpoint with a current Megatron-LM.",
+        ) from None
+    except OSError as exc:
+        raise DeploymentError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    return _load(data, str(path))
+
+
+def read_tensor_index(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name -> (global shape, dtype name) from a torch_dist `.metadata` file (non-tensor entries left out)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DeploymentError(f"The tensor index {path} cannot be read: {exc.strerror or exc}") from None
+    metadata = _load(data, str(path))
+    entries = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(entries, dict):
+        raise DeploymentError(f"{path} is not a torch.distributed.checkpoint index.")
+    out = {}
+    for key, meta in entries.items():
+        if not isinstance(meta, StandIn) or not meta.qualname.endswith("TensorStorageMetadata"):
+            continue
+        size = getattr(meta, "size", None)
+        properties = getattr(meta, "properties", None)
+        out[str(key)] = (tuple(size or ()), _dtype_of(properties))
+    return out
+
+
+def _dtype_of(properties: Any) -> str:
+    state = getattr(properties, "state", None)
+    if isinstance(state, tuple) and state and isinstance(state[0], str):
+        return state[0]  # TensorProperties.__getstate__: (dtype, layout, requires_grad, memory_format, pin_memory)
+    dtype = getattr(properties, "dtype", None) if properties is not None else None
+    return dtype if isinstance(dtype, str) else "float32"
