@@ -12,19 +12,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ckpteval.deploy.forward_args import EXPORT_DEPLOY_GPT, refused_setting
 from ckpteval.errors import DeploymentError
 
-# Architectures the builtin server cannot build; each needs Export-Deploy on a GPU.
-_UNSUPPORTED = {
-    "num_experts": "mixture-of-experts layers",
-    "multi_latent_attention": "multi-latent attention",
-    "hybrid_layer_pattern": "hybrid Mamba layers",
-    "hybrid_override_pattern": "hybrid Mamba layers",
-    "mtp_num_layers": "multi-token prediction layers",
-    "heterogeneous_layers_config_path": "heterogeneous layers",
-}
 _POSITION_TYPES = ("rope", "learned_absolute", "none")
 _NORMS = ("LayerNorm", "RMSNorm")
+_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+_SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+_LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none", "sinkhorn")
+
+LayerPattern = int | tuple[int, ...]  # Megatron-LM's "every Nth layer" or one 0/1 per layer
 
 
 @dataclass(frozen=True)
@@ -56,6 +53,32 @@ class ModelArchitecture:
     add_qkv_bias: bool = False
     untie_embeddings_and_output_weights: bool = False
     params_dtype: str = "float32"  # the dtype the model was trained in ("bfloat16" for most runs)
+    # activations beyond swiglu / squared_relu / gelu
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    activation_func_clamp_value: float | None = None
+    # attention variants
+    qk_l2_norm: bool = False
+    window_size: tuple[int, int] | None = None  # (left, right) tokens; Hugging Face's sliding_window = left + 1
+    window_attn_skip_freq: LayerPattern | None = None
+    no_rope_freq: LayerPattern | None = None
+    softmax_scale: float | None = None
+    softmax_type: str = "vanilla"
+    # mixture of experts (num_experts None: dense MLPs)
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int = 2
+    moe_router_score_function: str = "softmax"
+    moe_router_pre_softmax: bool = False
+    moe_router_topk_scaling_factor: float | None = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_shared_expert_gate: bool = False
+    moe_layer_freq: LayerPattern = 1
+    moe_apply_probs_on_input: bool = False
 
     @property
     def group_query_attention(self) -> bool:
@@ -72,12 +95,13 @@ class ModelArchitecture:
         def get(name: str, default: Any = None) -> Any:
             return getattr(args, name, default)
 
-        for name, what in _UNSUPPORTED.items():
-            if get(name):
-                raise DeploymentError(
-                    f"{where}: the model uses {what} ({name}={get(name)!r}), which the builtin server does not serve.",
-                    hint="Use deployment.backend=export-deploy (Export-Deploy on GPUs) for this model.",
-                )
+        refused = refused_setting(args)
+        if refused is not None:
+            name, value, entry = refused
+            raise DeploymentError(
+                f"{where}: {name}={value!r} ({entry.why}); the builtin server does not serve it.",
+                hint=f"Serve this checkpoint with {entry.serve_with}.",
+            )
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads") if get(n) is None]
         max_pos = get("max_position_embeddings") or get("seq_length")
         if max_pos is None:
@@ -100,15 +124,25 @@ class ModelArchitecture:
         position = get("position_embedding_type") or (
             "rope" if get("use_rotary_position_embeddings") else "learned_absolute"
         )
-        if position not in _POSITION_TYPES:
-            raise DeploymentError(
-                f"{where}: position_embedding_type={position!r} is not supported by the builtin server "
-                f"(it supports {', '.join(_POSITION_TYPES)}).",
-                hint="Use deployment.backend=export-deploy for this model.",
-            )
+        if get("add_position_embedding") is False and position == "learned_absolute":  # --no-position-embedding
+            position = "none"
         normalization = get("normalization") or "LayerNorm"
-        if normalization not in _NORMS:
-            raise DeploymentError(f"{where}: normalization={normalization!r} is not supported ({', '.join(_NORMS)}).")
+        _check_choice(where, "position_embedding_type", position, _POSITION_TYPES)
+        _check_choice(where, "normalization", normalization, _NORMS)
+        score_function = get("moe_router_score_function") or "softmax"
+        _check_choice(where, "moe_router_score_function", score_function, _SCORE_FUNCTIONS)
+        softmax_type = get("softmax_type") or "vanilla"
+        _check_choice(where, "softmax_type", softmax_type, _SOFTMAX_TYPES)
+        load_balancing = get("moe_router_load_balancing_type") or "aux_loss"
+        if isinstance(load_balancing, list | tuple):  # per-layer-group list since core 0.15; routing uses one
+            load_balancing = "sinkhorn" if "sinkhorn" in load_balancing else load_balancing[0]
+        _check_choice(where, "moe_router_load_balancing_type", load_balancing, _LOAD_BALANCING)
+        if bool(get("swiglu")) + bool(get("squared_relu")) + bool(get("quick_geglu")) > 1:
+            raise DeploymentError(
+                f"{where}: the args set more than one of swiglu, squared_relu and quick_geglu; "
+                "Megatron-LM accepts one activation."
+            )
+        num_experts = get("num_experts") or None
         add_bias = get("add_bias_linear")
         if add_bias is None and get("disable_bias_linear") is not None:  # older Megatron-LM name
             add_bias = not get("disable_bias_linear")
@@ -130,8 +164,9 @@ class ModelArchitecture:
             use_rope_scaling=bool(get("use_rope_scaling", False)),
             rope_scaling_factor=float(get("rope_scaling_factor", 8.0) or 8.0),
             normalization=normalization,
-            norm_epsilon=float(get("norm_epsilon", 1e-5) or 1e-5),
-            apply_layernorm_1p=bool(get("apply_layernorm_1p", False)),
+            # Megatron-LM renamed these in 2026 (core 0.17): layernorm_epsilon, layernorm_zero_centered_gamma
+            norm_epsilon=float(get("norm_epsilon") or get("layernorm_epsilon") or 1e-5),
+            apply_layernorm_1p=bool(get("apply_layernorm_1p") or get("layernorm_zero_centered_gamma")),
             qk_layernorm=bool(get("qk_layernorm", False)),
             swiglu=swiglu,
             squared_relu=bool(get("squared_relu", False)),
@@ -139,7 +174,35 @@ class ModelArchitecture:
             add_qkv_bias=bool(get("add_qkv_bias", False)),
             untie_embeddings_and_output_weights=bool(get("untie_embeddings_and_output_weights", False)),
             params_dtype=trained_in,
+            quick_geglu=bool(get("quick_geglu", False)),
+            glu_linear_offset=float(get("glu_linear_offset") or 0.0),
+            activation_func_clamp_value=_optional_float(get("activation_func_clamp_value")),
+            qk_l2_norm=bool(get("qk_l2_norm", False)),
+            window_size=_window(where, get("window_size")),
+            window_attn_skip_freq=_pattern(get("window_attn_skip_freq")),
+            no_rope_freq=_pattern(get("no_rope_freq")),
+            softmax_scale=_optional_float(get("softmax_scale")),
+            softmax_type=softmax_type,
+            num_experts=None if num_experts is None else int(num_experts),
+            # Megatron-LM's validate_args: the experts are ffn_hidden_size wide unless said otherwise
+            moe_ffn_hidden_size=None if num_experts is None else int(get("moe_ffn_hidden_size") or ffn),
+            moe_router_topk=int(get("moe_router_topk") or 2),
+            moe_router_score_function=score_function,
+            moe_router_pre_softmax=bool(get("moe_router_pre_softmax", False)),
+            moe_router_topk_scaling_factor=_optional_float(get("moe_router_topk_scaling_factor")),
+            moe_router_enable_expert_bias=bool(get("moe_router_enable_expert_bias", False)),
+            moe_router_num_groups=get("moe_router_num_groups") or None,
+            moe_router_group_topk=get("moe_router_group_topk") or None,
+            moe_router_load_balancing_type=load_balancing,
+            moe_shared_expert_intermediate_size=get("moe_shared_expert_intermediate_size") or None,
+            moe_shared_expert_gate=bool(get("moe_shared_expert_gate", False)),
+            moe_layer_freq=_pattern(get("moe_layer_freq")) or 1,
+            moe_apply_probs_on_input=bool(get("moe_apply_probs_on_input", False)),
         )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
 
     def to_args(self, **extra: Any) -> argparse.Namespace:
         """A Megatron-LM-style args namespace for this architecture (plus `extra` arguments)."""
@@ -156,3 +219,43 @@ class ModelArchitecture:
         )
         values.update(extra)
         return argparse.Namespace(**values)
+
+
+def _check_choice(where: str, name: str, value: object, served: tuple[str, ...]) -> None:
+    if value not in served:
+        raise DeploymentError(
+            f"{where}: {name}={value!r} is not served by the builtin server (it serves {', '.join(served)}).",
+            hint=f"Serve this checkpoint with {EXPORT_DEPLOY_GPT}.",
+        )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _pattern(value: Any) -> LayerPattern | None:
+    """Megatron-LM's layer pattern args: an int (every Nth layer) or a list of 0/1, one per layer."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return tuple(int(v) for v in value)
+    return int(value)
+
+
+def _window(where: str, value: Any) -> tuple[int, int] | None:
+    """`--window-size` as Megatron-LM parses it: "left,right" into a tuple; (-1, ...) means unlimited."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip("()[] ").split(",")
+    try:
+        left, right = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise DeploymentError(f"{where}: window_size={value!r} is not a (left, right) pair of ints.") from None
+    if right != 0:
+        raise DeploymentError(
+            f"{where}: window_size={value!r} lets tokens attend {right} tokens ahead; a causal language model "
+            "attends to none.",
+            hint=f"Serve this checkpoint with {EXPORT_DEPLOY_GPT}.",
+        )
+    return None if left < 0 else (left, right)

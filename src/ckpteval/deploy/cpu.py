@@ -82,3 +82,13 @@ def initialize_rng_tracker() -> None:
     from megatron.core.tensor_parallel.random import initialize_rng_tracker as _init
 
     _init(inference_rng_tracker=True, force_reset=True)
+
+
+def allow_moe_without_transformer_engine() -> None:
+    """megatron-core 0.16.1's MoE router reads `te_general_gemm`, which it defines only when Transformer
+    Engine imports (`moe_utils.py`: the router's gating GEMM); without it every MoE forward raises
+    NameError, on a GPU too. None selects the plain `torch.mm` path the same function takes for fp64."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None

@@ -23,19 +23,52 @@ if TYPE_CHECKING:
 CHECKPOINT_VERSION = 3.0  # Megatron-LM's current common-state version
 
 
-def build_gpt_model(
+def transformer_config(
     arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
-) -> GPTModel:
-    """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`."""
+) -> Any:
+    """megatron-core's TransformerConfig for `arch`, for serving (no dropout, unfused kernels).
+
+    Parallel sizes come from megatron's parallel state, so the same function builds the model a
+    checkpoint is saved from under tensor or expert parallelism (pass `**overrides` to the config).
+    """
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     params_dtype = torch_dtype(dtype)
-    activation = F.silu if arch.swiglu else squared_relu if arch.squared_relu else F.gelu
-    config = TransformerConfig(
+    activation: Any
+    if arch.swiglu:
+        activation = F.silu
+    elif arch.quick_geglu:
+        activation = quick_gelu
+    elif arch.squared_relu:
+        activation = squared_relu
+    else:
+        activation = F.gelu
+    moe: dict[str, Any] = {}
+    if arch.is_moe:
+        moe = dict(
+            num_moe_experts=arch.num_experts,
+            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+            moe_router_topk=arch.moe_router_topk,
+            moe_router_score_function=arch.moe_router_score_function,
+            moe_router_pre_softmax=arch.moe_router_pre_softmax,
+            moe_router_topk_scaling_factor=arch.moe_router_topk_scaling_factor,
+            moe_router_enable_expert_bias=arch.moe_router_enable_expert_bias,
+            moe_router_num_groups=arch.moe_router_num_groups,
+            moe_router_group_topk=arch.moe_router_group_topk,
+            moe_router_load_balancing_type=arch.moe_router_load_balancing_type,
+            moe_shared_expert_intermediate_size=arch.moe_shared_expert_intermediate_size,
+            moe_shared_expert_gate=arch.moe_shared_expert_gate,
+            moe_layer_freq=list(arch.moe_layer_freq) if isinstance(arch.moe_layer_freq, tuple) else arch.moe_layer_freq,
+            moe_apply_probs_on_input=arch.moe_apply_probs_on_input,
+            # the one dispatcher that runs in one process without CUDA streams; same function as alltoall
+            moe_token_dispatcher_type="allgather",
+            moe_grouped_gemm=False,
+            moe_aux_loss_coeff=0.0,
+        )
+    return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -44,13 +77,21 @@ def build_gpt_model(
         kv_channels=arch.kv_channels,
         normalization=arch.normalization,
         layernorm_epsilon=arch.norm_epsilon,
-        layernorm_zero_centered_gamma=arch.apply_layernorm_1p,
+        layernorm_zero_centered_gamma=arch.apply_layernorm_1p,  # read by layers.ZeroCenteredNorm
         qk_layernorm=arch.qk_layernorm,
-        gated_linear_unit=arch.swiglu,
+        qk_l2_norm=arch.qk_l2_norm,
+        gated_linear_unit=arch.swiglu or arch.quick_geglu,
         activation_func=activation,
+        glu_linear_offset=arch.glu_linear_offset,
+        activation_func_clamp_value=arch.activation_func_clamp_value,
         add_bias_linear=arch.add_bias_linear,
         add_qkv_bias=arch.add_qkv_bias,
         rotary_interleaved=arch.rotary_interleaved,
+        window_size=arch.window_size,
+        window_attn_skip_freq=_layer_pattern(arch.window_attn_skip_freq),
+        no_rope_freq=_layer_pattern(arch.no_rope_freq),
+        softmax_scale=arch.softmax_scale,
+        softmax_type=arch.softmax_type,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         # The fused kernels are CUDA extensions; the unfused paths are exact on any device.
@@ -67,12 +108,34 @@ def build_gpt_model(
         pipeline_dtype=params_dtype,
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
+        **moe,
     )
+
+
+def _layer_pattern(pattern: int | tuple[int, ...] | None) -> int | list[int] | None:
+    return list(pattern) if isinstance(pattern, tuple) else pattern
+
+
+def build_gpt_model(
+    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+) -> GPTModel:
+    """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`.
+
+    Built under megatron's current parallel state: with expert (or tensor) parallelism initialised,
+    each rank gets its shard, which is how a sharded checkpoint of the same model is saved.
+    """
+    from megatron.core.models.gpt import GPTModel
+
+    from ckpteval.deploy.layers import decoder_block_spec
+
+    if arch.is_moe:
+        from ckpteval.deploy.cpu import allow_moe_without_transformer_engine
+
+        allow_moe_without_transformer_engine()
+    config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            qk_layernorm=arch.qk_layernorm, normalization=arch.normalization
-        ),
+        transformer_layer_spec=decoder_block_spec(arch, config),
         vocab_size=arch.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
@@ -83,7 +146,7 @@ def build_gpt_model(
         rope_scaling_factor=arch.rope_scaling_factor,
         seq_len_interpolation_factor=arch.rotary_seq_len_interpolation_factor,
     )
-    cast_parameters(model, params_dtype)
+    cast_parameters(model, torch_dtype(dtype))
     return model.eval()
 
 

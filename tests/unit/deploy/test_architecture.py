@@ -85,15 +85,18 @@ def test_missing_sizes_are_named() -> None:
 
 @pytest.mark.parametrize(
     ("override", "fragment"),
-    [({"num_experts": 8}, "mixture-of-experts"), ({"multi_latent_attention": True}, "multi-latent attention")],
+    [
+        ({"multi_latent_attention": True}, "multi-latent attention"),
+        ({"hybrid_override_pattern": "M-M*"}, "hybrid Mamba"),
+    ],
 )
 def test_unsupported_architectures_point_to_export_deploy(override: dict[str, object], fragment: str) -> None:
     with pytest.raises(DeploymentError) as info:
         ModelArchitecture.from_args(megatron_lm_args(**override), where="ck")
     assert fragment in info.value.message
-    assert info.value.hint and "export-deploy" in info.value.hint
+    assert info.value.hint and "deployment.backend=export-deploy" in info.value.hint
 
 
 def test_unsupported_position_embedding() -> None:
-    with pytest.raises(DeploymentError, match="'yarn' is not supported"):
+    with pytest.raises(DeploymentError, match="position_embedding_type='yarn' is not served"):
         ModelArchitecture.from_args(megatron_lm_args(position_embedding_type="yarn"), where="ck")
