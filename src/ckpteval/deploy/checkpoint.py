@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
+from ckpteval.deploy.bridge import bridge_args
 from ckpteval.deploy.layout import (
     COMMON_STATE_FILE,
+    MEGATRON_BRIDGE,
     TOKENIZER_DIR,
     CheckpointLayout,
     is_tokenizer_dir,
@@ -94,6 +96,8 @@ def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = Non
     layout = locate_checkpoint(path)
     common = read_common_state(layout.iter_dir)
     args = common.get("args")
+    if args is None and layout.kind == MEGATRON_BRIDGE:
+        args = bridge_args(layout.iter_dir)
     if args is None:
         raise DeploymentError(
             f"{layout.iter_dir / COMMON_STATE_FILE} has no 'args', so the model's architecture is unknown.",
