@@ -141,6 +141,6 @@ def _check_torch_dist(iter_dir: Path) -> None:
             f"{iter_dir} is a {backend!r} checkpoint; the builtin server reads {CHECKPOINT_FORMAT!r} only.",
             hint="Re-save it with Megatron-LM's --ckpt-format torch_dist.",
         )
-    for name, what in ((COMMON_STATE_FILE, "the common state"), (DCP_METADATA_FILE, "the tensor index")):
+    for name, what in ((COMMON_STATE_FILE, "the training args"), (DCP_METADATA_FILE, "the tensor index")):
         if not (iter_dir / name).is_file():
             raise DeploymentError(f"{iter_dir} is incomplete: {name} ({what}) is missing.")
