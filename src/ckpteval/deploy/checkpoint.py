@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
-from ckpteval.deploy.layout import COMMON_STATE_FILE, CheckpointLayout, locate_checkpoint
+from ckpteval.deploy.bridge import bridge_args, hf_model_id
+from ckpteval.deploy.layout import (
+    COMMON_STATE_FILE,
+    MEGATRON_BRIDGE,
+    CheckpointLayout,
+    locate_checkpoint,
+)
 from ckpteval.errors import DeploymentError
 
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
@@ -82,7 +88,8 @@ def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
 def read_training_args(layout: CheckpointLayout) -> tuple[Any, str, str | None]:
     """(args under Megatron-LM's names, the layout kind, the Hugging Face id it started from) of a checkpoint.
 
-    Megatron-LM pickles its args into common.pt (read without torch: `deploy.torchfiles`). Raises
+    Megatron-LM pickles its args into common.pt (read without torch: `deploy.torchfiles`); Megatron-Bridge
+    writes none there and keeps its configuration in run_config.yaml (`deploy.bridge`). Raises
     DeploymentError when no args are found.
     """
     from ckpteval.deploy.torchfiles import read_torch_save
@@ -91,13 +98,16 @@ def read_training_args(layout: CheckpointLayout) -> tuple[Any, str, str | None]:
     if not isinstance(common, dict):
         raise DeploymentError(f"{layout.iter_dir / COMMON_STATE_FILE} does not hold a state dict.")
     args = common.get("args")
+    if args is None and layout.kind == MEGATRON_BRIDGE:
+        args = bridge_args(layout.iter_dir)
     if args is None:
         raise DeploymentError(
             f"{layout.iter_dir / COMMON_STATE_FILE} has no 'args', so the model's architecture is unknown.",
             hint="Megatron-LM stores its training args there; save the checkpoint with Megatron-LM or "
             "re-create it with `evaluate prepare`.",
         )
-    return args, "megatron-lm", None
+    started_from = hf_model_id(layout.iter_dir) if layout.kind == MEGATRON_BRIDGE else None
+    return args, layout.kind, started_from
 
 
 def load_checkpoint_info(path: str | Path, *, tokenizer: str | None = None) -> CheckpointInfo:

@@ -10,6 +10,10 @@ found the same way:
 
 `common.pt` holds Megatron-LM's common state: `args` (the training arguments, from which the
 architecture is read), `checkpoint_version` and `iteration`.
+
+Megatron-Bridge writes the same weights but no `args`: its iteration directories hold
+`run_config.yaml` instead, and its root a `latest_train_state.pt` tracker (releases since 0.2 also
+write `latest_checkpointed_iteration.txt`). See `ckpteval.deploy.bridge`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpteval.deploy.bridge import TRAIN_STATE_TRACKER, is_bridge_checkpoint, read_train_state_step
 from ckpteval.errors import DeploymentError
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -27,6 +32,8 @@ COMMON_STATE_FILE = "common.pt"
 DIST_METADATA_FILE = "metadata.json"
 DCP_METADATA_FILE = ".metadata"
 CHECKPOINT_FORMAT = "torch_dist"
+MEGATRON_LM = "megatron-lm"
+MEGATRON_BRIDGE = "megatron-bridge"
 
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -39,6 +46,7 @@ class CheckpointLayout:
     iter_dir: Path
     iteration: int | None  # None for a "release" checkpoint
     tokenizer_dir: Path | None  # None when the checkpoint has no tokenizer beside it
+    kind: str = MEGATRON_LM  # or MEGATRON_BRIDGE: the architecture is in run_config.yaml, not common.pt
 
 
 def iteration_dir_name(iteration: int | None) -> str:
@@ -94,11 +102,14 @@ def locate_checkpoint(path: str | Path) -> CheckpointLayout:
             )
     _check_torch_dist(iter_dir)
     tokenizer_dir = next((d for d in (iter_dir / TOKENIZER_DIR, root / TOKENIZER_DIR) if is_tokenizer_dir(d)), None)
-    return CheckpointLayout(root=root, iter_dir=iter_dir, iteration=iteration, tokenizer_dir=tokenizer_dir)
+    kind = MEGATRON_BRIDGE if is_bridge_checkpoint(iter_dir) else MEGATRON_LM
+    return CheckpointLayout(root=root, iter_dir=iter_dir, iteration=iteration, tokenizer_dir=tokenizer_dir, kind=kind)
 
 
 def _read_tracker(root: Path) -> int | None:
     tracker = root / TRACKER_FILE
+    if not tracker.is_file() and (root / TRAIN_STATE_TRACKER).is_file():  # Megatron-Bridge 0.1
+        return read_train_state_step(root / TRAIN_STATE_TRACKER)
     if not tracker.is_file():
         found = sorted(
             p.name for p in root.iterdir() if p.is_dir() and (_ITER_DIR.match(p.name) or p.name == "release")
@@ -108,7 +119,11 @@ def _read_tracker(root: Path) -> int | None:
             if found
             else "Pass a Megatron checkpoint root or iter_NNNNNNN directory; `evaluate prepare` writes one."
         )
-        raise DeploymentError(f"{root} is not a Megatron checkpoint: {TRACKER_FILE} is missing.", hint=hint)
+        raise DeploymentError(
+            f"{root} is not a Megatron checkpoint: {TRACKER_FILE} is missing "
+            f"(and so is Megatron-Bridge's {TRAIN_STATE_TRACKER}).",
+            hint=hint,
+        )
     text = tracker.read_text().strip()
     if text == "release":
         return None
