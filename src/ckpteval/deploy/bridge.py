@@ -156,7 +156,7 @@ def read_train_state_step(tracker: str | Path) -> int:
     state = read_torch_save(path)
     try:
         step = state["step"]
-        return int(getattr(step, "args", (step,))[0] if not isinstance(step, int) else step)
+        return int(step if isinstance(step, int) else step.item())
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise DeploymentError(f"{path} (Megatron-Bridge's train state) cannot be read: {exc}") from None
 

@@ -27,6 +27,23 @@ HF_CONFIG_FILE = "config.json"
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # what serving adds to the weights: the KV cache and activations of a batch, allocator slack
 SERVING_HEADROOM = 1.2
+# forward-changing args that also shape the weights (the load's shape check catches a wrong one): shown in
+# `architecture`, not listed as settings
+_SIZES = frozenset(
+    (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_query_groups",
+        "group_query_attention",
+        "kv_channels",
+        "ffn_hidden_size",
+        "padded_vocab_size",
+        "max_position_embeddings",
+        "seq_length",
+        "untie_embeddings_and_output_weights",
+    )
+)
 _MODEL_KEY_SKIP = ("optimizer", "rng_state", "_extra_state", "rerun_state")
 
 
@@ -145,6 +162,8 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
         problems.append(exc.message)
         hints.append(exc.hint or "")
     token = _describe_tokenizer(args, layout, tokenizer)
+    if not token.problem and architecture:
+        token = _check_vocab(token, int(architecture["padded_vocab_size"]), str(layout.iter_dir))
     if token.problem:
         problems.append(token.problem)
         hints.append(
@@ -173,7 +192,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
         backends=(
             _builtin_verdict("builtin-cpu", builtin_ok, problems, hints, parameters, "float32"),
             _builtin_verdict("builtin-gpu", builtin_ok, problems, hints, parameters, trained),
-            _export_deploy_verdict(args, family, parameters, trained, saved),
+            _export_deploy_verdict(family, parameters, trained, saved, token),
             BackendVerdict(
                 "vllm",
                 False,
@@ -291,14 +310,14 @@ def _family(args: Any) -> str:
 
 def _forward_settings(args: Any) -> tuple[ForwardSetting, ...]:
     """Every forward-changing arg the checkpoint sets away from its default, with the builtin's status."""
-    from ckpteval.deploy.forward_args import FORWARD_ARGS, is_default
+    from ckpteval.deploy.forward_args import FORWARD_ARGS
 
     out = []
     for name, entry in FORWARD_ARGS.items():
-        if not hasattr(args, name):
+        if not hasattr(args, name) or entry.status == "no-effect" or name in _SIZES:
             continue
         value = getattr(args, name)
-        if is_default(name, value):
+        if entry.is_harmless(value):
             continue
         out.append(ForwardSetting(name=name, value=_plain(value), status=entry.status, why=entry.why))
     return tuple(out)
@@ -326,6 +345,21 @@ def _describe_tokenizer(args: Any, layout: Any, override: str | None) -> Tokeniz
     )
 
 
+def _check_vocab(token: TokenizerDescription, padded_vocab: int, where: str) -> TokenizerDescription:
+    """The tokenizer with a problem when it can produce ids past the model's embedding (checked where that is
+    cheap: a Hugging Face directory's tokenizer.json; other kinds are checked when the server loads them)."""
+    from ckpteval.deploy.tokenizer_source import check_vocab_fits
+
+    directory = Path(token.files.get("directory", ""))
+    if token.kind != "HuggingFaceTokenizer" or not (directory / "tokenizer.json").is_file():
+        return token
+    try:
+        check_vocab_fits(directory, padded_vocab, where=where)
+    except DeploymentError as exc:
+        return dataclasses.replace(token, problem=exc.message, hint=exc.hint)
+    return token
+
+
 def _builtin_verdict(
     backend: BackendName, ok: bool, problems: list[str], hints: list[str], parameters: int, dtype: str
 ) -> BackendVerdict:
@@ -337,13 +371,18 @@ def _builtin_verdict(
     return BackendVerdict(backend, False, problems[0], hint=hint, memory_per_gpu=memory)
 
 
-def _export_deploy_verdict(args: Any, family: str, parameters: int, dtype: str, saved: Parallelism) -> BackendVerdict:
-    """Export-Deploy's in-framework deployment builds any megatron-core model its NeMo image knows; it
-    needs the model type for hybrid models."""
+def _export_deploy_verdict(
+    family: str, parameters: int, dtype: str, saved: Parallelism, token: TokenizerDescription
+) -> BackendVerdict:
+    """Export-Deploy's in-framework deployment builds any megatron-core model its NeMo image knows; hybrid
+    Mamba models need its `--model_type mamba` (deployment.model_type=mamba)."""
     hybrid = family.startswith("hybrid")
-    settings = {"model_type": "hybrid" if hybrid else "gpt"}
+    settings = {"deployment.model_type": "mamba" if hybrid else "gpt"}
     shards = max(1, saved.tensor * saved.pipeline)
     memory = int(parameters * _DTYPE_BYTES.get(dtype, 2) / shards * SERVING_HEADROOM)
+    if token.problem:  # the task clients could not tokenize either
+        hint = token.hint or "Set deployment.tokenizer to a Hugging Face tokenizer directory or hub id."
+        return BackendVerdict("export-deploy", False, token.problem, hint=hint, memory_per_gpu=memory)
     reason = f"Export-Deploy (Ray, in the NeMo image) at the saved {saved} or any split megatron can reshard to"
     return BackendVerdict("export-deploy", True, reason, memory_per_gpu=memory, settings=settings)
 
@@ -457,7 +496,6 @@ def summary(description: CheckpointDescription) -> str:
     """The description in a few lines of text (the dry run's checkpoint panel, `evaluate inspect`)."""
     d = description
     lines = [
-        headline(d),
         f"path          {d.path}",
         f"layout        {d.layout} ({d.format})" + (f", iteration {d.iteration}" if d.iteration is not None else ""),
         f"model         {d.family}, {d.parameters / 1e6:,.1f} M parameters, {gib(d.weight_bytes)} of weights",

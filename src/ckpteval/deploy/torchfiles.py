@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,23 +89,73 @@ class StandIn:
 
 @dataclass(frozen=True)
 class TensorStandIn:
-    """A tensor in common.pt: its shape only (the storage is never read)."""
+    """A tensor in a torch.save file: its shape, and its values when it is small (a step counter)."""
 
     shape: tuple[int, ...]
+    values: tuple[Any, ...] | None = None
+
+    def item(self) -> Any:
+        """The value of a one-element tensor (like torch's `Tensor.item`)."""
+        if self.values is None or len(self.values) != 1:
+            raise ValueError(f"a tensor of shape {self.shape} has no single value here")
+        return self.values[0]
+
+
+# storage class -> (dtype name, struct format); a tensor this small has its values read
+_STORAGES = {
+    "LongStorage": ("int64", "q"),
+    "IntStorage": ("int32", "i"),
+    "ShortStorage": ("int16", "h"),
+    "CharStorage": ("int8", "b"),
+    "ByteStorage": ("uint8", "B"),
+    "BoolStorage": ("bool", "?"),
+    "FloatStorage": ("float32", "f"),
+    "DoubleStorage": ("float64", "d"),
+    "HalfStorage": ("float16", "e"),
+}
+SMALL_TENSOR = 64
+
+
+@dataclass(frozen=True)
+class _Storage:
+    kind: str  # the storage class's name
+    key: str
 
 
 def _stand_in_class(module: str, name: str) -> type[StandIn]:
     return type(name, (StandIn,), {"qualname": f"{module}.{name}", "__module__": "ckpteval.deploy.torchfiles"})
 
 
-def _rebuild_tensor(storage: Any, offset: int, size: Any, *rest: Any) -> TensorStandIn:
-    return TensorStandIn(tuple(size))
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: io.BytesIO, where: str) -> None:
+    def __init__(self, data: io.BytesIO, where: str, read_storage: Any = None) -> None:
         super().__init__(data)
         self.where = where
+        self.read_storage = read_storage  # key -> bytes, for the small tensors of a torch.save zip
+
+    def _rebuild_tensor(self, storage: Any, offset: int, size: Any, *rest: Any) -> TensorStandIn:
+        shape = tuple(size)
+        count = _numel(shape)
+        if not isinstance(storage, _Storage) or self.read_storage is None or count > SMALL_TENSOR:
+            return TensorStandIn(shape)
+        known = _STORAGES.get(storage.kind)
+        if known is None:
+            return TensorStandIn(shape)
+        _, code = known
+        data = self.read_storage(storage.key)
+        width = struct.calcsize(code)
+        values = (
+            struct.unpack_from(f"<{count}{code}", data, offset * width)
+            if len(data) >= (offset + count) * width
+            else None
+        )
+        return TensorStandIn(shape, values)
 
     def find_class(self, module: str, name: str) -> Any:
         top = module.split(".")[0]
@@ -116,7 +167,9 @@ class _Unpickler(pickle.Unpickler):
             if name == "Size":
                 return tuple
             if name.startswith("_rebuild_tensor") or name in ("_rebuild_parameter", "_rebuild_from_type_v2"):
-                return _rebuild_tensor
+                return self._rebuild_tensor
+            if name in _STORAGES or name == "UntypedStorage":
+                return name
         if top in _INERT:
             return _stand_in_class(module, name)
         raise DeploymentError(
@@ -125,12 +178,15 @@ class _Unpickler(pickle.Unpickler):
         )
 
     def persistent_load(self, pid: Any) -> Any:
-        return StandIn(pid)  # a tensor storage in a torch.save zip: never read
+        # a torch.save zip's storage: ("storage", storage class, key, location, numel); read only on demand
+        if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
+            return _Storage(kind=str(pid[1]), key=str(pid[2]))
+        return StandIn(pid)
 
 
-def _load(data: bytes, where: str) -> Any:
+def _load(data: bytes, where: str, read_storage: Any = None) -> Any:
     try:
-        return _Unpickler(io.BytesIO(data), where).load()
+        return _Unpickler(io.BytesIO(data), where, read_storage).load()
     except DeploymentError:
         raise
     except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, IndexError) as exc:
@@ -144,15 +200,19 @@ def read_torch_save(path: Path) -> Any:
             names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
             if not names:
                 raise DeploymentError(f"{path} is not a torch.save file (no data.pkl in it).")
-            data = archive.read(names[0])
+            prefix = names[0][: -len("data.pkl")]
+
+            def read_storage(key: str) -> bytes:
+                return archive.read(f"{prefix}data/{key}")
+
+            return _load(archive.read(names[0]), str(path), read_storage)
     except zipfile.BadZipFile:
         raise DeploymentError(
             f"{path} is not a torch.save zip file (written by a torch older than 1.6?).",
             hint="Re-save the checkpoint with a current Megatron-LM.",
         ) from None
-    except OSError as exc:
-        raise DeploymentError(f"{path} cannot be read: {exc.strerror or exc}") from None
-    return _load(data, str(path))
+    except (OSError, KeyError) as exc:
+        raise DeploymentError(f"{path} cannot be read: {exc}") from None
 
 
 def read_tensor_index(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
