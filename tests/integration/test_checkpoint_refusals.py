@@ -48,6 +48,7 @@ def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
 
 
 def _args(env: Path, checkpoint: Path, *extra: str) -> list[str]:
+    own = () if any(e.startswith("deployment=") for e in extra) else ("deployment.prepare=null",)
     return [
         "-c",
         "tiny",
@@ -55,7 +56,7 @@ def _args(env: Path, checkpoint: Path, *extra: str) -> list[str]:
         str(env),
         "-t",
         "adlr_humaneval_greedy",
-        "deployment.prepare=null",
+        *own,
         f"run.model={checkpoint}",
         f"deployment.port={free_port()}",
         *extra,
