@@ -9,7 +9,7 @@ import importlib
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ckpteval.deploy.architecture import ModelArchitecture
 from ckpteval.deploy.layout import (
@@ -83,6 +83,59 @@ def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
         for key, meta in metadata.state_dict_metadata.items()
         if isinstance(meta, TensorStorageMetadata)
     }
+
+
+class SavedParallelism(NamedTuple):
+    """The model-parallel sizes a checkpoint was saved with; None where neither args nor index say.
+
+    `vp` is 1 when the args record no virtual pipeline. The builtin server loads any of these at
+    TP=PP=EP=1: megatron's torch_dist loader reshards.
+    """
+
+    tp: int | None
+    pp: int | None
+    ep: int | None
+    vp: int | None
+
+
+_PARALLEL_ARGS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "expert_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+)
+
+
+def saved_parallelism(args: Any, iter_dir: Path) -> SavedParallelism:
+    """TP, PP, EP and VP of a saved checkpoint, from Megatron-LM's args (as common.pt stores them).
+
+    Args without the sizes (None, or a namespace from another layout) fall back to the torch_dist
+    index, which tells TP only: the vocabulary-parallel embedding is stored as one chunk per TP rank.
+    PP, EP and VP leave no trace in the index (layers and experts are stored one chunk each).
+    """
+    recorded = {name: getattr(args, name, None) for name in _PARALLEL_ARGS}
+    if recorded["tensor_model_parallel_size"] is not None:
+        return SavedParallelism(
+            tp=int(recorded["tensor_model_parallel_size"]),
+            pp=int(recorded["pipeline_model_parallel_size"] or 1),
+            ep=int(recorded["expert_model_parallel_size"] or 1),
+            vp=int(recorded["virtual_pipeline_model_parallel_size"] or 1),
+        )
+    return SavedParallelism(tp=_tp_from_index(iter_dir), pp=None, ep=None, vp=None)
+
+
+def _tp_from_index(iter_dir: Path) -> int | None:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = FileSystemReader(str(iter_dir)).read_metadata()
+    except (OSError, RuntimeError, pickle.UnpicklingError):
+        return None
+    embedding = metadata.state_dict_metadata.get(EMBEDDING_KEY)
+    if not isinstance(embedding, TensorStorageMetadata):
+        return None
+    return len({chunk.offsets[0] for chunk in embedding.chunks})
 
 
 def load_checkpoint_info(path: str | Path, *, tokenizer: str | Path | None = None) -> CheckpointInfo:

@@ -26,8 +26,13 @@ CHECKPOINT_VERSION = 3.0  # Megatron-LM's current common-state version
 def build_gpt_model(
     arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
 ) -> GPTModel:
-    """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`."""
+    """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`.
+
+    The model is this rank's part for megatron's current parallel state: one whole model in a server
+    (`runtime.init_runtime`), a TP/PP shard where a test world saves sharded checkpoints.
+    """
     import torch.nn.functional as F
+    from megatron.core import parallel_state
     from megatron.core.activations import squared_relu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -35,7 +40,10 @@ def build_gpt_model(
 
     params_dtype = torch_dtype(dtype)
     activation = F.silu if arch.swiglu else squared_relu if arch.squared_relu else F.gelu
+    pipeline_size = parallel_state.get_pipeline_model_parallel_world_size()
     config = TransformerConfig(
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=pipeline_size,
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -82,6 +90,8 @@ def build_gpt_model(
         rope_scaling=arch.use_rope_scaling,
         rope_scaling_factor=arch.rope_scaling_factor,
         seq_len_interpolation_factor=arch.rotary_seq_len_interpolation_factor,
+        pre_process=pipeline_size == 1 or parallel_state.is_pipeline_first_stage(),
+        post_process=pipeline_size == 1 or parallel_state.is_pipeline_last_stage(),
     )
     cast_parameters(model, params_dtype)
     return model.eval()
@@ -160,12 +170,17 @@ def save_checkpoint(
 
     `args` goes into the common state under "args", like Megatron-LM's training arguments.
     Must run under an `if __name__ == "__main__"` guard: the writer forks and spawns processes.
+    In a world of several ranks every rank calls it with its shard; rank 0 writes the directories.
     """
+    import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
+    first_rank = dist.get_rank() == 0
     iter_dir = root / iteration_dir_name(iteration)
-    iter_dir.mkdir(parents=True, exist_ok=False)
+    if first_rank:
+        iter_dir.mkdir(parents=True, exist_ok=False)
+    dist.barrier()
     args.iteration = iteration
     state = {
         "model": model.sharded_state_dict(prefix=""),
@@ -177,5 +192,6 @@ def save_checkpoint(
     # One writer thread: one data file and one forked writer instead of two.
     strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
     dist_checkpointing.save(state, str(iter_dir), sharded_strategy=strategy)
-    (root / TRACKER_FILE).write_text(str(iteration))
+    if first_rank:
+        (root / TRACKER_FILE).write_text(str(iteration))
     return iter_dir
