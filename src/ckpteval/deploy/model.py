@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
 from ckpteval.deploy.checkpoint import checkpoint_tensor_shapes
-from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
+from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name, legacy_state_file
 from ckpteval.deploy.runtime import torch_dtype
 from ckpteval.errors import DeploymentError
 
@@ -142,10 +142,17 @@ def check_matches_checkpoint(model: GPTModel, iter_dir: Path) -> None:
 
 
 def load_weights(model: GPTModel, iter_dir: Path) -> None:
-    """Fill `model` with the weights of a torch_dist iteration directory (shapes checked first)."""
+    """Fill `model` with the weights of an iteration directory (shapes checked first).
+
+    torch_dist is resharded by megatron to the model's parallel sizes, whatever it was saved with;
+    a legacy `torch` checkpoint (TP=PP=1 only, see `layout`) is one plain state dict.
+    """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    if legacy_state_file(iter_dir) is not None:
+        _load_legacy_weights(model, iter_dir)
+        return
     check_matches_checkpoint(model, iter_dir)
     loaded = dist_checkpointing.load(
         {"model": model.sharded_state_dict(prefix="")},
@@ -156,6 +163,47 @@ def load_weights(model: GPTModel, iter_dir: Path) -> None:
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
         raise DeploymentError(f"{iter_dir} did not provide {', '.join(missing[:5])}.")
+
+
+def _legacy_names(name: str, keys_maps: list[dict[str, str]]) -> list[str]:
+    """The names a parameter may have in a legacy state dict: the model's own (local spec), or the
+    Transformer Engine name Megatron-LM trains with by default (the layer spec's keys map, applied)."""
+    names = [name]
+    for keys_map in keys_maps:
+        for local, te in keys_map.items():
+            if f".{local}" in name:
+                names.append(name.replace(f".{local}", f".{te}", 1))
+    return names
+
+
+def _load_legacy_weights(model: GPTModel, iter_dir: Path) -> None:
+    from ckpteval.deploy.checkpoint import legacy_model_state
+
+    stored = legacy_model_state(iter_dir)
+    keys_maps = [layer.submodules_config.sharded_state_dict_keys_map for layer in model.decoder.layers]
+    weights, used, missing, mismatched = {}, set(), [], []
+    for name, tensor in model.state_dict().items():
+        if name.endswith("_extra_state"):
+            continue
+        found = next((n for n in _legacy_names(name, keys_maps) if n in stored), None)
+        if found is None:
+            missing.append(name)
+        elif tuple(stored[found].shape) != tuple(tensor.shape):
+            mismatched.append(f"{found}: checkpoint {list(stored[found].shape)}, config {list(tensor.shape)}")
+        else:
+            weights[name] = stored[found]
+            used.add(found)
+    unexpected = [k for k in stored if k not in used and not k.endswith("_extra_state")]
+    if missing or mismatched or unexpected:
+        lines = [f"missing {k}" for k in missing[:5]] + mismatched[:5] + [f"unexpected {k}" for k in unexpected[:5]]
+        raise DeploymentError(
+            f"The weights in {legacy_state_file(iter_dir)} do not match the architecture in its args: "
+            + "; ".join(lines)
+            + ".",
+            hint="The args saved with it must describe the saved model (layers, sizes, vocab, GQA groups, "
+            "swiglu, tied embeddings).",
+        )
+    model.load_state_dict(weights, strict=False)
 
 
 def save_checkpoint(

@@ -1,12 +1,14 @@
 """Checkpoints saved sharded (TP=2, PP=2, TP=2 x PP=2) by megatron-core itself, from one TP=1 save.
 
-A world of gloo processes (spawned, on the CPU) plays a multi-GPU Megatron-LM job: rank r builds its
-shard of the packaged `tiny` model for the parallel sizes of the layout, loads the TP=1 checkpoint
-into it with `dist_checkpointing` (megatron resharding it) and saves it again, so every layout holds
-exactly the TP=1 weights. The args in common.pt record the parallel sizes as Megatron-LM does.
+A world of gloo processes on the CPU plays a multi-GPU Megatron-LM job: rank r builds its shard of
+the packaged `tiny` model (vocabulary padded for TP=2) for the parallel sizes of the layout, with
+ckpteval's own `build_gpt_model`, loads the TP=1 checkpoint into it with `dist_checkpointing`
+(megatron resharding it) and saves it again, so every layout holds exactly the TP=1 weights. The
+args in common.pt record the parallel sizes as Megatron-LM does. The legacy layouts are what
+Megatron-LM's --ckpt-format torch writes: one mp_rank_* state dict per model-parallel rank.
 
-    build_sharded(root)  -> {"tp1": root/tp1, "tp2": root/tp2, "pp2": ..., "tp2pp2": ...}  (one world)
-    build_tp2(out_dir), build_pp2(out_dir), build_tp2pp2(out_dir)                           (one each)
+    build_sharded(root)  -> {"tp1": root/tp1, "tp2": root/tp2, "pp2": ..., "legacy_tp2": ...}  (one world)
+    build_tp1, build_tp2, build_pp2, build_tp2pp2, build_legacy_tp1, build_legacy_tp2 (out_dir)  (one each)
 """
 
 from __future__ import annotations
@@ -49,13 +51,29 @@ LAYOUTS = {
 }
 
 
-def sharded_architecture() -> Any:
+def sharded_architecture(model: str = "tiny") -> Any:
+    """The architecture of the saved model: "tiny" (tests), or "bench", SmolLM2-135M's size for the
+    load benchmark (30 layers, hidden 576, vocab 49152; 8 heads in 4 groups instead of 9 in 3, which
+    TP=2 cannot split)."""
     from ckpteval.deploy.packaged import TINY_ARCHITECTURE
 
-    return dataclasses.replace(TINY_ARCHITECTURE, padded_vocab_size=PADDED_VOCAB)
+    tiny = dataclasses.replace(TINY_ARCHITECTURE, padded_vocab_size=PADDED_VOCAB)
+    if model == "tiny":
+        return tiny
+    return dataclasses.replace(
+        tiny,
+        num_layers=30,
+        hidden_size=576,
+        num_attention_heads=8,
+        num_query_groups=4,
+        kv_channels=72,
+        ffn_hidden_size=1536,
+        padded_vocab_size=49152,
+        untie_embeddings_and_output_weights=False,
+    )
 
 
-def build_sharded(root: Path, names: tuple[str, ...] = tuple(LAYOUTS)) -> dict[str, Path]:
+def build_sharded(root: Path, names: tuple[str, ...] = tuple(LAYOUTS), *, model: str = "tiny") -> dict[str, Path]:
     """Write each named layout under `root/<name>` from one TP=1 save, all in one gloo world.
 
     The world runs in a child process (`python -m tests.support.corpus.sharded ROOT NAME...`) that
@@ -68,7 +86,7 @@ def build_sharded(root: Path, names: tuple[str, ...] = tuple(LAYOUTS)) -> dict[s
     repo = Path(__file__).resolve().parents[3]
     root.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.support.corpus.sharded", str(root), *names],
+        [sys.executable, "-m", "tests.support.corpus.sharded", model, str(root), *names],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -79,7 +97,7 @@ def build_sharded(root: Path, names: tuple[str, ...] = tuple(LAYOUTS)) -> dict[s
     return {name: root / name for name in names}
 
 
-def _run_world(root: Path, names: tuple[str, ...]) -> None:
+def _run_world(model: str, root: Path, names: tuple[str, ...]) -> None:
     # Imported here, before the fork, so the ranks share one import.
     import megatron.core.dist_checkpointing
     import megatron.core.models.gpt  # noqa: F401
@@ -92,7 +110,7 @@ def _run_world(root: Path, names: tuple[str, ...]) -> None:
         source = Path(scratch) / "tp1"
         targets = {name: root / name for name in names}
         mp.start_processes(
-            _rank_main, args=(world, free_port(), source, targets), nprocs=world, join=True, start_method="fork"
+            _rank_main, args=(world, free_port(), source, targets, model), nprocs=world, join=True, start_method="fork"
         )
 
 
@@ -133,7 +151,7 @@ def _build_one(name: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str, Path]) -> None:
+def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str, Path], model: str) -> None:
     """One rank of the world: make the TP=1 source, then reshard it into each target layout."""
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -153,7 +171,7 @@ def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str
             )
             initialize_rng_tracker()
             out = source if name == "tp1" else targets[name]
-            _save_layout(out, layout, world, source=None if name == "tp1" else source)
+            _save_layout(out, layout, world, source=None if name == "tp1" else source, model=model)
             if name == "tp1" and "tp1" in targets and rank == 0:
                 shutil.copytree(source, targets["tp1"])
             dist.barrier()
@@ -162,7 +180,7 @@ def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str
         dist.destroy_process_group()
 
 
-def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | None) -> None:
+def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | None, model: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -171,7 +189,7 @@ def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | N
     from ckpteval.deploy.packaged import TINY_INIT_STD, TINY_SEED
     from ckpteval.deploy.tokenizer import write_byte_tokenizer
 
-    arch = sharded_architecture()
+    arch = sharded_architecture(model)
     if source is None:
         torch.manual_seed(TINY_SEED)  # the same weights on every rank: each is a data-parallel replica
         model = build_gpt_model(arch, initialize=True, init_std=TINY_INIT_STD)
@@ -239,4 +257,4 @@ def _save_legacy(model: Any, root: Path, *, args: Any) -> None:
 if __name__ == "__main__":
     import sys
 
-    _run_world(Path(sys.argv[1]), tuple(sys.argv[2:]))
+    _run_world(sys.argv[1], Path(sys.argv[2]), tuple(sys.argv[3:]))
