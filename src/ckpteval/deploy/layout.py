@@ -127,7 +127,8 @@ def _checkpoint_format(iter_dir: Path) -> str:
         if ranks == [LEGACY_RANK_DIR]:
             if not (iter_dir / LEGACY_RANK_DIR / LEGACY_STATE_FILE).is_file():
                 raise DeploymentError(
-                    f"{iter_dir} is in Megatron's legacy 'torch' format, but {LEGACY_RANK_DIR} has no {LEGACY_STATE_FILE}."
+                    f"{iter_dir} is in Megatron's legacy 'torch' format, "
+                    f"but {LEGACY_RANK_DIR} has no {LEGACY_STATE_FILE}."
                 )
             return LEGACY_FORMAT
         if ranks:
