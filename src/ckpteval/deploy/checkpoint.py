@@ -17,6 +17,7 @@ from ckpteval.deploy.layout import (
     COMMON_STATE_FILE,
     MEGATRON_BRIDGE,
     CheckpointLayout,
+    legacy_state_file,
     locate_checkpoint,
 )
 from ckpteval.errors import DeploymentError
@@ -47,10 +48,14 @@ class CheckpointInfo:
 
 
 def read_common_state(iter_dir: Path) -> dict[str, Any]:
-    """The common (non-sharded) state of a torch_dist checkpoint: args, iteration, checkpoint_version."""
+    """The common (non-sharded) state of a checkpoint: args, iteration, checkpoint_version.
+
+    For a legacy `torch` checkpoint that is its one mp_rank_00/model_optim_rng.pt, whose "model"
+    state dict is memory-mapped: the weights are read only where they are used.
+    """
     import torch
 
-    path = iter_dir / COMMON_STATE_FILE
+    path = legacy_state_file(iter_dir) or iter_dir / COMMON_STATE_FILE
     allowed = []
     try:
         for name in torch.serialization.get_unsafe_globals_in_checkpoint(str(path)):
@@ -61,7 +66,7 @@ def read_common_state(iter_dir: Path) -> dict[str, Any]:
                 )
             allowed.append(getattr(importlib.import_module(module), attr))
         with torch.serialization.safe_globals(allowed):
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except (OSError, RuntimeError, pickle.UnpicklingError, ImportError, AttributeError) as exc:
         raise DeploymentError(f"{path} cannot be read: {exc}") from None
     if not isinstance(state, dict):
@@ -70,10 +75,15 @@ def read_common_state(iter_dir: Path) -> dict[str, Any]:
 
 
 def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> global shape, from the torch_dist index (reads no weights)."""
+    """Tensor name -> global shape, from the torch_dist index (reads no weights).
+
+    For a legacy checkpoint: the shapes in its state dict, under its own (per-layer) names.
+    """
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    if legacy_state_file(iter_dir) is not None:
+        return {key: tuple(value.shape) for key, value in legacy_model_state(iter_dir).items()}
     try:
         metadata = FileSystemReader(str(iter_dir)).read_metadata()
     except (OSError, RuntimeError, pickle.UnpicklingError) as exc:
@@ -85,6 +95,16 @@ def checkpoint_tensor_shapes(iter_dir: Path) -> dict[str, tuple[int, ...]]:
     }
 
 
+def legacy_model_state(iter_dir: Path) -> dict[str, Any]:
+    """The tensors of a legacy TP=1 checkpoint's "model" state dict (memory-mapped), by name."""
+    import torch
+
+    model = read_common_state(iter_dir).get("model")
+    if not isinstance(model, dict):
+        raise DeploymentError(f"{legacy_state_file(iter_dir)} has no 'model' state dict.")
+    return {key: value for key, value in model.items() if isinstance(value, torch.Tensor)}
+
+
 def read_training_args(layout: CheckpointLayout) -> tuple[Any, str, str | None]:
     """(args under Megatron-LM's names, the layout kind, the Hugging Face id it started from) of a checkpoint.
 
@@ -94,15 +114,16 @@ def read_training_args(layout: CheckpointLayout) -> tuple[Any, str, str | None]:
     """
     from ckpteval.deploy.torchfiles import read_torch_save
 
-    common = read_torch_save(layout.iter_dir / COMMON_STATE_FILE)
+    path = legacy_state_file(layout.iter_dir) or layout.iter_dir / COMMON_STATE_FILE  # legacy: only its pickle
+    common = read_torch_save(path)
     if not isinstance(common, dict):
-        raise DeploymentError(f"{layout.iter_dir / COMMON_STATE_FILE} does not hold a state dict.")
+        raise DeploymentError(f"{path} does not hold a state dict.")
     args = common.get("args")
     if args is None and layout.kind == MEGATRON_BRIDGE:
         args = bridge_args(layout.iter_dir)
     if args is None:
         raise DeploymentError(
-            f"{layout.iter_dir / COMMON_STATE_FILE} has no 'args', so the model's architecture is unknown.",
+            f"{path} has no 'args', so the model's architecture is unknown.",
             hint="Megatron-LM stores its training args there; save the checkpoint with Megatron-LM or "
             "re-create it with `evaluate prepare`.",
         )

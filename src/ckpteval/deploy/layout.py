@@ -5,6 +5,7 @@ found the same way:
 
     <root>/latest_checkpointed_iteration.txt     "1000" or "release"
     <root>/iter_0001000/                         torch_dist: metadata.json, common.pt, .metadata, *.distcp
+                                                 or legacy torch: mp_rank_00/model_optim_rng.pt (TP=PP=1)
     <root>/tokenizer/                            a Hugging Face tokenizer directory (ckpteval's convention;
                                                  <root>/iter_*/tokenizer/ is accepted too)
 
@@ -34,6 +35,9 @@ DCP_METADATA_FILE = ".metadata"
 CHECKPOINT_FORMAT = "torch_dist"
 MEGATRON_LM = "megatron-lm"
 MEGATRON_BRIDGE = "megatron-bridge"
+LEGACY_FORMAT = "torch"
+LEGACY_RANK_DIR = "mp_rank_00"  # the only rank of a legacy checkpoint saved with TP=1, PP=1, EP=1
+LEGACY_STATE_FILE = "model_optim_rng.pt"
 
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -47,6 +51,13 @@ class CheckpointLayout:
     iteration: int | None  # None for a "release" checkpoint
     tokenizer_dir: Path | None  # None when the checkpoint has no tokenizer beside it
     kind: str = MEGATRON_LM  # or MEGATRON_BRIDGE: the architecture is in run_config.yaml, not common.pt
+    ckpt_format: str = CHECKPOINT_FORMAT  # or LEGACY_FORMAT: one mp_rank_00/model_optim_rng.pt
+
+
+def legacy_state_file(iter_dir: Path) -> Path | None:
+    """The one state file of a legacy `torch` checkpoint saved with TP=PP=1, else None."""
+    path = iter_dir / LEGACY_RANK_DIR / LEGACY_STATE_FILE
+    return path if path.is_file() and not (iter_dir / DIST_METADATA_FILE).is_file() else None
 
 
 def iteration_dir_name(iteration: int | None) -> str:
@@ -100,10 +111,17 @@ def locate_checkpoint(path: str | Path) -> CheckpointLayout:
                 f"{root / TRACKER_FILE} names {iteration_dir_name(iteration)}, but {iter_dir} does not exist.",
                 hint="The checkpoint is incomplete; point --checkpoint at an iteration directory that exists.",
             )
-    _check_torch_dist(iter_dir)
+    ckpt_format = _checkpoint_format(iter_dir)
     tokenizer_dir = next((d for d in (iter_dir / TOKENIZER_DIR, root / TOKENIZER_DIR) if is_tokenizer_dir(d)), None)
     kind = MEGATRON_BRIDGE if is_bridge_checkpoint(iter_dir) else MEGATRON_LM
-    return CheckpointLayout(root=root, iter_dir=iter_dir, iteration=iteration, tokenizer_dir=tokenizer_dir, kind=kind)
+    return CheckpointLayout(
+        root=root,
+        iter_dir=iter_dir,
+        iteration=iteration,
+        tokenizer_dir=tokenizer_dir,
+        kind=kind,
+        ckpt_format=ckpt_format,
+    )
 
 
 def _read_tracker(root: Path) -> int | None:
@@ -133,14 +151,24 @@ def _read_tracker(root: Path) -> int | None:
         raise DeploymentError(f"{tracker} should hold an iteration number or 'release', not {text[:40]!r}.") from None
 
 
-def _check_torch_dist(iter_dir: Path) -> None:
+def _checkpoint_format(iter_dir: Path) -> str:
+    """CHECKPOINT_FORMAT or LEGACY_FORMAT; DeploymentError for anything the server cannot read."""
     meta_file = iter_dir / DIST_METADATA_FILE
     if not meta_file.is_file():
-        if any(p.name.startswith("mp_rank_") for p in iter_dir.iterdir()):
+        ranks = sorted(p.name for p in iter_dir.iterdir() if p.is_dir() and p.name.startswith("mp_rank_"))
+        if ranks == [LEGACY_RANK_DIR]:
+            if not (iter_dir / LEGACY_RANK_DIR / LEGACY_STATE_FILE).is_file():
+                raise DeploymentError(
+                    f"{iter_dir} is in Megatron's legacy 'torch' format, "
+                    f"but {LEGACY_RANK_DIR} has no {LEGACY_STATE_FILE}."
+                )
+            return LEGACY_FORMAT
+        if ranks:
             raise DeploymentError(
-                f"{iter_dir} is in Megatron's legacy 'torch' format (mp_rank_* files).",
-                hint="The builtin server reads torch_dist checkpoints; convert it with Megatron-LM "
-                "(--ckpt-format torch_dist, or tools/checkpoint/convert.py).",
+                f"{iter_dir} is in Megatron's legacy 'torch' format saved model-parallel ({', '.join(ranks[:4])}"
+                + (", ..." if len(ranks) > 4 else "")
+                + "); the builtin server reads legacy checkpoints saved with TP=1 and PP=1 only.",
+                hint=legacy_conversion_hint(iter_dir, ranks),
             )
         raise DeploymentError(f"{iter_dir} is not a torch_dist checkpoint: {DIST_METADATA_FILE} is missing.")
     try:
@@ -156,3 +184,22 @@ def _check_torch_dist(iter_dir: Path) -> None:
     for name, what in ((COMMON_STATE_FILE, "the training args"), (DCP_METADATA_FILE, "the tensor index")):
         if not (iter_dir / name).is_file():
             raise DeploymentError(f"{iter_dir} is incomplete: {name} ({what}) is missing.")
+    return CHECKPOINT_FORMAT
+
+
+def legacy_conversion_hint(iter_dir: Path, ranks: list[str]) -> str:
+    """How to turn a legacy checkpoint into torch_dist with Megatron-LM (its --ckpt-convert-format).
+
+    The sizes come from the rank directories: mp_rank_TT (TP only) or mp_rank_TT_PPP.
+    """
+    tp = len({name.split("_")[2] for name in ranks})
+    pp = len({name.split("_")[3] for name in ranks if name.count("_") >= 3}) or 1
+    root = iter_dir.parent
+    return (
+        "Convert it to torch_dist with Megatron-LM on TP x PP = "
+        f"{tp * pp} GPUs: torchrun --nproc-per-node {tp * pp} pretrain_gpt.py --use-checkpoint-args "
+        f"--load {root} --ckpt-format torch --ckpt-convert-format torch_dist --ckpt-convert-save {root}-converted "
+        f"--tensor-model-parallel-size {tp} --pipeline-model-parallel-size {pp} --no-load-optim --no-load-rng "
+        "--mock-data (plus the training's tokenizer arguments); then serve "
+        f"{root}-converted/torch_dist, which loads at any TP/PP."
+    )

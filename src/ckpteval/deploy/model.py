@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.deploy.architecture import ModelArchitecture
 from ckpteval.deploy.checkpoint import checkpoint_tensor_shapes
-from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
+from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name, legacy_state_file
 from ckpteval.deploy.runtime import torch_dtype
 from ckpteval.errors import DeploymentError
 
@@ -32,6 +32,7 @@ def transformer_config(
     checkpoint is saved from under tensor or expert parallelism (pass `**overrides` to the config).
     """
     import torch.nn.functional as F
+    from megatron.core import parallel_state
     from megatron.core.activations import squared_relu
     from megatron.core.fusions.fused_bias_geglu import quick_gelu
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -69,6 +70,9 @@ def transformer_config(
             moe_aux_loss_coeff=0.0,
         )
     return TransformerConfig(
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -121,9 +125,11 @@ def build_gpt_model(
 ) -> GPTModel:
     """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`.
 
-    Built under megatron's current parallel state: with expert (or tensor) parallelism initialised,
-    each rank gets its shard, which is how a sharded checkpoint of the same model is saved.
+    Built under megatron's current parallel state: one whole model in a server (`runtime.init_runtime`);
+    with tensor, pipeline or expert parallelism initialised (a test world that saves sharded
+    checkpoints), each rank gets its shard, which is how a sharded checkpoint of the same model is saved.
     """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     from ckpteval.deploy.layers import decoder_block_spec
@@ -133,6 +139,7 @@ def build_gpt_model(
 
         allow_moe_without_transformer_engine()
     config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std)
+    pipeline_size = parallel_state.get_pipeline_model_parallel_world_size()
     model = GPTModel(
         config=config,
         transformer_layer_spec=decoder_block_spec(arch, config),
@@ -145,6 +152,8 @@ def build_gpt_model(
         rope_scaling=arch.use_rope_scaling,
         rope_scaling_factor=arch.rope_scaling_factor,
         seq_len_interpolation_factor=arch.rotary_seq_len_interpolation_factor,
+        pre_process=pipeline_size == 1 or parallel_state.is_pipeline_first_stage(),
+        post_process=pipeline_size == 1 or parallel_state.is_pipeline_last_stage(),
     )
     cast_parameters(model, torch_dtype(dtype))
     return model.eval()
@@ -195,10 +204,17 @@ def check_matches_checkpoint(model: GPTModel, iter_dir: Path) -> None:
 
 
 def load_weights(model: GPTModel, iter_dir: Path) -> None:
-    """Fill `model` with the weights of a torch_dist iteration directory (shapes checked first)."""
+    """Fill `model` with the weights of an iteration directory (shapes checked first).
+
+    torch_dist is resharded by megatron to the model's parallel sizes, whatever it was saved with;
+    a legacy `torch` checkpoint (TP=PP=1 only, see `layout`) is one plain state dict.
+    """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    if legacy_state_file(iter_dir) is not None:
+        _load_legacy_weights(model, iter_dir)
+        return
     check_matches_checkpoint(model, iter_dir)
     loaded = dist_checkpointing.load(
         {"model": model.sharded_state_dict(prefix="")},
@@ -209,6 +225,47 @@ def load_weights(model: GPTModel, iter_dir: Path) -> None:
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
     if missing:
         raise DeploymentError(f"{iter_dir} did not provide {', '.join(missing[:5])}.")
+
+
+def _legacy_names(name: str, keys_maps: list[dict[str, str]]) -> list[str]:
+    """The names a parameter may have in a legacy state dict: the model's own (local spec), or the
+    Transformer Engine name Megatron-LM trains with by default (the layer spec's keys map, applied)."""
+    names = [name]
+    for keys_map in keys_maps:
+        for local, te in keys_map.items():
+            if f".{local}" in name:
+                names.append(name.replace(f".{local}", f".{te}", 1))
+    return names
+
+
+def _load_legacy_weights(model: GPTModel, iter_dir: Path) -> None:
+    from ckpteval.deploy.checkpoint import legacy_model_state
+
+    stored = legacy_model_state(iter_dir)
+    keys_maps = [layer.submodules_config.sharded_state_dict_keys_map for layer in model.decoder.layers]
+    weights, used, missing, mismatched = {}, set(), [], []
+    for name, tensor in model.state_dict().items():
+        if name.endswith("_extra_state"):
+            continue
+        found = next((n for n in _legacy_names(name, keys_maps) if n in stored), None)
+        if found is None:
+            missing.append(name)
+        elif tuple(stored[found].shape) != tuple(tensor.shape):
+            mismatched.append(f"{found}: checkpoint {list(stored[found].shape)}, config {list(tensor.shape)}")
+        else:
+            weights[name] = stored[found]
+            used.add(found)
+    unexpected = [k for k in stored if k not in used and not k.endswith("_extra_state")]
+    if missing or mismatched or unexpected:
+        lines = [f"missing {k}" for k in missing[:5]] + mismatched[:5] + [f"unexpected {k}" for k in unexpected[:5]]
+        raise DeploymentError(
+            f"The weights in {legacy_state_file(iter_dir)} do not match the architecture in its args: "
+            + "; ".join(lines)
+            + ".",
+            hint="The args saved with it must describe the saved model (layers, sizes, vocab, GQA groups, "
+            "swiglu, tied embeddings).",
+        )
+    model.load_state_dict(weights, strict=False)
 
 
 def save_checkpoint(
@@ -223,12 +280,17 @@ def save_checkpoint(
 
     `args` goes into the common state under "args", like Megatron-LM's training arguments.
     Must run under an `if __name__ == "__main__"` guard: the writer forks and spawns processes.
+    In a world of several ranks every rank calls it with its shard; rank 0 writes the directories.
     """
+    import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
+    first_rank = dist.get_rank() == 0
     iter_dir = root / iteration_dir_name(iteration)
-    iter_dir.mkdir(parents=True, exist_ok=False)
+    if first_rank:
+        iter_dir.mkdir(parents=True, exist_ok=False)
+    dist.barrier()
     args.iteration = iteration
     state = {
         "model": model.sharded_state_dict(prefix=""),
@@ -240,5 +302,6 @@ def save_checkpoint(
     # One writer thread: one data file and one forked writer instead of two.
     strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
     dist_checkpointing.save(state, str(iter_dir), sharded_strategy=strategy)
-    (root / TRACKER_FILE).write_text(str(iteration))
+    if first_rank:
+        (root / TRACKER_FILE).write_text(str(iteration))
     return iter_dir

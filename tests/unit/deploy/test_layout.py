@@ -93,12 +93,47 @@ def test_tracker_names_a_missing_iteration(tmp_path: Path) -> None:
     expect_error(tmp_path / "ck", "iter_0002000", "does not exist")
 
 
-def test_legacy_torch_format_is_named(tmp_path: Path) -> None:
-    iter_dir = tmp_path / "ck" / "iter_0000005"
-    (iter_dir / "mp_rank_00").mkdir(parents=True)
-    (tmp_path / "ck" / TRACKER_FILE).write_text("5")
-    error = expect_error(tmp_path / "ck", "legacy 'torch' format")
-    assert error.hint and "torch_dist" in error.hint
+def make_legacy(root: Path, *ranks: str, state_file: bool = True) -> Path:
+    """A legacy `torch` checkpoint's directories: iter_0000005/<rank>/model_optim_rng.pt (empty)."""
+    iter_dir = root / "iter_0000005"
+    for rank in ranks:
+        (iter_dir / rank).mkdir(parents=True)
+        if state_file:
+            (iter_dir / rank / "model_optim_rng.pt").write_bytes(b"")
+    (root / TRACKER_FILE).write_text("5")
+    return iter_dir
+
+
+def test_legacy_torch_format_saved_with_tp1_is_read(tmp_path: Path) -> None:
+    make_legacy(tmp_path / "ck", "mp_rank_00")
+    assert locate_checkpoint(tmp_path / "ck").ckpt_format == "torch"
+
+
+def test_legacy_torch_format_without_its_state_file(tmp_path: Path) -> None:
+    make_legacy(tmp_path / "ck", "mp_rank_00", state_file=False)
+    expect_error(tmp_path / "ck", "legacy 'torch' format", "model_optim_rng.pt")
+
+
+@pytest.mark.parametrize(
+    ("ranks", "sizes"),
+    [
+        (("mp_rank_00", "mp_rank_01"), "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1"),
+        (("mp_rank_00_000", "mp_rank_00_001"), "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2"),
+        (
+            ("mp_rank_00_000", "mp_rank_01_000", "mp_rank_00_001", "mp_rank_01_001"),
+            "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2",
+        ),
+    ],
+)
+def test_legacy_torch_format_saved_model_parallel_gets_the_conversion_command(
+    tmp_path: Path, ranks: tuple[str, ...], sizes: str
+) -> None:
+    make_legacy(tmp_path / "ck", *ranks)
+    error = expect_error(tmp_path / "ck", "legacy 'torch' format", "TP=1 and PP=1 only")
+    root = (tmp_path / "ck").resolve()
+    assert error.hint and f"--load {root} --ckpt-format torch --ckpt-convert-format torch_dist" in error.hint
+    assert sizes in error.hint
+    assert f"serve {root}-converted/torch_dist" in error.hint
 
 
 def test_other_sharded_backend(tmp_path: Path) -> None:

@@ -1,0 +1,125 @@
+"""Checkpoints saved sharded by megatron-core (TP=2, PP=2, TP=2 x PP=2; legacy torch) served at TP=1.
+
+One TP=1 save is resharded by megatron itself into each layout (tests/support/corpus/sharded.py), so
+every layout holds the same weights: the server, loading each at TP=1 through megatron's resharding,
+must give exactly the TP=1 log-probabilities and greedy generations.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpteval.deploy.engine import SamplingParams
+from ckpteval.errors import DeploymentError
+from tests.support.corpus.sharded import build_sharded
+
+SERVED = ("tp2", "pp2", "tp2pp2", "legacy_tp1")
+PROMPTS = ("Sharded by megatron, served whole.", "ab", "The quick brown fox jumps over the lazy dog " * 3)
+
+
+@pytest.fixture(scope="session")
+def sharded_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every layout, built once per session in one gloo world of 4 ranks (~2 min on a busy machine)."""
+    return build_sharded(tmp_path_factory.mktemp("sharded"))
+
+
+@pytest.fixture(scope="session")
+def served(sharded_checkpoints: dict[str, Path]) -> dict[str, Any]:
+    from ckpteval.deploy.server import load_model
+
+    return {name: load_model(sharded_checkpoints[name], device="cpu") for name in ("tp1", *SERVED)}
+
+
+def _iter_dir(root: Path) -> Path:
+    return root / "iter_0000000"
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"), [("tp1", (1, 1, 1, 1)), ("tp2", (2, 1, 1, 1)), ("pp2", (1, 2, 1, 1)), ("tp2pp2", (2, 2, 1, 1))]
+)
+def test_saved_parallelism_is_read_from_the_args_and_the_index(
+    sharded_checkpoints: dict[str, Path], name: str, sizes: tuple[int, ...]
+) -> None:
+    from ckpteval.deploy.checkpoint import read_common_state, saved_parallelism
+
+    iter_dir = _iter_dir(sharded_checkpoints[name])
+    assert saved_parallelism(read_common_state(iter_dir)["args"], iter_dir) == sizes
+    # Without the sizes in the args, the index still shows TP: the embedding is stored one chunk per TP rank.
+    assert saved_parallelism(argparse.Namespace(), iter_dir) == (sizes[0], None, None, None)
+
+
+def test_the_index_of_a_tp2_save_holds_each_rank_s_half(sharded_checkpoints: dict[str, Path]) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    chunks = FileSystemReader(str(_iter_dir(sharded_checkpoints["tp2"]))).read_metadata().state_dict_metadata
+    # the row-parallel projection is split along its input dim, two halves per layer
+    proj = chunks["decoder.layers.self_attention.linear_proj.weight"]
+    assert sorted({tuple(c.sizes) for c in proj.chunks}) == [(1, 64, 32)]
+    assert len(proj.chunks) == 4  # 2 layers x 2 TP ranks
+    assert sorted(p.name for p in _iter_dir(sharded_checkpoints["tp2"]).glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_the_server_loads_the_tp1_weights(served: dict[str, Any], name: str) -> None:
+    import torch
+
+    expected = served["tp1"].runner.model.state_dict()
+    loaded = served[name].runner.model.state_dict()
+    tensors = [key for key in expected if not key.endswith("_extra_state")]
+    assert len(tensors) == 15  # embedding, output layer, final norm, 2 layers x (2 norms, qkv, proj, fc1, fc2)
+    assert all(torch.equal(loaded[key], expected[key]) for key in tensors)
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_log_probabilities_and_greedy_generations_equal_the_tp1_save(served: dict[str, Any], name: str) -> None:
+    reference, runner = served["tp1"].runner, served[name].runner
+    rows = [reference.tokenizer.encode(prompt) for prompt in PROMPTS]
+    for ours, theirs in zip(runner.score(rows, top_k=3), reference.score(rows, top_k=3), strict=True):
+        assert ours.token_logprobs == theirs.token_logprobs  # exact: the same weights and the same forward
+        assert (ours.top_ids, ours.top_logprobs) == (theirs.top_ids, theirs.top_logprobs)
+    requests = [(row, SamplingParams(max_tokens=24)) for row in rows]
+    ours_gen, theirs_gen = runner.generate(requests), reference.generate(requests)
+    assert [g.token_ids for g in ours_gen] == [g.token_ids for g in theirs_gen]
+    assert all(len(g.token_ids) > 0 for g in theirs_gen)
+
+
+def test_a_legacy_checkpoint_saved_with_tp2_is_refused_with_the_conversion_command(
+    sharded_checkpoints: dict[str, Path],
+) -> None:
+    from ckpteval.deploy.server import load_model
+
+    root = sharded_checkpoints["legacy_tp2"]
+    with pytest.raises(DeploymentError, match="legacy 'torch' format saved model-parallel") as caught:
+        load_model(root, device="cpu")
+    assert caught.value.hint and "--ckpt-convert-format torch_dist" in caught.value.hint
+    assert "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1" in caught.value.hint
+
+
+def test_a_legacy_checkpoint_with_other_weights_than_its_args_say_is_refused(
+    sharded_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    import torch
+
+    from ckpteval.deploy.server import load_model
+
+    root = tmp_path / "legacy"
+    shutil.copytree(sharded_checkpoints["legacy_tp1"], root)
+    state_file = _iter_dir(root) / "mp_rank_00" / "model_optim_rng.pt"
+    state = torch.load(state_file, weights_only=False)
+    del state["model"]["decoder.layers.1.mlp.linear_fc2.weight"]
+    state["model"]["decoder.layers.2.mlp.linear_fc2.weight"] = torch.zeros(64, 192)
+    torch.save(state, state_file)
+    with pytest.raises(DeploymentError, match="do not match the architecture") as caught:
+        load_model(root, device="cpu")
+    message = str(caught.value)
+    assert "missing decoder.layers.1.mlp.linear_fc2.weight" in message
+    assert "unexpected decoder.layers.2.mlp.linear_fc2.weight" in message
