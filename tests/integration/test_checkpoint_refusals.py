@@ -99,7 +99,7 @@ def test_dry_run_with_check_describes_the_checkpoint_on_the_cluster(  # type: ig
     )
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "checkpoint (served by builtin-gpu)" in text, text
+    assert "served by builtin-gpu" in text, text
     assert "Llama-style GPT" in text and "saved with TP=1 PP=1 EP=1" in text, text
     assert str(shared_checkpoints["tiny"]) in text  # the cluster's path, not where its files were copied
     assert list_records() == [] and not os.path.exists(remote_job_dir)

@@ -16,10 +16,13 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ckpteval.deploy.layout import DCP_METADATA_FILE, locate_checkpoint
 from ckpteval.errors import DeploymentError
+
+if TYPE_CHECKING:
+    from ckpteval.config.preview import PreviewPanel
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
 BACKENDS: tuple[BackendName, ...] = ("builtin-cpu", "builtin-gpu", "export-deploy", "vllm")
@@ -521,3 +524,15 @@ def summary(description: CheckpointDescription) -> str:
         extra = "".join(f", {k}={v}" for k, v in verdict.settings.items())
         lines.append(f"{verdict.backend:<13} {mark} {verdict.reason}{memory}{extra}")
     return "\n".join(lines)
+
+
+def checkpoint_panel(description: CheckpointDescription, backend: str) -> PreviewPanel:
+    """The description as the run's preview shows it: headline and backend in the title, every detail in
+    full by --dry-run."""
+    from ckpteval.config.preview import PreviewPanel
+
+    return PreviewPanel(
+        title=f"checkpoint: {headline(description)}; served by {backend}",
+        body=summary(description),
+        full_only_in_dry_run=True,
+    )

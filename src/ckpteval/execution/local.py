@@ -78,7 +78,13 @@ class LocalPreparedJob:
     def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
         """The checkpoint on this machine, described and checked against the backend that will serve it
         (nothing to read yet when the job prepares a packaged model on first use)."""
-        from ckpteval.deploy.description import backend_of, clients_read, refuse_unservable, summary, user_tokenizer
+        from ckpteval.deploy.description import (
+            backend_of,
+            checkpoint_panel,
+            clients_read,
+            refuse_unservable,
+            user_tokenizer,
+        )
 
         deployment = self.compiled.config.deployment
         backend = backend_of(deployment, on_cluster=False)
@@ -93,7 +99,7 @@ class LocalPreparedJob:
 
         description = describe_checkpoint(checkpoint, tokenizer=user_tokenizer(deployment))
         refuse_unservable(description, backend, clients_read=clients_read(deployment, str(checkpoint)))
-        return [PreviewPanel(title=f"checkpoint (served by {backend})", body=summary(description))]
+        return [checkpoint_panel(description, backend)]
 
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
         """The job script (nothing to squash here)."""

@@ -126,7 +126,13 @@ class SlurmPreparedJob:
     def _checked_checkpoint(self, remote: Remote) -> PreviewPanel | None:
         """Describe the job's checkpoint on the cluster; DeploymentError when its backend cannot serve it."""
         from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
-        from ckpteval.deploy.description import backend_of, clients_read, refuse_unservable, summary, user_tokenizer
+        from ckpteval.deploy.description import (
+            backend_of,
+            checkpoint_panel,
+            clients_read,
+            refuse_unservable,
+            user_tokenizer,
+        )
 
         deployment = self.compiled.config.deployment
         backend = backend_of(deployment, on_cluster=True)
@@ -135,7 +141,7 @@ class SlurmPreparedJob:
             return None  # a packaged model the job prepares: ckpteval's own, nothing to read yet
         description = describe_remote_checkpoint(remote, path, tokenizer=user_tokenizer(deployment))
         refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
-        return PreviewPanel(title=f"checkpoint (served by {backend})", body=summary(description))
+        return checkpoint_panel(description, backend)
 
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
         """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
@@ -174,7 +180,7 @@ class SlurmPreparedJob:
             check_builtin_python(remote, self.plan, self.profile)  # the job's python imports ckpteval there
             checkpoint = self._checked_checkpoint(remote)  # a checkpoint its backend cannot serve ends here
             if checkpoint is not None:
-                report(Note(checkpoint.title + ": " + checkpoint.body.splitlines()[0]))
+                report(Note(checkpoint.title))
             plan = self.plan
             if plan.after_tasks and self.compiled.config.export.wandb.enabled:
                 from ckpteval.export.job import stage_wandb_key

@@ -151,4 +151,4 @@ def test_the_dry_run_shows_the_checkpoint(tiny_checkpoint: Path, isolated_user: 
         app, ["-c", "tiny", "-t", "gsm8k", "deployment.prepare=null", f"run.model={tiny_checkpoint}", "--dry-run"]
     )
     assert result.exit_code == 0, result.output
-    assert "checkpoint (served by builtin-cpu)" in result.output and "Llama-style GPT" in result.output
+    assert "served by builtin-cpu" in result.output and "Llama-style GPT" in result.output
