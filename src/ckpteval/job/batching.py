@@ -5,7 +5,7 @@ that arrive within `--batch_wait_timeout_s` of each other into one batch, whiche
 runs that batch with the *first* request's settings: temperature, top_k, top_p, max tokens, whether to
 compute log-probabilities (and how many top ones), echo, stop words. Completions and chat requests wait in
 separate queues. Two tasks sharing such a deployment at once would each get answers made with the other's
-settings, silently (docs/slurm.md, "Export-Deploy batches concurrent tasks together").
+settings, silently (docs/deploy.md, "Concurrent tasks", has the finding per release, with file and lines).
 
 So on such a release tasks run in groups, one group after the other: a group holds tasks whose requests
 carry the same settings (`RequestSettings`), at most one such set per endpoint route. Tasks in one group run
