@@ -531,8 +531,9 @@ def checkpoint_panel(description: CheckpointDescription, backend: str) -> Previe
     full by --dry-run."""
     from ckpteval.config.preview import PreviewPanel
 
+    d = description
     return PreviewPanel(
-        title=f"checkpoint: {headline(description)}; served by {backend}",
+        title=f"checkpoint, served by {backend}: {d.family}, {d.parameters / 1e6:,.1f} M parameters",
         body=summary(description),
         full_only_in_dry_run=True,
     )

@@ -133,7 +133,7 @@ def decoder_block_spec(arch: ModelArchitecture, config: Any) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     if arch.is_moe:
         spec = get_gpt_decoder_block_spec(
@@ -143,7 +143,10 @@ def decoder_block_spec(arch: ModelArchitecture, config: Any) -> Any:
         layer = get_gpt_layer_local_spec(
             qk_layernorm=arch.qk_layernorm, normalization=arch.normalization, qk_l2_norm=arch.qk_l2_norm
         )
-        spec = TransformerBlockSubmodules(layer_specs=[layer] * arch.num_layers, layer_norm=WrappedTorchNorm)
+        # this pipeline stage's layers (all of them at PP=1), as megatron's block spec builds them
+        spec = TransformerBlockSubmodules(
+            layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=WrappedTorchNorm
+        )
     spec = copy.deepcopy(spec)  # megatron's spec functions may share module specs between calls
     replacements: dict[type, type] = {WrappedTorchNorm: norm_class()}
     try:

@@ -146,9 +146,13 @@ def test_a_run_is_refused_before_any_side_effect(variants: dict[str, Path], isol
     assert list_records() == [] and not (isolated_user / "results").exists()  # nothing recorded, nothing written
 
 
-def test_the_dry_run_shows_the_checkpoint(tiny_checkpoint: Path, isolated_user: Path) -> None:
+def test_the_dry_run_shows_the_checkpoint(
+    tiny_checkpoint: Path, isolated_user: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")
     result = runner.invoke(
         app, ["-c", "tiny", "-t", "gsm8k", "deployment.prepare=null", f"run.model={tiny_checkpoint}", "--dry-run"]
     )
     assert result.exit_code == 0, result.output
-    assert "served by builtin-cpu" in result.output and "Llama-style GPT" in result.output
+    assert "checkpoint, served by builtin-cpu: Llama-style GPT" in result.output
+    assert "saved with TP=1 PP=1 EP=1" in result.output and "export-deploy yes" in result.output
