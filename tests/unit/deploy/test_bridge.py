@@ -3,6 +3,7 @@ of the same weights, and read back as the same model by Megatron-Bridge 0.3.1's 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -108,9 +109,12 @@ def test_bridge_031_reads_what_we_write(saved: tuple[Path, Path], tmp_path: Path
         pytest.skip(source)
     out = tmp_path / "seen.pt"
     iter_dir = saved[0] / "iter_0000010"
+    # Bridge makes its own one-rank world: not on the rendezvous port this process's world holds
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.megatron_bridge", str(iter_dir), str(out)],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
