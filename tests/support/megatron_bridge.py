@@ -145,7 +145,11 @@ def import_bridge(source: Path) -> None:
 
     Call in a process of its own (a subprocess or a test module run alone): the stubs stay.
     """
-    import megatron.core  # the real one first, so its optional-import probes see no stubs
+    # megatron-core first, with the GPT model's modules: their optional-import probes must see no stubs
+    import megatron.core
+    import megatron.core.models.gpt.gpt_layer_specs
+    import megatron.core.models.gpt.gpt_model
+    import megatron.core.transformer.attention
 
     for name in _STUBBED_PACKAGES:
         sys.modules.pop(name, None)
@@ -154,3 +158,61 @@ def import_bridge(source: Path) -> None:
 
     sys.path.insert(0, str(source))
     megatron.__path__.append(str(source / "megatron"))  # a namespace package: megatron.bridge joins it
+
+
+def check_with_bridge(iter_dir: Path, out: Path) -> None:
+    """Read a Bridge-layout iteration directory with Megatron-Bridge's own loaders; write what they saw.
+
+    `out` gets a torch file: the run config Bridge read, the provider's fields, the tokenizer's
+    vocabulary size and ids for a text, and the model state dict Bridge loaded (build_and_load_model
+    on the CPU, with the local layer spec: Transformer Engine is stubbed).
+    """
+    import torch
+
+    source = bridge_source()
+    if isinstance(source, str):
+        raise SystemExit(source)
+    import_bridge(source)
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+    from megatron.bridge.training.model_load_save import build_and_load_model, load_model_config, load_tokenizer
+    from megatron.bridge.training.utils.checkpoint_utils import get_hf_model_id_from_checkpoint, read_run_config
+
+    run_config = read_run_config(str(iter_dir / "run_config.yaml"))
+    model_cfg, mlm_args = load_model_config(str(iter_dir))
+    assert mlm_args is None, "Bridge read the checkpoint as a Megatron-LM one"
+    fields = {
+        name: getattr(model_cfg, name)
+        for name in (
+            "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "kv_channels", "seq_length", "vocab_size", "should_pad_vocab", "make_vocab_size_divisible_by",
+            "normalization", "layernorm_epsilon", "gated_linear_unit", "position_embedding_type", "rotary_base",
+            "rope_scaling", "rope_scaling_factor", "share_embeddings_and_output_weights", "add_bias_linear",
+            "bf16",
+        )
+    }  # fmt: skip
+    fields["activation_func"] = f"{model_cfg.activation_func.__module__}.{model_cfg.activation_func.__name__}"
+    fields["params_dtype"] = str(model_cfg.params_dtype)
+    tokenizer = load_tokenizer(str(iter_dir), tokenizer_model=str(iter_dir / "tokenizer"))
+    model_cfg.transformer_layer_spec = local_layer_spec  # the same weights; TE is stubbed here
+    model_cfg.gradient_accumulation_fusion = False
+    model_cfg.masked_softmax_fusion = False
+    model_cfg.bias_activation_fusion = False
+    model_cfg.bias_dropout_fusion = False
+    model_cfg.apply_rope_fusion = False
+    model_cfg.persist_layer_norm = False
+    state = build_and_load_model(str(iter_dir), model_cfg, return_state_dict=True, use_cpu_init=True)
+    torch.save(
+        {
+            "run_config_model_target": run_config["model"]["_target_"],
+            "fields": fields,
+            "hf_model_id": get_hf_model_id_from_checkpoint(str(iter_dir.parent)),
+            "tokenizer_vocab_size": tokenizer.vocab_size,
+            "tokenizer_ids": list(tokenizer.tokenize("Grüße, Megatron!")),
+            "state_dict": {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)},
+        },
+        out,
+    )
+
+
+if __name__ == "__main__":
+    check_with_bridge(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -82,6 +82,24 @@ def build_bridge_llama(out_dir: Path, release: str = "0.3.1", *, megatron_lm_twi
     return out_dir
 
 
+def to_release(root: Path, release: str) -> Path:
+    """Turn a 0.3.1-layout checkpoint at `root` into what `release` writes, by removing what it did not."""
+    import shutil
+
+    import yaml
+
+    features = _features(release)
+    iter_dir = root / f"iter_{ITERATION:07d}"
+    if not features["text_tracker"]:
+        (root / "latest_checkpointed_iteration.txt").unlink(missing_ok=True)
+    if not features["tokenizer_copy"]:
+        shutil.rmtree(iter_dir / "tokenizer", ignore_errors=True)
+    if not features["hf_model_id"]:
+        with open(iter_dir / "run_config.yaml", "w") as handle:
+            yaml.safe_dump(run_config(BRIDGE_LLAMA, release, root), handle, default_flow_style=False)
+    return root
+
+
 def run_config(arch: ModelArchitecture, release: str, root: Path) -> dict[str, Any]:
     """The ConfigContainer dict Bridge would save for `arch` (from the template Bridge 0.3.1 wrote)."""
     import yaml
@@ -111,12 +129,10 @@ def run_config(arch: ModelArchitecture, release: str, root: Path) -> dict[str, A
         bf16=True,
         params_dtype={"_target_": "torch.bfloat16", "_call_": False},
     )
-    features = _features(release)
-    if features["hf_model_id"]:
-        model["hf_model_id"] = HF_MODEL_ID
-    else:
-        model.pop("hf_model_id", None)
-        config["checkpoint"].pop("save_tokenizer_assets", None)
+    model["hf_model_id"] = HF_MODEL_ID
+    if not _features(release)["hf_model_id"]:
+        del model["hf_model_id"]
+        del config["checkpoint"]["save_tokenizer_assets"]
     config["dataset"]["seq_length"] = arch.max_position_embeddings
     config["checkpoint"]["save"] = config["checkpoint"]["load"] = str(root)
     config["tokenizer"].update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=TRAINING_TOKENIZER_PATH)
@@ -138,8 +154,6 @@ def _build(out_dir: Path, release: str, twin: Path | None) -> None:
     init_runtime("cpu")
     torch.manual_seed(SEED)
     model = build_gpt_model(BRIDGE_LLAMA, dtype="bfloat16", initialize=True, init_std=INIT_STD)
-    features = _features(release)
-
     iter_dir = out_dir / f"iter_{ITERATION:07d}"
     iter_dir.mkdir(parents=True)
     # Bridge's generate_state_dict(): no "args"; the model under "model"; content metadata in common.pt
@@ -165,12 +179,11 @@ def _build(out_dir: Path, release: str, twin: Path | None) -> None:
     }
     torch.save(train_state, iter_dir / "train_state.pt")
     shutil.copy(iter_dir / "train_state.pt", out_dir / "latest_train_state.pt")
-    if features["text_tracker"]:
-        (out_dir / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+    (out_dir / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
     with open(iter_dir / "run_config.yaml", "w") as handle:
-        yaml.safe_dump(run_config(BRIDGE_LLAMA, release, out_dir), handle, default_flow_style=False)
-    if features["tokenizer_copy"]:
-        write_byte_tokenizer(iter_dir / "tokenizer")
+        yaml.safe_dump(run_config(BRIDGE_LLAMA, "0.3.1", out_dir), handle, default_flow_style=False)
+    write_byte_tokenizer(iter_dir / "tokenizer")
+    to_release(out_dir, release)
 
     if twin is not None:
         args = BRIDGE_LLAMA.to_args(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=None, vocab_size=BYTE_VOCAB)
