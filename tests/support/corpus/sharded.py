@@ -34,11 +34,13 @@ class Parallelism:
 
     tp: int = 1
     pp: int = 1
+    ep: int = 1
     legacy: bool = False  # Megatron-LM's legacy `torch` format: one mp_rank_* file per model-parallel rank
+    moe: bool = False  # the tiny model with mixture-of-experts MLPs (megatron-core's local MoE spec)
 
     @property
     def model_parallel(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.ep
 
 
 LAYOUTS = {
@@ -48,6 +50,16 @@ LAYOUTS = {
     "tp2pp2": Parallelism(tp=2, pp=2),
     "legacy_tp1": Parallelism(legacy=True),
     "legacy_tp2": Parallelism(tp=2, legacy=True),
+    "moe_tp1": Parallelism(moe=True),
+    "moe_ep2": Parallelism(ep=2, moe=True),
+}
+MOE_ARGS = {  # Megatron-LM's names; 4 experts, top-2 routing (softmax after top-k: Mixtral's)
+    "num_experts": 4,
+    "moe_router_topk": 2,
+    "moe_ffn_hidden_size": 96,
+    "moe_grouped_gemm": False,
+    "moe_router_pre_softmax": False,
+    "moe_token_dispatcher_type": "allgather",
 }
 
 
@@ -154,9 +166,8 @@ def _build_one(name: str, out_dir: Path) -> Path:
 def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str, Path], model: str) -> None:
     """One rank of the world: make the TP=1 source, then reshard it into each target layout."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
 
-    from ckpteval.deploy.cpu import apply_cpu_patches, initialize_rng_tracker
+    from ckpteval.deploy.cpu import apply_cpu_patches
     from ckpteval.deploy.runtime import quiet_library_logs
 
     quiet_library_logs()
@@ -164,20 +175,96 @@ def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     apply_cpu_patches()
+    sources = {False: source, True: source.with_name("moe_tp1")}  # the dense and the MoE TP=1 saves
+    made: set[bool] = set()
     try:
-        for name, layout in [("tp1", LAYOUTS["tp1"]), *((n, LAYOUTS[n]) for n in targets if n != "tp1")]:
-            parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp
-            )
-            initialize_rng_tracker()
-            out = source if name == "tp1" else targets[name]
-            _save_layout(out, layout, world, source=None if name == "tp1" else source, model=model)
-            if name == "tp1" and "tp1" in targets and rank == 0:
-                shutil.copytree(source, targets["tp1"])
-            dist.barrier()
-            parallel_state.destroy_model_parallel()
+        for name in targets:
+            layout = LAYOUTS[name]
+            if layout.moe not in made:
+                _save_in_world(sources[layout.moe], Parallelism(moe=layout.moe), world, None, model)
+                made.add(layout.moe)
+            if layout.model_parallel == 1 and not layout.legacy:  # the source itself
+                if rank == 0:
+                    shutil.copytree(sources[layout.moe], targets[name])
+                dist.barrier()
+                continue
+            _save_in_world(targets[name], layout, world, sources[layout.moe], model)
     finally:
         dist.destroy_process_group()
+
+
+def _save_in_world(out: Path, layout: Parallelism, world: int, source: Path | None, model: str) -> None:
+    from megatron.core import parallel_state
+
+    from ckpteval.deploy.cpu import initialize_rng_tracker
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        expert_model_parallel_size=layout.ep,
+    )
+    initialize_rng_tracker()
+    try:
+        _save_layout(out, layout, world, source=source, model=model)
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def build_moe_model(arch: Any, *, initialize: bool = False, init_std: float = 0.02) -> Any:
+    """The tiny GPT with MoE MLPs (MOE_ARGS), from megatron-core's local spec, for the current parallel state.
+
+    Built here, not with `deploy.model.build_gpt_model`, until the builtin serves MoE (branch arch).
+    """
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        kv_channels=arch.kv_channels,
+        normalization=arch.normalization,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        num_moe_experts=MOE_ARGS["num_experts"],
+        moe_router_topk=MOE_ARGS["moe_router_topk"],
+        moe_ffn_hidden_size=MOE_ARGS["moe_ffn_hidden_size"],
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="allgather",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        use_cpu_initialization=True,
+        perform_initialization=initialize,
+        init_method_std=init_std,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+    )
+    spec = get_gpt_layer_local_spec(
+        num_experts=MOE_ARGS["num_experts"], moe_grouped_gemm=False, normalization=arch.normalization
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=arch.padded_vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        share_embeddings_and_output_weights=not arch.untie_embeddings_and_output_weights,
+        position_embedding_type=arch.position_embedding_type,
+    ).eval()
 
 
 def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | None, model: str) -> None:
@@ -190,12 +277,13 @@ def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | N
     from ckpteval.deploy.tokenizer import write_byte_tokenizer
 
     arch = sharded_architecture(model)
+    build = build_moe_model if layout.moe else build_gpt_model
     if source is None:
         torch.manual_seed(TINY_SEED)  # the same weights on every rank: each is a data-parallel replica
-        model = build_gpt_model(arch, initialize=True, init_std=TINY_INIT_STD)
+        gpt = build(arch, initialize=True, init_std=TINY_INIT_STD)
     else:
-        model = build_gpt_model(arch)
-        load_weights(model, source / "iter_0000000")
+        gpt = build(arch)
+        load_weights(gpt, source / "iter_0000000")
     args = arch.to_args(
         tokenizer_type="HuggingFaceTokenizer",
         tokenizer_model=None,
@@ -205,16 +293,17 @@ def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | N
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=None,
-        expert_model_parallel_size=1,
+        expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.tp,
         context_parallel_size=1,
-        data_parallel_size=world // layout.model_parallel,
+        data_parallel_size=world // (layout.tp * layout.pp),
+        **(MOE_ARGS if layout.moe else {}),
     )
     if layout.legacy:
         args.ckpt_format = "torch"
-        _save_legacy(model, out, args=args)
+        _save_legacy(gpt, out, args=args)
     else:
-        save_checkpoint(model, out, args=args)
+        save_checkpoint(gpt, out, args=args)
     if dist.get_rank() == 0:
         write_byte_tokenizer(out / TOKENIZER_DIR)
     dist.barrier()
