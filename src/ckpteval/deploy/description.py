@@ -52,15 +52,19 @@ _MODEL_KEY_SKIP = ("optimizer", "rng_state", "_extra_state", "rerun_state")
 
 @dataclass(frozen=True)
 class Parallelism:
-    """The parallel sizes a checkpoint was saved with (or a backend serves it with)."""
+    """The parallel sizes a checkpoint was saved with; None where nothing recorded says (args without the
+    sizes: the tensor index shows TP alone)."""
 
-    tensor: int = 1
-    pipeline: int = 1
-    expert: int = 1
+    tensor: int | None = 1
+    pipeline: int | None = 1
+    expert: int | None = 1
     virtual_pipeline: int | None = None
 
     def __str__(self) -> str:
-        text = f"TP={self.tensor} PP={self.pipeline} EP={self.expert}"
+        def size(value: int | None) -> str:
+            return "?" if value is None else str(value)
+
+        text = f"TP={size(self.tensor)} PP={size(self.pipeline)} EP={size(self.expert)}"
         return text + (f" VP={self.virtual_pipeline}" if self.virtual_pipeline else "")
 
 
@@ -153,7 +157,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
     from ckpteval.deploy.checkpoint import EMBEDDING_KEY, read_training_args
 
     args, kind, hf_id = read_training_args(layout)
-    tensors = _tensor_index(layout.iter_dir)
+    tensors = _legacy_tensors(layout.iter_dir) if layout.ckpt_format == "torch" else _tensor_index(layout.iter_dir)
     vocab = tensors.get(EMBEDDING_KEY, ((None,), ""))[0][0]
     problems: list[str] = []
     hints: list[str] = []
@@ -175,13 +179,13 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
     trained = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
     parameters = sum(_numel(shape) for shape, _ in tensors.values())
     weight_bytes = sum(_numel(shape) * _itemsize(dtype) for shape, dtype in tensors.values())
-    saved = _saved_parallelism(args)
+    saved = saved_parallelism(args, layout.iter_dir)
     family = _family(args)
     builtin_ok = not problems
     description = CheckpointDescription(
         path=str(layout.iter_dir),
         layout=kind,
-        format="torch_dist",
+        format=layout.ckpt_format,
         iteration=layout.iteration,
         family=family,
         architecture=architecture,
@@ -268,6 +272,22 @@ def _tensor_index(iter_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     }
 
 
+def _legacy_tensors(iter_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name -> (shape, dtype) of a legacy `torch` checkpoint's model state (its pickle only)."""
+    from ckpteval.deploy.layout import legacy_state_file
+    from ckpteval.deploy.torchfiles import TensorStandIn, read_torch_save
+
+    path = legacy_state_file(iter_dir)
+    model = read_torch_save(path).get("model") if path else None
+    if not isinstance(model, dict):
+        return {}
+    return {
+        str(key): (value.shape, value.dtype or "float32")
+        for key, value in model.items()
+        if isinstance(value, TensorStandIn) and "_extra_state" not in str(key)
+    }
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     count = 1
     for size in shape:
@@ -279,18 +299,31 @@ def _itemsize(dtype: str) -> int:
     return _DTYPE_BYTES.get(dtype, 4)
 
 
-def _saved_parallelism(args: Any) -> Parallelism:
+def saved_parallelism(args: Any, iter_dir: Path) -> Parallelism:
+    """TP, PP, EP (and VP) a checkpoint was saved with, from Megatron-LM's args; args without the sizes fall
+    back to the torch_dist index, which shows TP only (the vocabulary-parallel embedding is stored one chunk
+    per TP rank; layers and experts leave no trace of PP or EP). Reads no weights, imports no torch."""
+
     def size(name: str) -> int:
         value = getattr(args, name, None)
         return int(value) if isinstance(value, int) and value > 0 else 1
 
     vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
-    return Parallelism(
-        tensor=size("tensor_model_parallel_size"),
-        pipeline=size("pipeline_model_parallel_size"),
-        expert=size("expert_model_parallel_size"),
-        virtual_pipeline=int(vp) if isinstance(vp, int) and vp > 1 else None,
-    )
+    virtual = int(vp) if isinstance(vp, int) and vp > 1 else None
+    if isinstance(getattr(args, "tensor_model_parallel_size", None), int):
+        return Parallelism(
+            tensor=size("tensor_model_parallel_size"),
+            pipeline=size("pipeline_model_parallel_size"),
+            expert=size("expert_model_parallel_size"),
+            virtual_pipeline=virtual,
+        )
+    from ckpteval.deploy.checkpoint import EMBEDDING_KEY
+    from ckpteval.deploy.torchfiles import read_chunk_offsets
+
+    index = iter_dir / DCP_METADATA_FILE
+    offsets = read_chunk_offsets(index, EMBEDDING_KEY) if index.is_file() else []
+    tensor = len({o[0] for o in offsets if o}) or None
+    return Parallelism(tensor=tensor, pipeline=None, expert=None, virtual_pipeline=virtual)
 
 
 def _family(args: Any) -> str:
@@ -381,7 +414,7 @@ def _export_deploy_verdict(
     Mamba models need its `--model_type mamba` (deployment.model_type=mamba)."""
     hybrid = family.startswith("hybrid")
     settings = {"deployment.model_type": "mamba" if hybrid else "gpt"}
-    shards = max(1, saved.tensor * saved.pipeline)
+    shards = max(1, (saved.tensor or 1) * (saved.pipeline or 1))
     memory = int(parameters * _DTYPE_BYTES.get(dtype, 2) / shards * SERVING_HEADROOM)
     if token.problem:  # the task clients could not tokenize either
         hint = token.hint or "Set deployment.tokenizer to a Hugging Face tokenizer directory or hub id."

@@ -93,6 +93,7 @@ class TensorStandIn:
 
     shape: tuple[int, ...]
     values: tuple[Any, ...] | None = None
+    dtype: str | None = None
 
     def item(self) -> Any:
         """The value of a one-element tensor (like torch's `Tensor.item`)."""
@@ -112,6 +113,7 @@ _STORAGES = {
     "FloatStorage": ("float32", "f"),
     "DoubleStorage": ("float64", "d"),
     "HalfStorage": ("float16", "e"),
+    "BFloat16Storage": ("bfloat16", ""),  # no struct code: shape and dtype only
 }
 SMALL_TENSOR = 64
 
@@ -142,12 +144,11 @@ class _Unpickler(pickle.Unpickler):
     def _rebuild_tensor(self, storage: Any, offset: int, size: Any, *rest: Any) -> TensorStandIn:
         shape = tuple(size)
         count = _numel(shape)
-        if not isinstance(storage, _Storage) or self.read_storage is None or count > SMALL_TENSOR:
-            return TensorStandIn(shape)
-        known = _STORAGES.get(storage.kind)
-        if known is None:
-            return TensorStandIn(shape)
-        _, code = known
+        known = _STORAGES.get(storage.kind) if isinstance(storage, _Storage) else None
+        dtype = known[0] if known else None
+        if known is None or not known[1] or self.read_storage is None or count > SMALL_TENSOR:
+            return TensorStandIn(shape, dtype=dtype)
+        code = known[1]
         data = self.read_storage(storage.key)
         width = struct.calcsize(code)
         values = (
@@ -155,7 +156,7 @@ class _Unpickler(pickle.Unpickler):
             if len(data) >= (offset + count) * width
             else None
         )
-        return TensorStandIn(shape, values)
+        return TensorStandIn(shape, values, dtype)
 
     def find_class(self, module: str, name: str) -> Any:
         top = module.split(".")[0]
@@ -215,8 +216,7 @@ def read_torch_save(path: Path) -> Any:
         raise DeploymentError(f"{path} cannot be read: {exc}") from None
 
 
-def read_tensor_index(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Tensor name -> (global shape, dtype name) from a torch_dist `.metadata` file (non-tensor entries left out)."""
+def _index_entries(path: Path) -> dict[Any, Any]:
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -225,6 +225,19 @@ def read_tensor_index(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     entries = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(entries, dict):
         raise DeploymentError(f"{path} is not a torch.distributed.checkpoint index.")
+    return entries
+
+
+def read_chunk_offsets(path: Path, key: str) -> list[tuple[int, ...]]:
+    """The offsets of the chunks tensor `key` is stored in (one per rank that saved a distinct part)."""
+    meta = _index_entries(path).get(key)
+    chunks = getattr(meta, "chunks", None) if isinstance(meta, StandIn) else None
+    return [tuple(getattr(c, "offsets", ()) or ()) for c in chunks or ()]
+
+
+def read_tensor_index(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name -> (global shape, dtype name) from a torch_dist `.metadata` file (non-tensor entries left out)."""
+    entries = _index_entries(path)
     out = {}
     for key, meta in entries.items():
         if not isinstance(meta, StandIn) or not meta.qualname.endswith("TensorStorageMetadata"):

@@ -37,7 +37,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> checkpoint root."""
     base = tmp_path_factory.mktemp("corpus")
     out = dict(build_many({name: base / name for name in ARCHITECTURES}))
-    sharded = build_sharded(base / "sharded", ("tp1", "tp2", "pp2"))
+    sharded = build_sharded(base / "sharded", ("tp1", "tp2", "pp2", "legacy_tp1"))
     out.update(sharded)
     for kind in KINDS:
         out[f"tokenizer-{kind}"] = with_tokenizer(sharded["tp1"], base / f"tok-{kind}", kind, base / f"files-{kind}")

@@ -28,6 +28,7 @@ EXPECTED: dict[str, tuple[str, str, str, str]] = {
     "tp1": ("megatron-lm", "Llama-style GPT", "1 1 1", "HuggingFaceTokenizer"),
     "tp2": ("megatron-lm", "Llama-style GPT", "2 1 1", "HuggingFaceTokenizer"),
     "pp2": ("megatron-lm", "Llama-style GPT", "1 2 1", "HuggingFaceTokenizer"),
+    "legacy_tp1": ("megatron-lm", "Llama-style GPT", "1 1 1", "HuggingFaceTokenizer"),
     "tokenizer-GPT2BPETokenizer": ("megatron-lm", "Llama-style GPT", "1 1 1", "GPT2BPETokenizer"),
     "tokenizer-SentencePieceTokenizer": ("megatron-lm", "Llama-style GPT", "1 1 1", "SentencePieceTokenizer"),
     "tokenizer-GPTSentencePieceTokenizer": ("megatron-lm", "Llama-style GPT", "1 1 1", "GPTSentencePieceTokenizer"),
@@ -51,6 +52,8 @@ def test_inspect_describes_the_checkpoint(corpus: dict[str, Path], name: str) ->
     assert data["tokenizer"]["kind"] == tokenizer and data["tokenizer"]["problem"] is None, data["tokenizer"]
     verdicts = {v["backend"]: v["can_serve"] for v in data["backends"]}
     assert verdicts == {"builtin-cpu": True, "builtin-gpu": True, "export-deploy": True, "vllm": False}
+    assert data["format"] == ("torch" if name.startswith("legacy") else "torch_dist")
+    assert data["parameters"] > 0 and data["weight_bytes"] >= 2 * data["parameters"]
     if name == "bridge":
         assert data["hf_model_id"] == "meta-llama/Llama-3.2-1B"
 
@@ -75,7 +78,7 @@ def test_the_builtin_serves_every_corpus_checkpoint(served: dict[str, Any]) -> N
 def test_sharded_saves_serve_the_tp1_log_probabilities(served: dict[str, Any]) -> None:
     ids = served["tp1"].runner.tokenizer.encode("Megatron checkpoints saved with TP=2 and PP=2.")
     [reference] = served["tp1"].runner.score([ids])
-    for name in ("tp2", "pp2"):
+    for name in ("tp2", "pp2", "legacy_tp1"):
         [row] = served[name].runner.score([ids])
         assert max(abs(a - b) for a, b in zip(row.token_logprobs[1:], reference.token_logprobs[1:], strict=True)) < 1e-5
 

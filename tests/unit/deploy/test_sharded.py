@@ -44,12 +44,15 @@ def _iter_dir(root: Path) -> Path:
 def test_saved_parallelism_is_read_from_the_args_and_the_index(
     sharded_checkpoints: dict[str, Path], name: str, sizes: tuple[int, ...]
 ) -> None:
-    from ckpteval.deploy.checkpoint import read_common_state, saved_parallelism
+    from ckpteval.deploy.checkpoint import read_common_state
+    from ckpteval.deploy.description import Parallelism, describe_checkpoint, saved_parallelism
 
     iter_dir = _iter_dir(sharded_checkpoints[name])
-    assert saved_parallelism(read_common_state(iter_dir)["args"], iter_dir) == sizes
+    tp, pp, ep, _ = sizes
+    assert saved_parallelism(read_common_state(iter_dir)["args"], iter_dir) == Parallelism(tp, pp, ep)
+    assert describe_checkpoint(sharded_checkpoints[name]).saved_parallelism == Parallelism(tp, pp, ep)
     # Without the sizes in the args, the index still shows TP: the embedding is stored one chunk per TP rank.
-    assert saved_parallelism(argparse.Namespace(), iter_dir) == (sizes[0], None, None, None)
+    assert saved_parallelism(argparse.Namespace(), iter_dir) == Parallelism(tp, None, None)
 
 
 def test_the_index_of_a_tp2_save_holds_each_rank_s_half(sharded_checkpoints: dict[str, Path]) -> None:
@@ -140,10 +143,11 @@ def _megatron_moe_weights(root: Path) -> dict[str, Any]:
 def test_an_ep2_moe_save_reloads_at_ep1_with_megatron(sharded_checkpoints: dict[str, Path]) -> None:
     import torch
 
-    from ckpteval.deploy.checkpoint import read_common_state, saved_parallelism
+    from ckpteval.deploy.checkpoint import read_common_state
+    from ckpteval.deploy.description import Parallelism, saved_parallelism
 
     iter_dir = _iter_dir(sharded_checkpoints["moe_ep2"])
-    assert saved_parallelism(read_common_state(iter_dir)["args"], iter_dir) == (1, 1, 2, 1)
+    assert saved_parallelism(read_common_state(iter_dir)["args"], iter_dir) == Parallelism(1, 1, 2)
     assert len(list(iter_dir.glob("*.distcp"))) == 2  # each EP rank wrote its two experts
     expected = _megatron_moe_weights(sharded_checkpoints["moe_tp1"])
     loaded = _megatron_moe_weights(sharded_checkpoints["moe_ep2"])
