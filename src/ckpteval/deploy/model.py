@@ -24,12 +24,18 @@ CHECKPOINT_VERSION = 3.0  # Megatron-LM's current common-state version
 
 
 def transformer_config(
-    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+    arch: ModelArchitecture,
+    *,
+    dtype: str = "float32",
+    initialize: bool = False,
+    init_std: float = 0.02,
+    **overrides: Any,
 ) -> Any:
     """megatron-core's TransformerConfig for `arch`, for serving (no dropout, unfused kernels).
 
     Parallel sizes come from megatron's parallel state, so the same function builds the model a
-    checkpoint is saved from under tensor or expert parallelism (pass `**overrides` to the config).
+    checkpoint is saved from under tensor or expert parallelism (`overrides`: config fields such as
+    tensor_model_parallel_size=2 or expert_model_parallel_size=2, matching the initialised parallel state).
     """
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
@@ -108,7 +114,7 @@ def transformer_config(
         pipeline_dtype=params_dtype,
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
-        **moe,
+        **{**moe, **overrides},
     )
 
 
@@ -117,12 +123,18 @@ def _layer_pattern(pattern: int | tuple[int, ...] | None) -> int | list[int] | N
 
 
 def build_gpt_model(
-    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+    arch: ModelArchitecture,
+    *,
+    dtype: str = "float32",
+    initialize: bool = False,
+    init_std: float = 0.02,
+    config_overrides: dict[str, Any] | None = None,
 ) -> GPTModel:
     """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`.
 
-    Built under megatron's current parallel state: with expert (or tensor) parallelism initialised,
-    each rank gets its shard, which is how a sharded checkpoint of the same model is saved.
+    Built under megatron's current parallel state: with expert (or tensor) parallelism initialised
+    and the same sizes in `config_overrides` (e.g. {"expert_model_parallel_size": 2}), each rank gets
+    its shard, which is how a sharded checkpoint of the same model is saved.
     """
     from megatron.core.models.gpt import GPTModel
 
@@ -132,7 +144,7 @@ def build_gpt_model(
         from ckpteval.deploy.cpu import allow_moe_without_transformer_engine
 
         allow_moe_without_transformer_engine()
-    config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std)
+    config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std, **(config_overrides or {}))
     model = GPTModel(
         config=config,
         transformer_layer_spec=decoder_block_spec(arch, config),
