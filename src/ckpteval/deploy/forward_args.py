@@ -332,3 +332,17 @@ def refused_setting(args: object) -> tuple[str, object, ForwardArg] | None:
         if not entry.is_harmless(value):
             return name, value, entry
     return None
+
+
+def forward_settings(args: object) -> list[tuple[str, object, ForwardArg]]:
+    """Every forward-changing arg `args` sets to a non-default value, in table order (for inspection)."""
+    missing = object()
+    found = []
+    for name, entry in FORWARD_ARGS.items():
+        value = getattr(args, name, missing)
+        if value is missing or (entry.status != "no-effect" and entry.is_harmless(value)):
+            continue
+        if entry.status == "no-effect" and value in (None, False):
+            continue
+        found.append((name, value, entry))
+    return found

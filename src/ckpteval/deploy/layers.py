@@ -60,10 +60,19 @@ def _define_norm() -> type:
             self.bias = None if self.rms else torch.nn.Parameter(torch.zeros(hidden_size))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            weight = self.weight + 1 if self.zero_centered else self.weight
+            weight: torch.Tensor = self.weight
+            bias: torch.Tensor | None = self.bias
+            if self.zero_centered:
+                # 1 + w in fp32, as Transformer Engine computes it: in bf16 it would round w to ~0.008
+                weight = weight.float() + 1
+                bias = None if bias is None else bias.float()
+                return self._norm(x.float(), weight, bias).to(x.dtype)
+            return self._norm(x, weight, bias)
+
+        def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             if self.rms:
                 return torch.nn.functional.rms_norm(x, self.shape, weight, self.eps)
-            return torch.nn.functional.layer_norm(x, self.shape, weight, self.bias, self.eps)
+            return torch.nn.functional.layer_norm(x, self.shape, weight, bias, self.eps)
 
     return ZeroCenteredNorm
 

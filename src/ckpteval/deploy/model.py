@@ -24,12 +24,18 @@ CHECKPOINT_VERSION = 3.0  # Megatron-LM's current common-state version
 
 
 def transformer_config(
-    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+    arch: ModelArchitecture,
+    *,
+    dtype: str = "float32",
+    initialize: bool = False,
+    init_std: float = 0.02,
+    **overrides: Any,
 ) -> Any:
     """megatron-core's TransformerConfig for `arch`, for serving (no dropout, unfused kernels).
 
     Parallel sizes come from megatron's parallel state, so the same function builds the model a
-    checkpoint is saved from under tensor or expert parallelism (pass `**overrides` to the config).
+    checkpoint is saved from under tensor or expert parallelism (`overrides`: config fields such as
+    tensor_model_parallel_size=2 or expert_model_parallel_size=2, matching the initialised parallel state).
     """
     import torch.nn.functional as F
     from megatron.core import parallel_state
@@ -69,10 +75,12 @@ def transformer_config(
             moe_grouped_gemm=False,
             moe_aux_loss_coeff=0.0,
         )
+    parallel = {
+        "tensor_model_parallel_size": parallel_state.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": parallel_state.get_pipeline_model_parallel_world_size(),
+        "expert_model_parallel_size": parallel_state.get_expert_model_parallel_world_size(),
+    }
     return TransformerConfig(
-        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
-        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
-        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -112,7 +120,7 @@ def transformer_config(
         pipeline_dtype=params_dtype,
         bf16=dtype == "bfloat16",
         fp16=dtype == "float16",
-        **moe,
+        **{**parallel, **moe, **overrides},
     )
 
 
@@ -121,7 +129,12 @@ def _layer_pattern(pattern: int | tuple[int, ...] | None) -> int | list[int] | N
 
 
 def build_gpt_model(
-    arch: ModelArchitecture, *, dtype: str = "float32", initialize: bool = False, init_std: float = 0.02
+    arch: ModelArchitecture,
+    *,
+    dtype: str = "float32",
+    initialize: bool = False,
+    init_std: float = 0.02,
+    config_overrides: dict[str, Any] | None = None,
 ) -> GPTModel:
     """A GPTModel on the CPU in eval mode; random weights (normal, `init_std`) only with `initialize`.
 
@@ -138,7 +151,7 @@ def build_gpt_model(
         from ckpteval.deploy.cpu import allow_moe_without_transformer_engine
 
         allow_moe_without_transformer_engine()
-    config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std)
+    config = transformer_config(arch, dtype=dtype, initialize=initialize, init_std=init_std, **(config_overrides or {}))
     pipeline_size = parallel_state.get_pipeline_model_parallel_world_size()
     model = GPTModel(
         config=config,

@@ -84,6 +84,10 @@ def _config(name: str) -> Any:
             mlp_only_layers=[],
             tie_word_embeddings=False,
         ),
+        # Llama-4's text model, dense: L2-normed queries and keys on every (RoPE) layer
+        "llama4_qk_l2_norm": lambda: _llama4(use_qk_norm=True, no_rope_layers=[1, 1]),
+        # and without the qk-norm, its second layer without RoPE (NoPE)
+        "llama4_no_rope": lambda: _llama4(use_qk_norm=False, no_rope_layers=[1, 0]),
         "nemotron4": lambda: t.NemotronConfig(
             **COMMON, intermediate_size=96, partial_rotary_factor=0.5, tie_word_embeddings=False
         ),
@@ -91,7 +95,33 @@ def _config(name: str) -> Any:
     return configs[name]()
 
 
-NAMES = ("llama3", "qwen2", "qwen3", "mistral_window", "mixtral_moe", "qwen3_moe", "qwen2_moe", "nemotron4")
+def _llama4(**settings: Any) -> Any:
+    import transformers as t
+
+    return t.Llama4TextConfig(
+        **COMMON,
+        intermediate_size=24,
+        intermediate_size_mlp=96,
+        moe_layers=[],
+        attn_temperature_tuning=False,  # a NoPE-layer query scaling megatron-core does not have
+        attention_chunk_size=8192,  # longer than any test sequence: chunked attention is plain causal
+        tie_word_embeddings=False,
+        **settings,
+    )
+
+
+NAMES = (
+    "llama3",
+    "qwen2",
+    "qwen3",
+    "mistral_window",
+    "mixtral_moe",
+    "qwen3_moe",
+    "qwen2_moe",
+    "nemotron4",
+    "llama4_qk_l2_norm",
+    "llama4_no_rope",
+)
 
 
 def architecture_of(name: str, config: Any) -> ModelArchitecture:
@@ -147,6 +177,14 @@ def architecture_of(name: str, config: Any) -> ModelArchitecture:
         )
     if "moe" in name:
         base.update(moe_router_topk=config.num_experts_per_tok)
+    if name.startswith("llama4"):
+        # Llama-4 rotates adjacent pairs (complex multiplication); its no_rope_layers marks RoPE layers with 1
+        base.update(
+            ffn_hidden_size=config.intermediate_size_mlp,
+            rotary_interleaved=True,
+            qk_l2_norm=config.use_qk_norm,
+            no_rope_freq=None if all(config.no_rope_layers) else tuple(1 - r for r in config.no_rope_layers),
+        )
     return ModelArchitecture(**base)  # type: ignore[arg-type]
 
 
@@ -200,12 +238,11 @@ def hf_to_megatron(hf: dict[str, Any], arch: ModelArchitecture) -> dict[str, Any
                 out[m + "mlp.shared_experts.linear_fc2.weight"] = hf[shared + "down_proj.weight"]
                 if arch.moe_shared_expert_gate:
                     out[m + "mlp.shared_experts.gate_weight"] = hf[h + "mlp.shared_expert_gate.weight"]
-        elif arch.swiglu:
-            out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
         else:
-            out[m + "mlp.linear_fc1.weight"] = hf[h + "mlp.up_proj.weight"]
-            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+            mlp = h + ("feed_forward." if h + "feed_forward.up_proj.weight" in hf else "mlp.")  # Llama-4's name
+            up = hf[mlp + "up_proj.weight"]
+            out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], up]) if arch.swiglu else up
+            out[m + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
     return out
 
 
@@ -309,6 +346,16 @@ def build_qwen3_moe(out_dir: Path) -> Path:
 def build_qwen2_moe(out_dir: Path) -> Path:
     """Qwen2-MoE: routed experts plus a sigmoid-gated shared expert, QKV bias."""
     return _build("qwen2_moe", out_dir)
+
+
+def build_llama4_qk_l2_norm(out_dir: Path) -> Path:
+    """Llama-4 text (dense): parameter-free L2 norm on queries and keys (qk_l2_norm), interleaved RoPE."""
+    return _build("llama4_qk_l2_norm", out_dir)
+
+
+def build_llama4_no_rope(out_dir: Path) -> Path:
+    """Llama-4 text (dense): the second layer without RoPE (no_rope_freq=[0, 1])."""
+    return _build("llama4_no_rope", out_dir)
 
 
 def build_nemotron4(out_dir: Path) -> Path:

@@ -198,3 +198,16 @@ def test_served_arg_changes_the_built_model(name: str, runtime: None) -> None:
     probed = argparse.Namespace(**{**vars(base), **(probe if isinstance(probe, dict) else {name: probe})})
     out, _ = _forward(probed, {k: v.clone() for k, v in weights.items() if torch.is_tensor(v)})
     assert out.shape != reference.shape or float((out - reference).abs().max()) > 1e-5, f"{name} was ignored"
+
+
+def test_forward_settings_lists_what_a_checkpoint_sets() -> None:
+    from ckpteval.deploy.forward_args import forward_settings
+
+    args = argparse.Namespace(
+        **BASE, window_size=(4095, 0), qk_l2_norm=False, rotary_base=10000, apply_query_key_layer_scaling=True
+    )
+    found = {name: (value, entry.status) for name, value, entry in forward_settings(args)}
+    assert found["window_size"] == ((4095, 0), "served")
+    assert found["apply_query_key_layer_scaling"] == (True, "no-effect")
+    assert "qk_l2_norm" not in found and "rotary_base" not in found  # defaults say nothing
+    assert found["num_layers"] == (2, "served")

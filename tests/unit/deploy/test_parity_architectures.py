@@ -1,11 +1,12 @@
 """Parity with Hugging Face transformers, per architecture the builtin serves.
 
 The same random weights as a transformers model (MixtralForCausalLM, Qwen3MoeForCausalLM,
-Qwen2MoeForCausalLM, NemotronForCausalLM, MistralForCausalLM with a sliding window, Llama-3, Qwen2,
-Qwen3) and as a Megatron torch_dist checkpoint written by megatron-core, served through the builtin's
-`load_model` (the server's path: args -> architecture -> GPTModel -> weights), give the same
-next-token log-probabilities (<= 1e-4 absolute in fp32) and the same greedy generations (with the
-KV cache, and batched with a shorter prompt so the sliding window meets left padding).
+Qwen2MoeForCausalLM, NemotronForCausalLM, MistralForCausalLM with a sliding window, Llama4ForCausalLM
+with qk-L2-norm and with a NoPE layer, Llama-3 with RoPE scaling, Qwen2, Qwen3) and as a Megatron
+torch_dist checkpoint written by megatron-core, served through the builtin's `load_model` (the
+server's path: args -> architecture -> GPTModel -> weights), give the same next-token log-probabilities
+(<= 1e-4 absolute in fp32) and the same greedy generations (with the KV cache, and batched with a
+shorter prompt so the sliding window meets left padding).
 """
 
 from __future__ import annotations
