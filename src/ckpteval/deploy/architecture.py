@@ -216,6 +216,10 @@ class ModelArchitecture:
             bf16=trained_in == "bfloat16",
             fp16=trained_in == "float16",
             ckpt_format="torch_dist",
+            # the sizes it is saved with, as Megatron-LM records them (a sharded save passes its own)
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
         )
         values.update(extra)
         return argparse.Namespace(**values)
