@@ -244,7 +244,11 @@ def _task_plan(
         api_key_name=api.api_key_name,
     )
     task_dir = JobDir(job_dir).join(JobDir.task(task.dir_name))
-    evaluator_config = _with_client_tokenizer(task.evaluator_config, client_tokenizer(compiled, job_dir))
+    evaluator_config = _with_client_settings(
+        task.evaluator_config,
+        client_tokenizer(compiled, job_dir),
+        token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
+    )
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     image = task.container if launcher == "slurm" else None
     runs = []
@@ -281,12 +285,28 @@ def _task_plan(
     )
 
 
-def _with_client_tokenizer(evaluator_config: dict[str, Any], tokenizer: str | None) -> dict[str, Any]:
-    """The task's evaluator config with `from-checkpoint` (deployment.tokenizer's default) replaced by the
-    directory the clients load."""
-    extra = ((evaluator_config.get("config") or {}).get("params") or {}).get("extra") or {}
-    if tokenizer is None or extra.get("tokenizer") != FROM_CHECKPOINT:
+def _with_client_settings(
+    evaluator_config: dict[str, Any], tokenizer: str | None, *, token_ids: bool
+) -> dict[str, Any]:
+    """The task's evaluator config as its client runs it: `from-checkpoint` (deployment.tokenizer's default)
+    replaced by the directory the clients load; with `token_ids`, lm-eval sends the token ids it counted
+    (`tokenized_requests`) instead of text the server would tokenize again.
+
+    Why token ids: lm-eval reads a continuation's log-probabilities at the positions its own tokenization
+    gives. From text, a server tokenizes again, and a tokenizer that adds a BOS token (Llama-2's, Llama-3's)
+    or a context lm-eval cut to fit the model (whose first word then splits differently) shifts those
+    positions by one: every score silently wrong, or a prompt one token over the context. The builtin
+    server accepts token-id prompts; nemo-evaluator's default (text) stays for other deployments."""
+    extra = ((evaluator_config.get("config") or {}).get("params") or {}).get("extra")
+    if not isinstance(extra, dict) or "tokenizer_backend" not in extra:
+        return evaluator_config  # not an lm-eval task with a tokenizer
+    changes: dict[str, Any] = {}
+    if tokenizer is not None and extra.get("tokenizer") == FROM_CHECKPOINT:
+        changes["tokenizer"] = tokenizer
+    if token_ids and "tokenized_requests" not in extra:
+        changes["tokenized_requests"] = True
+    if not changes:
         return evaluator_config
     out = copy.deepcopy(evaluator_config)
-    out["config"]["params"]["extra"]["tokenizer"] = tokenizer
+    out["config"]["params"]["extra"].update(changes)
     return out

@@ -27,6 +27,9 @@ def test_a_megatron_deployment_gives_its_tokenizer(isolated_user: Path, tmp_path
     plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
     [run] = plan.tasks[0].runs
     assert run.run_config["config"]["params"]["extra"]["tokenizer"] == str(tmp_path / "tokenizer")
+    # lm-eval sends the token ids it counted: a server that tokenized text again (adding a BOS, or splitting
+    # a cut context's first word otherwise) would shift the positions lm-eval reads its scores from
+    assert run.run_config["config"]["params"]["extra"]["tokenized_requests"] is True
     assert (
         "--publish-tokenizer" in plan.deployment.step.command
         and str(tmp_path / "tokenizer") in plan.deployment.step.command
