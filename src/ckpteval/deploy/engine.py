@@ -140,7 +140,9 @@ class ModelRunner:
             ids = ids.to(self.device, non_blocking=True)
             positions = torch.arange(length, device=self.device).expand(batch, length)
             logits = self.model(input_ids=ids, position_ids=positions, attention_mask=self.causal_mask(length))
-            logits = logits.float()
+            # the tokenizer's ids only, as in generation: a checkpoint's embedding is padded (to a multiple of
+            # 128 x TP) past its tokenizer, and a padding id has no text to show (vLLM drops them the same way)
+            logits = logits[..., : self.vocab_limit].float()
             # log p = logit - logsumexp; the same subtraction for the target and the top-k, so a
             # greedy token's logprob equals the top value exactly (lm-eval's is_greedy compares them).
             # row by row: logsumexp's temporary is as large as its input, and [rows, length, vocab]

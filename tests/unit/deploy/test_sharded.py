@@ -183,3 +183,16 @@ def test_an_ep2_moe_save_is_served_with_the_ep1_log_probabilities(sharded_checkp
         assert ours.token_logprobs == theirs.token_logprobs
     requests = [(row, SamplingParams(max_tokens=24)) for row in rows]
     assert [g.token_ids for g in runner.generate(requests)] == [g.token_ids for g in reference.generate(requests)]
+
+
+def test_scores_and_alternatives_stay_within_the_tokenizer(served: dict[str, Any]) -> None:
+    """The embedding is padded to 512 rows for a 257-id tokenizer: a padding id has no text, so neither a
+    score's normalisation nor its top alternatives include one (the random model ranks them high)."""
+    import math
+
+    runner = served["tp1"].runner
+    assert runner.vocab_limit == 257 < 512
+    ids = runner.tokenizer.encode("padding rows are not tokens")
+    [row] = runner.score([ids], top_k=20)
+    assert max(max(top) for top in row.top_ids) < 257
+    assert all(math.isfinite(x) and x <= 0 for x in row.token_logprobs)
