@@ -270,7 +270,7 @@ def test_a_resolved_artifact_is_the_checkpoint_path_and_the_dry_run_says_so(
     )
     deployment = compiled.data["deployment"]
     assert deployment["checkpoint_path"] == "/lustre/team/ckpts/sft-run7"
-    assert deployment["tokenizer"] == "/lustre/team/ckpts/sft-run7/tokenizer"
+    assert deployment["tokenizer"] == "from-checkpoint"  # Export-Deploy's clients: <checkpoint_path>/tokenizer
     # looked up once although the path is interpolated in several places, with the [wandb] defaults
     assert artifact_server == [("team/evals/my-model:latest", "login")]
     note = "run.model team/evals/my-model:latest -> /lustre/team/ckpts/sft-run7 (W&B artifact team/evals/my-model:v7"
