@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.corpus.architectures import build_many
+from tests.support.corpus import built_once
+from tests.support.corpus.architectures import NAMES, build_many
 from tests.support.corpus.bridge import build_bridge_llama
 from tests.support.corpus.edit import with_args
 from tests.support.corpus.sharded import build_sharded
@@ -36,9 +37,11 @@ def with_tokenizer(source: Path, target: Path, kind: str, files: Path) -> Path:
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> checkpoint root."""
     base = tmp_path_factory.mktemp("corpus")
-    out = dict(build_many({name: base / name for name in ARCHITECTURES}))
-    sharded = build_sharded(base / "sharded", ("tp1", "tp2", "pp2", "legacy_tp1"))
-    out.update(sharded)
+    # the same builds as the unit parity and sharding tests (one set per session, whichever module asks first)
+    architectures = built_once(tmp_path_factory, "architectures", lambda root: build_many({n: root / n for n in NAMES}))
+    out = {name: architectures[name] for name in ARCHITECTURES}
+    sharded = built_once(tmp_path_factory, "sharded", build_sharded)
+    out.update({name: sharded[name] for name in ("tp1", "tp2", "pp2", "legacy_tp1")})
     for kind in KINDS:
         out[f"tokenizer-{kind}"] = with_tokenizer(sharded["tp1"], base / f"tok-{kind}", kind, base / f"files-{kind}")
     out["tokenizer-Llama2Tokenizer-tp2"] = with_tokenizer(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.corpus import built_once
 from tests.support.corpus.architectures import NAMES, build_many, hf_reference_dir
 
 TOLERANCE = 1e-4
@@ -26,8 +27,7 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("architectures")
-    return build_many({name: root / name for name in NAMES})
+    return built_once(tmp_path_factory, "architectures", lambda root: build_many({n: root / n for n in NAMES}))
 
 
 def _hf_model(checkpoint: Path) -> Any:

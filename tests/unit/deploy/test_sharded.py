@@ -15,6 +15,7 @@ import pytest
 
 from ckpteval.deploy.engine import SamplingParams
 from ckpteval.errors import DeploymentError
+from tests.support.corpus import built_once
 from tests.support.corpus.sharded import MOE_ARGS, build_sharded
 
 SERVED = ("tp2", "pp2", "tp2pp2", "legacy_tp1")
@@ -24,7 +25,7 @@ PROMPTS = ("Sharded by megatron, served whole.", "ab", "The quick brown fox jump
 @pytest.fixture(scope="session")
 def sharded_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every layout, built once per session in one gloo world of 4 ranks (~2 min on a busy machine)."""
-    return build_sharded(tmp_path_factory.mktemp("sharded"))
+    return built_once(tmp_path_factory, "sharded", build_sharded)
 
 
 @pytest.fixture(scope="session")
