@@ -9,12 +9,8 @@ with Ray what the real one does: join the job's Ray cluster (`address="auto"`) o
 start Serve on --host/--port, deploy one application named --model_id with --num_replicas replicas, each
 given num_gpus // num_replicas GPUs and --num_cpus_per_replica CPUs, `max_ongoing_requests` twice
 --max_batch_size, with Export-Deploy's routes (`/v1/completions/`, `/v1/chat/completions/`, `/v1/models`,
-`/v1/health`); stop Serve and Ray on SIGINT/SIGTERM. Like the real one (0.5+, `serve.batch`), each replica
-puts the completions (and, apart, the chat) requests arriving within --batch_wait_timeout_s of each other,
-up to --max_batch_size, into one batch, and answers every request of it with the batch's first request's
-settings (`first_value`). What differs: each replica serves the checkpoint with ckpteval's builtin engine on
-CPU, not Megatron's inference engine on its GPUs (the batch's requests go to it one by one, each with the
-first one's settings, rather than as one merged inference call).
+`/v1/health`); stop Serve and Ray on SIGINT/SIGTERM. What differs: each replica serves the checkpoint with
+ckpteval's builtin engine on CPU, not Megatron's inference engine on its GPUs.
 """
 
 import argparse
@@ -121,28 +117,6 @@ ROUTES = {
 }
 
 
-# The request fields whose first value a batch applies to all its requests: the inputs Export-Deploy 0.6.0's
-# `_batched_infer_impl` takes from `inference_inputs_list[0]` (nemo_deploy/llm/megatronllm_deployable_ray.py
-# lines 313-332), as the request bodies its routes build them from (lines 375-388 completions, 476-485 chat).
-FIRST_VALUE = {
-    "/v1/completions": ("max_tokens", "temperature", "top_k", "top_p", "logprobs", "echo", "stop"),
-    "/v1/chat/completions": ("max_tokens", "temperature", "top_k", "top_p", "logprobs", "stop", "apply_chat_template"),
-}
-
-
-def first_value(target, bodies):
-    """`bodies` (one batch's requests to `target`, in arrival order) as Export-Deploy runs them: each with the
-    first request's value (or absence) of every field in FIRST_VALUE[target]."""
-    shared = FIRST_VALUE[target]
-    first = bodies[0] if isinstance(bodies[0], dict) else {}
-    return [
-        {**{k: v for k, v in body.items() if k not in shared}, **{k: first[k] for k in shared if k in first}}
-        if isinstance(body, dict)
-        else body  # not a JSON object: the route refuses it
-        for body in bodies
-    ]
-
-
 # The stand-in's health answers 503 until the driver has asked the replicas which Slurm node they run on and
 # logged it (the real script is healthy as soon as Serve is): a job whose task finishes within seconds of
 # health would otherwise stop the deployment before that line is written. To the job this is a slightly
@@ -168,7 +142,7 @@ def make_ready_flag():
     return ReadyFlag.options(name=READY_FLAG, namespace=READY_NAMESPACE).remote()
 
 
-def make_deployment(model_id, checkpoint, max_batch_size, batch_wait_timeout_s):
+def make_deployment(model_id, checkpoint, max_batch_size):
     """The Serve deployment: Export-Deploy's routes in front of ckpteval's builtin engine.
 
     The real script puts a FastAPI app in front (`@serve.ingress(app)`); Serve pickles that app, which
@@ -190,35 +164,6 @@ def make_deployment(model_id, checkpoint, max_batch_size, batch_wait_timeout_s):
             self.routes = asgi.routes
             self.node = os.environ.get("SLURMD_NODENAME", "?")
             self.checked = False
-            # one queue per route, as Export-Deploy keeps one for completions and one for chat
-            batch = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)
-            self.batched = {
-                "/v1/completions": batch(self._completions_batch),
-                "/v1/chat/completions": batch(self._chat_batch),
-            }
-
-        async def _completions_batch(self, bodies):
-            return await self._run_batch("/v1/completions", bodies)
-
-        async def _chat_batch(self, bodies):
-            return await self._run_batch("/v1/chat/completions", bodies)
-
-        async def _run_batch(self, target, bodies):
-            """Every request of a batch with the first one's settings; an error is that request's answer."""
-            import asyncio
-
-            from ckpteval.deploy.protocol import ApiError
-
-            if len(bodies) > 1:
-                LOGGER.info(f"Batching {len(bodies)} requests together")
-
-            async def one(body):
-                try:
-                    return await self.routes[target]["POST"](body)
-                except ApiError as exc:
-                    return exc
-
-            return list(await asyncio.gather(*(one(b) for b in first_value(target, bodies))))
 
         async def __call__(self, request):
             from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -240,12 +185,7 @@ def make_deployment(model_id, checkpoint, max_batch_size, batch_wait_timeout_s):
                 return JSONResponse({"status": "healthy"})
             body = await request.json() if method == "POST" else None
             try:
-                if target in self.batched:
-                    answer = await self.batched[target](body)
-                else:
-                    answer = await self.routes[target][method](body)
-                if isinstance(answer, ApiError):
-                    raise answer
+                answer = await self.routes[target][method](body)
             except ApiError as exc:
                 return JSONResponse(exc.body(), status_code=exc.status)
             return answer if isinstance(answer, Response) else JSONResponse(answer)
@@ -299,9 +239,7 @@ def main():
     gpus_per_replica = args.num_gpus // args.num_replicas
     LOGGER.info(f"Configuration: {args.num_replicas} replicas, {gpus_per_replica} GPUs per replica")
     serve.start(http_options={"host": args.host, "port": args.port})
-    deployment = make_deployment(
-        args.model_id, args.megatron_checkpoint, args.max_batch_size, args.batch_wait_timeout_s
-    )
+    deployment = make_deployment(args.model_id, args.megatron_checkpoint, args.max_batch_size)
     app = deployment.options(
         num_replicas=args.num_replicas,
         ray_actor_options={"num_cpus": args.num_cpus_per_replica, "num_gpus": gpus_per_replica},
