@@ -13,7 +13,7 @@ import pytest
 
 from ckpteval.cluster import export_deploy as probe
 from ckpteval.cluster.remote import LocalRemote
-from ckpteval.deploy.export_deploy import BATCHING_FLAG, CANDIDATES, MLM_FLAGS, MLM_SCRIPT, NLP_SCRIPT, EntryPoint
+from ckpteval.deploy.export_deploy import CANDIDATES, MLM_FLAGS, MLM_SCRIPT, NLP_SCRIPT, EntryPoint
 from ckpteval.errors import ClusterError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,7 +79,6 @@ def test_the_new_layout_is_preferred_and_its_flags_read_from_help(tmp_path: Path
     entry = probe.parse_probe(out, image="nemo.sqsh")
     assert entry.script.endswith(MLM_SCRIPT) and entry.source == "probe"
     assert entry.flags - {"--help"} == MLM_FLAGS and not entry.required
-    assert BATCHING_FLAG in entry.flags  # 0.5+: batches clients together (ckpteval.job.batching)
 
 
 def test_the_old_layout_with_its_required_flag(tmp_path: Path):
@@ -87,7 +86,6 @@ def test_the_old_layout_with_its_required_flag(tmp_path: Path):
     entry = probe.parse_probe(out, image="nemo.sqsh")
     assert entry.script.endswith(NLP_SCRIPT)
     assert entry.required == {"--nemo_checkpoint"} and "--num_nodes" in entry.flags
-    assert BATCHING_FLAG not in entry.flags  # one request at a time
 
 
 def test_an_image_without_export_deploy_is_one_clear_error(tmp_path: Path):
