@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING
 
 from ckpteval.config.schema import MegatronDeployment
 from ckpteval.deploy.export_deploy import (
-    BATCHING_FLAG,
     CANDIDATES,
     DEFAULT_ENTRY_POINT,
     EXPORT_DEPLOY_ROOT,
     EntryPoint,
-    batches_across_clients,
     export_deploy_argv,
     export_deploy_command,
     parse_help,
@@ -167,32 +165,14 @@ def _export_deploy(compiled: CompiledConfig, plan: JobPlan) -> MegatronDeploymen
 
 
 def with_entry_point(plan: JobPlan, compiled: CompiledConfig, entry: EntryPoint) -> JobPlan:
-    """`plan` with its Export-Deploy step built for `entry` (ConfigError for settings the script lacks), and
-    its tasks grouped by request settings when that release batches clients together."""
-    from ckpteval.job.batching import with_task_groups
-
+    """`plan` with its Export-Deploy step built for `entry` (ConfigError for settings the script lacks)."""
     deployment = _export_deploy(compiled, plan)
     step = plan.deployment.step
     if deployment is None or step is None or plan.deployment.port is None:
         return plan
     command = export_deploy_command(deployment, entry, port=plan.deployment.port)
     new_step = dataclasses.replace(step, command=command)
-    plan = dataclasses.replace(plan, deployment=dataclasses.replace(plan.deployment, step=new_step))
-    return with_task_groups(plan, shared_batches=batches_across_clients(deployment, entry))
-
-
-def grouping_note(plan: JobPlan) -> str | None:
-    """Why the tasks run in groups, and the groups (one line each); None when they all run at once."""
-    from ckpteval.job.batching import describe_groups
-
-    lines = describe_groups(plan)
-    if not lines:
-        return None
-    head = (
-        "This Export-Deploy release batches concurrent requests under the first one's sampling settings "
-        f"({BATCHING_FLAG}; 0.5+): tasks with different settings run one group after another"
-    )
-    return "\n".join([head + ":", *(f"  {line}" for line in lines)])
+    return dataclasses.replace(plan, deployment=dataclasses.replace(plan.deployment, step=new_step))
 
 
 def resolve_for_run(plan: JobPlan, compiled: CompiledConfig, remote: Remote) -> tuple[JobPlan, str | None]:
@@ -203,10 +183,7 @@ def resolve_for_run(plan: JobPlan, compiled: CompiledConfig, remote: Remote) -> 
         return plan, None
     entry = resolve_entry_point(remote, compiled.profile, step.image, _step_env(plan))
     where = f"probed, cached in {entry.where}" if entry.source == "probe" else f"cached probe {entry.where}"
-    plan = with_entry_point(plan, compiled, entry)
-    note = f"Export-Deploy entry point {entry.script} ({where})"
-    groups = grouping_note(plan)
-    return plan, note + (f"\n{groups}" if groups else "")
+    return with_entry_point(plan, compiled, entry), f"Export-Deploy entry point {entry.script} ({where})"
 
 
 def preview_entry_point(
@@ -237,7 +214,4 @@ def preview_entry_point(
     assert deployment is not None and plan.deployment.port is not None
     argv = export_deploy_argv(deployment, entry, port=plan.deployment.port)
     body = entry.describe() + f"\npasses: {' '.join(w for w in argv if w.startswith('--'))}"
-    groups = grouping_note(plan)
-    if groups:
-        body += "\n" + groups
     return plan, PreviewPanel(title="Export-Deploy entry point", body=body)

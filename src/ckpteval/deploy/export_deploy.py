@@ -66,10 +66,6 @@ MLM_FLAGS = frozenset(
     }
 )
 
-# Export-Deploy 0.5+ (#629): `serve.batch` batches requests of different clients under the first one's
-# settings; its scripts take this flag from that release on (0.1-0.4 run each request alone)
-BATCHING_FLAG = "--batch_wait_timeout_s"
-
 Source = Literal["default", "probe", "cache"]
 
 
@@ -133,15 +129,6 @@ def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
         usage = re.sub(r"\[[^\[\]]*\]", " ", usage)
     required = frozenset(re.findall(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*", usage)) & flags
     return flags, required
-
-
-def batches_across_clients(deployment: MegatronDeployment, entry: EntryPoint) -> bool:
-    """Whether the entry point's Ray deployment puts requests of different clients into one batch, run with
-    the first request's sampling settings (Export-Deploy 0.5+, known by its `--batch_wait_timeout_s`), as it
-    does unless `deployment.max_batch_size` is 1 (a batch of one request). See `ckpteval.job.batching`."""
-    if BATCHING_FLAG not in entry.flags:
-        return False
-    return "--max_batch_size" not in entry.flags or deployment.max_batch_size > 1
 
 
 def replicas(deployment: MegatronDeployment) -> int:

@@ -25,7 +25,6 @@ from ckpteval.config.schema import (
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
 from ckpteval.execution.jobdir import JobDir
-from ckpteval.job.batching import RequestSettings, with_task_groups
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]
@@ -103,7 +102,7 @@ def build_plan(
         for task in compiled.tasks
     )
     env = {**_execution_env(compiled), "HF_HUB_DISABLE_TELEMETRY": "1", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
-    plan = JobPlan(
+    return JobPlan(
         invocation=invocation,
         job_dir=job_dir,
         deployment=dep_plan,
@@ -113,12 +112,6 @@ def build_plan(
         prepare_during_load=config.evaluation.prepare_during_load,
         clients_need=_prepared_by_deployment(compiled) + _published_by_deployment(compiled, job_dir),
     )
-    if isinstance(deployment, MegatronDeployment) and dep_plan.kind == "megatron/export-deploy":
-        # unprobed: the 0.5-0.6 layout, which batches clients together (a cluster run regroups for its image)
-        from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, batches_across_clients
-
-        plan = with_task_groups(plan, shared_batches=batches_across_clients(deployment, DEFAULT_ENTRY_POINT))
-    return plan
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
@@ -269,20 +262,7 @@ def _task_plan(
         run_env = {**env, **client_hook_env(run_config, request_params)}
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
-    settings = RequestSettings.of(
-        route=task.endpoint_type,
-        logprobs=task.spec.needs_logprobs,
-        params=runs[0].run_config["config"]["params"],
-        request_params=task.request_params,
-    )
-    return TaskPlan(
-        name=task.name,
-        dir_name=task.dir_name,
-        runs=tuple(runs),
-        endpoint_url=url,
-        repeats=task.repeats,
-        settings=settings,
-    )
+    return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)
 
 
 def _with_client_settings(

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckpteval.execution.jobdir import JobDir
-from ckpteval.job.batching import RequestSettings
 from ckpteval.tasks.repeats import RunLayout, run_layouts
 
 # Task clients side by side when the config does not say (each is a few processes and ~1 GB of memory).
@@ -71,7 +70,6 @@ class TaskPlan:
     runs: tuple[TaskRun, ...]
     endpoint_url: str
     repeats: int = 0  # samples per problem; 0: greedy, one run
-    settings: RequestSettings | None = None  # what its requests carry (which tasks may share a batch)
 
     def __post_init__(self) -> None:
         if self.layouts != run_layouts(self.repeats):
@@ -97,10 +95,6 @@ class JobPlan:
     tasks: tuple[TaskPlan, ...]
     env: dict[str, str] = field(default_factory=dict)  # for every step
     max_parallel_tasks: int = 1  # task clients running at once (`parallel_tasks`)
-    # task indexes in groups run one after another (each group up to max_parallel_tasks at once): tasks with
-    # different request settings on a deployment that batches clients together (`ckpteval.job.batching`);
-    # empty: all tasks are one group
-    task_groups: tuple[tuple[int, ...], ...] = ()
     prepare_during_load: bool = True  # clients start with the deployment, not once it is healthy
     # paths the deployment creates and the clients read (a checkpoint it prepares: its tokenizer): with
     # prepare_during_load the clients start once these exist

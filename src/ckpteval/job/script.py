@@ -10,9 +10,7 @@ Pure functions of the plan (golden-file tested). The script:
 3. runs the tasks' clients side by side, at most `max_parallel_tasks` at once (1: one after another),
    each in the background as its own shell function, skipping tasks already marked done (a resubmitted
    job resumes), recording each task's state in its own directory; one task failing does not stop the
-   others; a task with k repeats runs its k clients in turn, skipping repeats already marked done; on a
-   deployment that batches clients together, tasks with different request settings run in groups, one
-   group after another (`plan.task_groups`, see `ckpteval.job.batching`),
+   others; a task with k repeats runs its k clients in turn, skipping repeats already marked done,
 4. stops the deployment on every exit path (trap), and records the job's exit code. Interrupted (TERM or
    INT: `evaluate cancel`, Ctrl-C, scancel), it stops every task client first: the whole process group
    when the job leads one (here it does; a Slurm step's task too), else each task's processes.
@@ -102,7 +100,6 @@ tasks_running() {
 }
 run_tasks() {  # each named task function in the background, at most $MAX_PARALLEL_TASKS at once
   local t p
-  TASK_PIDS=()  # one group of tasks: an earlier group's are waited for already
   for t in "$@"; do
     while [ "$(tasks_running)" -ge "$MAX_PARALLEL_TASKS" ]; do sleep 1; done
     "$t" &
@@ -309,22 +306,6 @@ def _task_function(index: int, task: TaskPlan, launcher: Launcher) -> str:
     return f"task_{index}() {{  # {task.name}\n{indented}}}\n"
 
 
-def _run_section(plan: JobPlan) -> str:
-    """Every task at once (at most MAX_PARALLEL_TASKS), or its groups one after another (`plan.task_groups`:
-    a deployment that batches clients together must never mix requests with different settings)."""
-    if not plan.tasks:
-        return ""
-    if not plan.task_groups:
-        return f"run_tasks {' '.join(f'task_{i}' for i in range(len(plan.tasks)))}\n"
-    from ckpteval.job.batching import describe_groups
-
-    lines = []
-    for group, line in zip(plan.task_groups, describe_groups(plan), strict=True):
-        lines.append(f"say {shlex.quote(line + ': running')}")
-        lines.append(f"run_tasks {' '.join(f'task_{i}' for i in group)}")
-    return "\n".join(lines) + "\n"
-
-
 def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:
     """The bash script for `plan`. `header` goes right after the shebang (e.g. #SBATCH lines)."""
     parts = [
@@ -343,7 +324,7 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         *(_task_function(i, t, launcher) for i, t in enumerate(plan.tasks)),
         _clients_need(plan),
         f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",
-        _run_section(plan),
+        f"run_tasks {' '.join(f'task_{i}' for i in range(len(plan.tasks)))}\n" if plan.tasks else "",
         "stop_deployment\n",
         'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
         'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',

@@ -61,10 +61,6 @@ def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(is
         "known from: default (not probed: the Export-Deploy 0.4-0.6 layout; `--dry-run --check` or a real run",
         "Squash plan",
         "nvcr.io/nvidia/nemo:25.11",
-        # the default layout (0.5-0.6) batches clients together: the tasks run in groups of equal settings
-        "tasks with different settings run one group after another: group 1 of 4: adlr_mmlu",
-        "group 2 of 4: hellaswag, adlr_arc_challenge_llama_25_shot, adlr_winogrande_5_shot (log-likelihood",
-        "run_tasks task_1 task_2 task_3",
     ):
         assert text in out, text
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}

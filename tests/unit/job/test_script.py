@@ -444,19 +444,3 @@ def test_clients_starting_during_the_load_wait_for_the_checkpoint_the_deployment
     # after the order before (clients once healthy), there is nothing to wait for
     later = replace(plan, prepare_during_load=False)
     assert "have prepared" not in render_job_script(later) and "has prepared" not in render_job_script(later)
-
-
-def test_task_groups_run_one_after_another_each_side_by_side(tmp_path: Path):
-    """Tasks 0 and 2 share request settings, task 1 differs (a deployment batching clients together): 0 and
-    2 run at once, 1 only once both ended; a failure in the first group is counted once."""
-    tasks = [("a", SPAN), ("b", SPAN), ("c", SPAN + "; exit 7")]
-    plan = replace(make_plan(tmp_path / "job", port=free_port(), tasks=tasks, parallel=3), task_groups=((0, 2), (1,)))
-    job = Path(plan.job_dir)
-    proc = run_job(write_job(tmp_path, plan))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "1 task(s) failed" in proc.stdout
-    span = {n: (float((job / f"{n}.start").read_text()), float((job / f"{n}.end").read_text())) for n in "abc"}
-    assert span["c"][0] < span["a"][1] and span["a"][0] < span["c"][1]  # one group: side by side
-    assert span["b"][0] >= max(span["a"][1], span["c"][1])  # the next group once the first has ended
-    assert [state(job, f"tasks/{n}/state") for n in "abc"] == ["succeeded", "succeeded", "failed 7"]
-    assert proc.stdout.index("group 1 of 2: a, c") < proc.stdout.index("group 2 of 2: b")

@@ -40,7 +40,6 @@ tasks_running() {
 }
 run_tasks() {  # each named task function in the background, at most $MAX_PARALLEL_TASKS at once
   local t p
-  TASK_PIDS=()  # one group of tasks: an earlier group's are waited for already
   for t in "$@"; do
     while [ "$(tasks_running)" -ge "$MAX_PARALLEL_TASKS" ]; do sleep 1; done
     "$t" &
