@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,20 +20,36 @@ from tests.integration.conftest import Infra
 pytestmark = pytest.mark.slurm
 
 
-def _write_saves(root: Path, infra: Infra, complete: list[int], half: list[int]) -> None:
-    """Iteration dirs with the files Megatron's torch_dist writer leaves (owned by the CI user)."""
+def _write_saves(root: Path, infra: Infra, complete: list[int], half: list[int], like: Path | None = None) -> None:
+    """Iteration dirs with the files Megatron's torch_dist writer leaves (owned by the CI user): `like`'s own
+    files (a real checkpoint, which the check before submission reads), or placeholders for a listing."""
+    source = like / "iter_0000000" if like else None
     for iteration in complete + half:
         path = root / f"iter_{iteration:07d}"
         path.mkdir(parents=True)
         names = ["common.pt", "__0_0.distcp"] + ([".metadata", "metadata.json"] if iteration in complete else [])
         for name in names:
-            (path / name).write_bytes(b"x")
+            if source:
+                shutil.copyfile(source / name, path / name)
+            else:
+                (path / name).write_bytes(b"x")
     (root / "latest_checkpointed_iteration.txt").write_text(str(max(complete)))
-    (root / "tokenizer").mkdir()
+    if like:
+        shutil.copytree(like / "tokenizer", root / "tokenizer")
+    else:
+        (root / "tokenizer").mkdir()
     user = pwd.getpwnam(infra.ssh_user)
     for dirpath, dirnames, filenames in os.walk(Path(root).parents[1]):
         for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
             os.chown(name, user.pw_uid, user.pw_gid)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (tiny) Megatron checkpoint: what the watcher submits is checked before it is queued."""
+    from ckpteval.deploy import prepare_checkpoint
+
+    return prepare_checkpoint("tiny", tmp_path_factory.mktemp("watch-ssh") / "tiny")
 
 
 def test_one_round_trip_per_poll_whatever_the_number_of_checkpoints(
@@ -93,7 +110,9 @@ def test_dry_run_lists_over_ssh_and_shows_the_slurm_job(write_env_toml, infra: I
 
 
 @pytest.mark.slow
-def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(write_env_toml, infra: Infra, remote_job_dir):
+def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
+    write_env_toml, infra: Infra, remote_job_dir, tiny: Path
+):
     """Three ready checkpoints, --max-pending 2: two real Slurm jobs (held, so they never run), recorded with
     their iterations; a restarted watcher submits nothing again; a cancelled one is retried (attempt 2)."""
     import subprocess
@@ -103,7 +122,7 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(write_env_t
     from ckpteval.watch.state import WatchSpec
 
     save_dir = Path(remote_job_dir) / "run42" / "checkpoints"
-    _write_saves(save_dir, infra, complete=[100, 200, 300], half=[400])
+    _write_saves(save_dir, infra, complete=[100, 200, 300], half=[400], like=tiny)
     venv_bin = Path(__file__).resolve().parents[2] / ".venv" / "bin"
     env = write_env_toml("CI", python=str(venv_bin / "python"), sbatch_flags={"hold": True})
 

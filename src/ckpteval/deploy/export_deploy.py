@@ -32,6 +32,8 @@ MLM_SCRIPT = "scripts/deploy/llm/mlm/deploy_ray.py"
 NLP_SCRIPT = "scripts/deploy/nlp/deploy_ray_inframework.py"
 CANDIDATES = (MLM_SCRIPT, NLP_SCRIPT)  # preferred first
 RAY_PORT = 6379
+# one `ray start`, bounded: 2 minutes, then SIGKILL 10 s after its SIGTERM (coreutils, in every image)
+RAY_ATTEMPT = "timeout -k 10 120"
 CHECKED_RELEASES = "Export-Deploy v0.1.1, v0.2.1, v0.3.1, v0.4.0, v0.5.0, v0.6.0, main (2026-07)"
 
 # `scripts/deploy/llm/mlm/deploy_ray.py` as of Export-Deploy 0.5-0.6 (0.4 lacks --batch_wait_timeout_s)
@@ -247,12 +249,17 @@ def export_deploy_command(deployment: MegatronDeployment, entry: EntryPoint, *, 
         "ray stop --force >/dev/null 2>&1; }; "
         "trap stop_ray EXIT; trap 'exit 143' TERM INT; n=0; "
         'if [ "${SLURM_PROCID:-0}" = 0 ]; then '
-        # `ray start` gives its node 30 s to register, too little on a busy node: try again, a few times
-        f"until ray start --head --port={RAY_PORT} {ray} --include-dashboard=false; do "
-        '[ "$((n += 1))" -lt 5 ] || exit 1; ray stop --force >/dev/null 2>&1; sleep 5; done; '
+        # a busy node can fail `ray start` (its raylet gives the dashboard agent 15 s to start, then aborts)
+        # or leave it waiting on a raylet that is gone: each attempt is bounded, then tried again, a few times
+        f"until {RAY_ATTEMPT} ray start --head --port={RAY_PORT} {ray} --include-dashboard=false; do "
+        '[ "$((n += 1))" -lt 5 ] || { echo "ckpteval: the Ray head did not start on $(hostname) in 5 attempts '
+        "(ray's own words above)\" >&2; exit 1; }; "
+        "ray stop --force >/dev/null 2>&1; sleep 5; done; "
         f"{serve} & wait $!; "
         # a worker joins the head (retrying while it starts; `--port` belongs to the head alone) and stays
         # while its raylet lives: when the head goes, so does the raylet, and the worker's rank ends
-        f'else until ray start --address="{head}" {ray}; do [ "$((n += 1))" -lt 60 ] || exit 1; sleep 5; done; '
+        f'else until {RAY_ATTEMPT} ray start --address="{head}" {ray}; do '
+        '[ "$((n += 1))" -lt 60 ] || { echo "ckpteval: this node ($(hostname)) could not join the Ray head at '
+        f'{head} in 60 attempts" >&2; exit 1; }}; sleep 5; done; '
         "while pgrep -s 0 -f ray/raylet >/dev/null; do sleep 5; done; fi"
     )

@@ -191,10 +191,16 @@ def test_several_nodes_run_a_ray_head_and_workers_and_stop_ray_on_every_node():
     command = export_deploy_command(d, DEFAULT_ENTRY_POINT, port=8000)
     assert command.startswith("stop_ray() {") and "ray stop --force" in command and "pgrep -s 0" in command
     assert "trap stop_ray EXIT;" in command
+    # each `ray start` is bounded (a busy node can leave it waiting on a raylet that died), then tried again
     assert (
-        "until ray start --head --port=6379 --num-gpus=8 --disable-usage-stats --include-dashboard=false; do" in command
+        "until timeout -k 10 120 ray start --head --port=6379 --num-gpus=8 --disable-usage-stats "
+        "--include-dashboard=false; do" in command
     )
-    assert 'until ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats; do' in command
+    assert (
+        'until timeout -k 10 120 ray start --address="$PRIMARY_NODE:6379" --num-gpus=8 --disable-usage-stats; do'
+        in command
+    )
+    assert "the Ray head did not start on $(hostname) in 5 attempts" in command  # said where the user looks
     assert "while pgrep -s 0 -f ray/raylet" in command  # a worker leaves when its raylet does (head gone)
     assert "--num_gpus 16" in command and "--num_replicas 2" in command
     extra = export_deploy_command(
