@@ -71,7 +71,7 @@ def _split_repo(rest: str) -> tuple[str, str]:
     parts = rest.split("/")
     for n in (2, 1):
         yield_id = "/".join(parts[:n])
-        if yield_id and parts[n:n + 1] in (["revision"], ["tree"], ["paths-info"], ["resolve"], []):
+        if yield_id and parts[n : n + 1] in (["revision"], ["tree"], ["paths-info"], ["resolve"], []):
             return yield_id, "/".join(parts[n:])
     return "/".join(parts[:2]), "/".join(parts[2:])
 
@@ -97,7 +97,9 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 
         def _not_found(self, code: str, message: str) -> None:
             body = json.dumps({"error": message}).encode()
-            self._send(404, body, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"})
+            self._send(
+                404, body, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}
+            )
 
         def _entry(self, rel: str, path: Path) -> dict[str, Any]:
             if path.is_dir():

@@ -74,7 +74,7 @@ def _wanted(rel: Path) -> bool:
 
 
 def _files_of(staging: Path, ref: DatasetRef) -> list[Path]:
-    out = []
+    out: list[Path] = []
     for sub in dataset_subtrees(ref):
         base = staging / sub
         if base.is_dir():
@@ -185,7 +185,9 @@ def fetch_datasets(
         return FetchResult(root, (), tuple(cached))
     staging = root / f".staging-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_CACHE")}
-    env.update({"HF_HOME": str(staging), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_DATASETS_CACHE": str(staging / "datasets")})
+    env.update(
+        {"HF_HOME": str(staging), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_DATASETS_CACHE": str(staging / "datasets")}
+    )
     fetched: list[DatasetRef] = []
     staging.mkdir(parents=True, exist_ok=True)
     log = (staging / "fetch.log").open("w+")  # the child's progress bars; read back for an error
@@ -201,7 +203,9 @@ def fetch_datasets(
         assert proc.stdin and proc.stdout
         for ref in todo:
             note(ref, "fetching")
-            proc.stdin.write(json.dumps({"key": ref.key, "path": ref.path, "name": ref.name, "revision": ref.revision}) + "\n")
+            proc.stdin.write(
+                json.dumps({"key": ref.key, "path": ref.path, "name": ref.name, "revision": ref.revision}) + "\n"
+            )
             proc.stdin.flush()
             line = proc.stdout.readline()
             if not line.strip():

@@ -209,7 +209,9 @@ def _resolve(index: _Index, item: Any, seen: frozenset[str]) -> list[DatasetRef]
     if name in index.groups:
         config = _read_yaml(index.groups[name])
         subtasks = config.get("task") or []
-        return [r for sub in (subtasks if isinstance(subtasks, list) else [subtasks]) for r in _resolve(index, sub, seen)]
+        return [
+            r for sub in (subtasks if isinstance(subtasks, list) else [subtasks]) for r in _resolve(index, sub, seen)
+        ]
     if name in index.tasks:
         return _refs_of_config(_read_yaml(index.tasks[name]))
     if name in index.tags:
