@@ -278,11 +278,8 @@ class SlurmPreparedJob:
         if to_push:
             report(Note(f"pushing {len(to_push)} dataset(s) to {datasets_dir(self.profile)} ..."))
             pushed = push_datasets(remote, datasets_dir(self.profile), to_push, default_cache_dir())
-            report(
-                Note(
-                    f"datasets staged: {len(pushed.staged)} sent ({pushed.bytes_sent} bytes), {len(pushed.present)} present"
-                )
-            )
+            sent = f"{len(pushed.staged)} sent ({pushed.bytes_sent} bytes)"
+            report(Note(f"datasets staged: {sent}, {len(pushed.present)} already there"))
         return self._with_data(plan, statuses)
 
 
