@@ -227,3 +227,12 @@ def fetch_datasets(
         log.close()
         shutil.rmtree(staging, ignore_errors=True)
     return FetchResult(root, tuple(fetched), tuple(cached))
+
+
+def cached_datasets(root: Path) -> list[DatasetRef]:
+    """Every dataset in the cache `root` (from its manifests)."""
+    out = []
+    for path in sorted((root / MANIFEST_DIR).glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out.append(DatasetRef(data["path"], data.get("name"), data.get("revision")))
+    return out
