@@ -30,9 +30,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class HubStandIn:
     """A threaded HTTP server on 127.0.0.1 serving dataset repositories from `root`."""
 
-    def __init__(self, root: Path, *, gated: tuple[str, ...] = ()) -> None:
+    def __init__(self, root: Path, *, gated: tuple[str, ...] = (), aliases: dict[str, str] | None = None) -> None:
         self.root = root
         self.gated = set(gated)
+        self.aliases = dict(aliases or {})
         self.requests: list[tuple[str, str]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -117,8 +118,19 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 return self._resolve(path[len("/datasets/") :])
             self._not_found("RepoNotFound", f"not served: {path}")
 
+        def _redirect(self, prefix: str, repo: str, tail: str) -> bool:
+            """A legacy id without a namespace (`hellaswag`) moved to its owner's: 307, as the hub answers."""
+            if repo not in hub.aliases:
+                return False
+            location = f"{prefix}{hub.aliases[repo]}" + (f"/{tail}" if tail else "")
+            query = urllib.parse.urlsplit(self.path).query
+            self._send(307, b"", {"Location": location + (f"?{query}" if query else "")})
+            return True
+
         def _api(self, rest: str, query: dict[str, list[str]]) -> None:
             repo, tail = _split_repo(rest)
+            if self._redirect("/api/datasets/", repo, tail):
+                return
             base = hub.repo_dir(repo)
             if base is None:
                 return self._not_found("RepoNotFound", f"Repository Not Found for url: {self.path}")
@@ -162,6 +174,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 
         def _resolve(self, rest: str) -> None:
             repo, tail = _split_repo(rest)
+            if self._redirect("/datasets/", repo, tail):
+                return
             base = hub.repo_dir(repo)
             if base is None:
                 return self._not_found("RepoNotFound", f"Repository Not Found for url: {self.path}")

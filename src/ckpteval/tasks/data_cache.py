@@ -127,7 +127,7 @@ for line in sys.stdin:
         datasets.load_dataset(ref["path"], ref["name"], revision=ref["revision"])
     except Exception as exc:
         print(json.dumps({"key": ref["key"], "error": f"{type(exc).__name__}: {exc}"}), flush=True)
-        sys.exit(3)
+        continue
     print(json.dumps({"key": ref["key"], "ok": True}), flush=True)
 """
 
@@ -152,6 +152,13 @@ def fetch_error(ref: DatasetRef, error: str) -> EvaluationError:
             hint="Use a revision of it with data files (parquet), or save it with `save_to_disk` and set the "
             "task's dataset_dir.",
         )
+    if "Repository id must be 'namespace/name'" in error:
+        return EvaluationError(
+            f"Dataset {ref.key}: the installed huggingface_hub/datasets refuse a dataset id without a namespace, "
+            "so the harness cannot load it by that name either.",
+            hint="Use the task's YAML with the owner's id (e.g. Rowan/hellaswag), or a harness image whose "
+            "datasets library still accepts legacy ids.",
+        )
     if "RepoNotFound" in error or "DatasetNotFound" in error or "doesn't exist" in error:
         return EvaluationError(f"Dataset {ref.key} was not found on the hub: {error[:300]}")
     return EvaluationError(
@@ -168,8 +175,9 @@ def fetch_datasets(
 ) -> FetchResult:
     """Download each of `refs` not yet in the cache `root` (a Hugging Face cache dir), one at a time.
 
-    Needs a reachable hub (`HF_ENDPOINT` is honoured). Raises EvaluationError naming the dataset that
-    failed (gated, remote code, not found, no hub); the datasets fetched before it stay in the cache.
+    Needs a reachable hub (`HF_ENDPOINT` is honoured). A dataset that fails (gated, remote code, not found,
+    no hub) does not stop the others; at the end one EvaluationError names each that failed, and the
+    datasets fetched stay in the cache.
     """
     root = root or default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -189,6 +197,7 @@ def fetch_datasets(
         {"HF_HOME": str(staging), "HF_HUB_DISABLE_TELEMETRY": "1", "HF_DATASETS_CACHE": str(staging / "datasets")}
     )
     fetched: list[DatasetRef] = []
+    failed: list[EvaluationError] = []
     staging.mkdir(parents=True, exist_ok=True)
     log = (staging / "fetch.log").open("w+")  # the child's progress bars; read back for an error
     try:
@@ -215,9 +224,11 @@ def fetch_datasets(
             else:
                 answer = json.loads(line)
             if not answer.get("ok"):
-                proc.kill()
-                proc.wait()
-                raise fetch_error(ref, str(answer.get("error") or "the fetch process ended"))
+                failed.append(fetch_error(ref, str(answer.get("error") or "the fetch process ended")))
+                note(ref, "failed")
+                if proc.poll() is not None:
+                    break
+                continue
             _install(staging, root, ref)
             fetched.append(ref)
             note(ref, "fetched")
@@ -226,6 +237,14 @@ def fetch_datasets(
     finally:
         log.close()
         shutil.rmtree(staging, ignore_errors=True)
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise EvaluationError(
+            f"{len(failed)} datasets could not be fetched ({len(fetched)} were):\n"
+            + "\n".join(f"- {e.message}" for e in failed),
+            hint=failed[0].hint,
+        )
     return FetchResult(root, tuple(fetched), tuple(cached))
 
 
