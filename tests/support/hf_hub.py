@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +35,7 @@ class HubStandIn:
         self.root = root
         self.gated = set(gated)
         self.aliases = dict(aliases or {})
+        self.delays: dict[str, float] = {}  # file name -> seconds to wait before serving it (to cut a fetch off)
         self.requests: list[tuple[str, str]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -186,6 +188,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             file = base / rel
             if not file.is_file():
                 return self._not_found("EntryNotFound", f"{rel} does not exist on {repo}")
+            if self.command == "GET" and file.name in hub.delays:
+                time.sleep(hub.delays[file.name])
             data = file.read_bytes()
             headers = {
                 "ETag": f'"{_oid(file)}"',
