@@ -253,3 +253,9 @@ def test_fetch_then_run_on_an_offline_cluster_reads_the_staged_data(offline_prof
     script = Path(record.job_dir, "job.sh").read_text()
     assert "HF_HUB_OFFLINE=1" in script and f"{Path(record.job_dir).parents[1]}/datasets" in script
     assert "packaged data" not in logs  # the staged copy of the real repository, not a stand-in
+    # the items scored are the stand-in hub's piqa validation rows (as staged), not anything else
+    outputs = " ".join(
+        p.read_text(errors="replace") for p in Path(record.job_dir, "tasks").rglob("*.json*") if p.is_file()
+    )
+    assert "To open a jar (validation 0)" in outputs
+    print(run.output)
