@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
-import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from ckpteval.cli.main import app
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.data_push import push_archive, push_datasets, stage_script
 from ckpteval.errors import EvaluationError
-from ckpteval.execution.record import list_records, load_record
+from ckpteval.execution.record import list_records
 from ckpteval.tasks.data_cache import fetch_datasets, is_cached, read_manifest
 from ckpteval.tasks.datasets import DatasetRef
 from tests.integration.conftest import REPO
@@ -86,7 +87,9 @@ def test_fetched_data_is_what_the_harness_reads_offline_and_a_rerun_asks_the_hub
     root, n_requests = fetched
     assert n_requests > 0
     manifest = read_manifest(root, PIQA)
-    assert manifest["dataset"] == "baber/piqa" and any(f.endswith(".parquet") for f in manifest["links"])  # snapshots link to blobs
+    assert manifest["dataset"] == "baber/piqa" and any(
+        f.endswith(".parquet") for f in manifest["links"]
+    )  # snapshots link to blobs
     # the same call lm-eval makes, in a fresh process with the hub switched off, reads the cache
     code = "import datasets; d = datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge'); print(len(d['test']))"
     env = {**os.environ, "HF_HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -108,9 +111,14 @@ def test_a_fetch_cut_off_leaves_nothing_complete_and_a_rerun_completes_it(hub, t
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    wait_for(lambda: ("GET", "/datasets/baber/piqa/resolve/") and any(
-        p.endswith("validation-00000-of-00001.parquet") and m == "GET" for m, p in hub.requests
-    ), timeout=90, what="the fetch reaching the second file")
+    wait_for(
+        lambda: (
+            ("GET", "/datasets/baber/piqa/resolve/")
+            and any(p.endswith("validation-00000-of-00001.parquet") and m == "GET" for m, p in hub.requests)
+        ),
+        timeout=90,
+        what="the fetch reaching the second file",
+    )
     os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its download process, as a closed terminal would
     proc.wait()
     assert not is_cached(cache, PIQA)
@@ -235,27 +243,47 @@ def test_the_dry_run_shows_each_tasks_data_without_connecting(offline_profile, f
     assert "HF_HUB_OFFLINE=1" in shown.output
 
 
+@pytest.fixture
+def tiny_checkpoint(infra) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The tiny checkpoint, prepared once where the CI user's jobs (and this machine) can read it."""
+    from ckpteval.deploy import prepare_checkpoint
+
+    path = Path(infra.user_home) / "ckpteval-tests" / f"tiny-{uuid.uuid4().hex[:8]}"
+    prepare_checkpoint("tiny", path)
+    subprocess.run(["chmod", "-R", "a+rX", str(path.parent)], check=True)
+    yield str(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_fetch_then_run_on_an_offline_cluster_reads_the_staged_data(offline_profile, hub, infra, tmp_path):
+def test_fetch_then_run_on_an_offline_cluster_scores_the_staged_data_as_a_local_run_does(
+    offline_profile, hub, infra, tiny_checkpoint
+):
     fetch = cli("data", "fetch", "-c", "pretrain", "-t", "piqa")
     assert fetch.exit_code == 0, fetch.output
     hub.stop()  # from here on no hub answers: the job's task steps have nothing to reach
-    env = offline_profile()
-    run = cli(*tiny_args(env, "piqa"), "--run", "CI")
+    model = ["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
+    run = cli(*tiny_args(offline_profile(), "piqa"), *model, "--run", "CI")
     assert "datasets staged: 1 sent" in run.output, run.output
-    invocation = list_records()[0].id
-    record = load_record(invocation)
-    results = json.loads(cli("results", invocation, "--json").stdout)
+    record = next(r for r in list_records() if r.executor == "slurm")
+    results = json.loads(cli("results", record.id, "--json").stdout)
     task = results["tasks"]["piqa"]
-    logs = cli("logs", invocation, "--source", "piqa").output
-    assert run.exit_code == 0 and task["status"] == "succeeded", run.output + logs[-3000:]
-    assert task["n_samples"] == 3 and 0.0 <= task["metrics"]["acc"]["value"] <= 1.0
+    logs = cli("logs", record.id, "--source", "piqa").output
+    assert run.exit_code == 0 and task["status"] == "succeeded", run.output[-3000:] + logs[-3000:]
+    assert task["n_samples"] == 3
     script = Path(record.job_dir, "job.sh").read_text()
     assert "HF_HUB_OFFLINE=1" in script and f"{Path(record.job_dir).parents[1]}/datasets" in script
-    assert "packaged data" not in logs  # the staged copy of the real repository, not a stand-in
-    # the items scored are the stand-in hub's piqa validation rows (as staged), not anything else
+    # the items scored are the stand-in hub's piqa validation rows, as staged (not packaged stand-ins)
     outputs = " ".join(
         p.read_text(errors="replace") for p in Path(record.job_dir, "tasks").rglob("*.json*") if p.is_file()
     )
     assert "To open a jar (validation 0)" in outputs
-    print(run.output)
+
+    # the same task on this machine, from the same dataset cache and checkpoint, scores the same
+    local = cli(*tiny_args(offline_profile(), "piqa"), *model)
+    assert local.exit_code == 0, local.output[-3000:]
+    mine = next(r for r in list_records() if r.executor == "local")
+    here = json.loads(cli("results", mine.id, "--json").stdout)["tasks"]["piqa"]
+    assert here["n_samples"] == 3
+    for metric in ("acc", "acc_norm"):
+        assert here["metrics"][metric]["value"] == pytest.approx(task["metrics"][metric]["value"], abs=1e-9)

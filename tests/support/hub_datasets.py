@@ -118,13 +118,25 @@ def write_repos(root: Path, *, mmlu: bool = True) -> Path:
         splits = ("test", "validation", "dev")
         _write(root / "hails/mmlu_no_train", {s: {sp: _mmlu(sp, s) for sp in splits} for s in subjects}, layout="dir")
     tvt = ("train", "validation", "test")
-    _write(root / "allenai/ai2_arc", {c: {sp: _arc(sp) for sp in tvt} for c in ("ARC-Challenge", "ARC-Easy")}, layout="dir")
-    _write(root / ALIASES["openbookqa"], {c: {sp: _openbookqa(sp) for sp in tvt} for c in ("main", "additional")}, layout="dir")
+    _write(
+        root / "allenai/ai2_arc", {c: {sp: _arc(sp) for sp in tvt} for c in ("ARC-Challenge", "ARC-Easy")}, layout="dir"
+    )
+    _write(
+        root / ALIASES["openbookqa"],
+        {c: {sp: _openbookqa(sp) for sp in tvt} for c in ("main", "additional")},
+        layout="dir",
+    )
     _write(root / "baber/piqa", {"default": {sp: _piqa(sp) for sp in ("train", "validation")}}, layout="data")
-    _write(root / ALIASES["winogrande"], {"winogrande_xl": {sp: _winogrande(sp) for sp in ("train", "validation")}}, layout="dir")
+    _write(
+        root / ALIASES["winogrande"],
+        {"winogrande_xl": {sp: _winogrande(sp) for sp in ("train", "validation")}},
+        layout="dir",
+    )
     _write(root / ALIASES["hellaswag"], {"default": {sp: _hellaswag(sp) for sp in tvt}}, layout="data")
     scripted = root / REMOTE_CODE_REPO
     scripted.mkdir(parents=True, exist_ok=True)
-    (scripted / "scripted.py").write_text("import datasets\n\nclass Scripted(datasets.GeneratorBasedBuilder):\n    pass\n")
+    (scripted / "scripted.py").write_text(
+        "import datasets\n\nclass Scripted(datasets.GeneratorBasedBuilder):\n    pass\n"
+    )
     _write(root / GATED_REPO, {"default": {"test": _piqa("test")}}, layout="data")
     return root

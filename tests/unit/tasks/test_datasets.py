@@ -12,7 +12,15 @@ from ckpteval.tasks.datasets import DatasetRef, TaskDefinitionError, lm_eval_dat
 
 # a plain task, one with `include`, one with a config name, a group of tags (57 subtasks), a tag whose
 # tasks inherit it from an included file, the pretrain config's others
-REGISTRY_CASES = ["piqa", "adlr_arc_challenge_llama", "winogrande", "mmlu_str", "mgsm_direct", "hellaswag", "openbookqa"]
+REGISTRY_CASES = [
+    "piqa",
+    "adlr_arc_challenge_llama",
+    "winogrande",
+    "mmlu_str",
+    "mgsm_direct",
+    "hellaswag",
+    "openbookqa",
+]
 
 
 def _leaves(tm: Any, name: str) -> list[str]:
@@ -30,7 +38,15 @@ def _expected(tm: Any, name: str) -> set[tuple[str, str | None, str | None, tupl
     out = set()
     for leaf in _leaves(tm, name):
         cfg = tm._get_config(leaf)
-        splits = tuple(sorted({str(cfg[k]) for k in ("training_split", "validation_split", "test_split", "fewshot_split") if cfg.get(k)}))
+        splits = tuple(
+            sorted(
+                {
+                    str(cfg[k])
+                    for k in ("training_split", "validation_split", "test_split", "fewshot_split")
+                    if cfg.get(k)
+                }
+            )
+        )
         revision = (cfg.get("dataset_kwargs") or {}).get("revision")
         out.add((cfg["dataset_path"], cfg.get("dataset_name"), revision, splits))
     return out
@@ -62,13 +78,22 @@ def _write(root: Path, rel: str, text: str) -> None:
 
 
 def test_a_group_with_inline_configs_includes_and_revisions(tmp_path: Path) -> None:
-    _write(tmp_path, "fam/_base_yaml", "dataset_path: org/base\ntest_split: test\nfewshot_split: dev\noutput_type: multiple_choice\n")
-    _write(tmp_path, "fam/a.yaml", "include: _base_yaml\ntask: fam_a\ndataset_name: a\ndataset_kwargs:\n  revision: abc123\n")
+    _write(
+        tmp_path,
+        "fam/_base_yaml",
+        "dataset_path: org/base\ntest_split: test\nfewshot_split: dev\noutput_type: multiple_choice\n",
+    )
+    _write(
+        tmp_path,
+        "fam/a.yaml",
+        "include: _base_yaml\ntask: fam_a\ndataset_name: a\ndataset_kwargs:\n  revision: abc123\n",
+    )
     _write(tmp_path, "fam/b.yaml", '"include": "_base_yaml"\n"task": "fam_b"\n"tag": "fam_tag"\n"dataset_name": "b"\n')
     _write(
         tmp_path,
         "fam/group.yaml",
-        "group: fam\ntask:\n  - fam_a\n  - fam_tag\n  - task: fam_c\n    dataset_path: org/inline\n    test_split: eval\n"
+        "group: fam\ntask:\n  - fam_a\n  - fam_tag\n"
+        "  - task: fam_c\n    dataset_path: org/inline\n    test_split: eval\n"
         "doc_to_text: !function utils.doc_to_text\n",
     )
     refs = lm_eval_datasets("fam", root=tmp_path)
