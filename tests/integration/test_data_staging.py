@@ -141,13 +141,21 @@ def test_gated_and_remote_code_datasets_are_one_clear_error_each(hub, tmp_path):
     assert not is_cached(tmp_path / "c", gated) and is_cached(tmp_path / "c", good)  # the others still fetched
 
 
-def test_push_sends_only_what_is_missing_checked_by_content(fetched, infra, ci_profile, remote_job_dir):
+def test_push_sends_only_what_is_missing_checked_by_content(
+    fetched, infra, ci_profile, remote_job_dir, offline_profile, monkeypatch
+):
     root, _ = fetched
     profile = ci_profile()
     target = f"{remote_job_dir}/datasets"
     with connect_remote(profile) as remote:
         first = push_datasets(remote, target, [PIQA, ARC], root)
         second = push_datasets(remote, target, [PIQA, ARC], root)
+    # a dry run with --check asks the cluster (read-only) and shows them staged
+    monkeypatch.setenv("COLUMNS", "300")
+    shown = cli(*tiny_args(offline_profile(), "piqa", "adlr_winogrande_5_shot"), "--run", "CI", "--dry-run", "--check")
+    assert shown.exit_code == 0, shown.output
+    rows = {line.strip("│ ").split()[0]: line for line in shown.output.splitlines() if line.strip("│ ")}
+    assert " staged " in rows["piqa"] and "missing" in rows["adlr_winogrande_5_shot"]
     assert set(first.staged) == {PIQA, ARC} and first.bytes_sent > 0 and first.round_trips == 2
     assert second.staged == () and second.bytes_sent == 0 and second.round_trips == 1
     for sub in ("hub", "datasets"):

@@ -182,12 +182,20 @@ class SlurmPreparedJob:
         if not self.profile.compute_internet:
             from ckpteval.tasks.data_status import render_statuses
 
-            statuses = self.data_statuses(None)
+            if check:  # --dry-run --check: the cluster is asked, read-only, which datasets it has
+                from ckpteval.cluster.connect import connect_remote
+
+                with connect_remote(self.profile) as remote:
+                    statuses = self.data_statuses(remote)
+            else:
+                statuses = self.data_statuses(None)
             plan = self._with_data(plan, statuses)
-            body = render_statuses(statuses) + (
-                "\n\n(the cluster was not asked: `unchecked` tasks were fetched here and are pushed at submission "
-                "unless staged already)"
-            )
+            body = render_statuses(statuses)
+            if not check:
+                body += (
+                    "\n\n(the cluster was not asked: `unchecked` tasks were fetched here and are pushed at "
+                    "submission unless staged already; --check asks it)"
+                )
             data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
         # the script as it will run: images shown as their .sqsh files
         script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
