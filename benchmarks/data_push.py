@@ -70,6 +70,7 @@ def main() -> None:
     counter = _CommandCounter()
     logger.addHandler(counter)
 
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ckpteval-data-bench-"))
     hub = HubStandIn(write_repos(work / "hub"), aliases=ALIASES)
     os.environ["HF_ENDPOINT"] = hub.url
@@ -79,7 +80,9 @@ def main() -> None:
     fetch_s = time.perf_counter() - t0
     hub.stop()
     cache = work / "cache"
-    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.is_symlink())
+    files = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink() and not p.name.endswith(".lock")]
+    size = sum(p.stat().st_size for p in files)
+    links = sum(1 for p in cache.rglob("*") if p.is_symlink())
 
     rows = []
     for _ in range(args.rounds):
@@ -125,8 +128,11 @@ def main() -> None:
     def col(run: str, key: str) -> float:
         return med([m[run][key] for m, *_ in rows])
 
-    print(f"load average before/after: {os.getloadavg()}")
-    print(f"rounds: {args.rounds}; datasets: {len(refs)}; cache: {size} bytes; fetched in {fetch_s:.1f} s; medians\n")
+    print(f"load average (1, 5, 15 min) before: {load_before}, after: {os.getloadavg()}")
+    print(
+        f"rounds: {args.rounds}; datasets: {len(refs)}; cache: {size} bytes in {len(files)} files + {links} links; "
+        f"fetched in {fetch_s:.1f} s; medians\n"
+    )
     print("| measurement | push 1 (nothing staged) | push 2 (all staged) | ratio 2/1 |")
     print("|---|---|---|---|")
     p1, p2 = col("first", "push"), col("second", "push")

@@ -54,7 +54,10 @@ def staged_status(
     result = remote.run(["sh", "-c", script, "ckpteval-check", *paths], timeout=120)
     answers = result.stdout.split()
     if len(answers) != len(refs):
-        raise ClusterError(f"Unexpected answer from {remote.description} while checking staged datasets.")
+        raise ClusterError(
+            f"Unexpected answer from {remote.description} while checking staged datasets: "
+            f"{result.stdout[-300:]!r} {result.stderr[-300:]!r}."
+        )
     out = {}
     for ref, answer in zip(refs, answers, strict=True):
         if answer == "-":
