@@ -22,6 +22,8 @@ def isolated_user(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
         monkeypatch.delenv(var, raising=False)
     # Keep the real cache (prepared checkpoints are expensive) unless a test overrides it.
     monkeypatch.setenv("XDG_CACHE_HOME", os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")))
+    # ...but the dataset cache (`evaluate data fetch`) is the test's own: what is in it changes what a run reads
+    monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(root / "data-cache"))
     monkeypatch.chdir(work)
     return work
 

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("report", "report_command", "One self-contained HTML report: scores, CIs, charts, verdicts."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
     "watch": ("watch", "watch_command", "Evaluate each new checkpoint of a running training; watch status|stop RUN."),
+    "data": ("data", "data_command", "Tasks' datasets: fetch where the hub is reachable, push to an offline cluster."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
     "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),

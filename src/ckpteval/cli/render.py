@@ -9,6 +9,16 @@ from typing import Any
 from ckpteval.tasks.catalog import TaskSpec
 
 
+def _datasets_json(task: TaskSpec) -> list[dict[str, Any]] | None:
+    """The datasets the harness's definition of `task` loads (None: not known to ckpteval)."""
+    from ckpteval.tasks.datasets import task_data
+
+    data = task_data(task)
+    if data.datasets is None:
+        return None
+    return [{"path": r.path, "name": r.name, "revision": r.revision, "splits": list(r.splits)} for r in data.datasets]
+
+
 def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
     """Print catalog entries as a table, or as JSON for machines."""
     from ckpteval.tasks.offline_data import offline_source_key
@@ -26,8 +36,8 @@ def print_catalog(tasks: Sequence[TaskSpec], *, json_output: bool) -> None:
         }
         for t in tasks
     ]
-    if json_output:
-        print(json.dumps(rows, indent=2))
+    if json_output:  # with the datasets each task loads (about a second to read lm-eval's task YAML)
+        print(json.dumps([{**r, "datasets": _datasets_json(t)} for r, t in zip(rows, tasks, strict=True)], indent=2))
         return
     from rich.console import Console
     from rich.table import Table

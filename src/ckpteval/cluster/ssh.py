@@ -49,6 +49,7 @@ log = logging.getLogger("ckpteval.remote")
 # paramiko logs a failed handshake with a traceback from its transport thread; without a handler
 # Python would print it to stderr. Our ClusterError says what went wrong; -v logging still sees it.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+EOF_GRACE_S = 5.0
 
 
 def _open_socket(target: SSHTarget, timeout: float) -> Any:
@@ -302,6 +303,7 @@ class SSHRemote:
                 chan.sendall(stdin.encode() if isinstance(stdin, str) else stdin)
             if not hold_stdin:
                 chan.shutdown_write()
+            drained_by = None  # after the exit status: how long to wait for the output still in flight
             while True:
                 got = False
                 while chan.recv_ready():
@@ -311,13 +313,19 @@ class SSHRemote:
                     err.feed(chan.recv_stderr(65536))
                     got = True
                 if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
+                    # sshd may send the exit status before the last of the output: wait for its EOF (bounded,
+                    # since a background process the command left may hold the output open)
+                    if chan.eof_received:
+                        break
+                    drained_by = drained_by or time.monotonic() + EOF_GRACE_S
+                    if time.monotonic() > drained_by:
+                        break
                 if chan.closed and not got:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise ClusterError(f"Command timed out after {timeout:g} s on {self.description}: {shorten(cmd)}")
                 if not got:
-                    select.select([chan], [], [], 0.5)
+                    select.select([chan], [], [], 0.05 if drained_by else 0.5)
             # drain what arrived with the exit status
             while chan.recv_ready():
                 out.feed(chan.recv(65536))

@@ -134,3 +134,32 @@ def local_hook_dir() -> Path | None:
 
     path = Path(hook_dir())
     return path if path.is_dir() else None
+
+
+def with_staged_data(plan: JobPlan, data_root: str, staged_tasks: set[str]) -> JobPlan:
+    """`plan` for compute nodes without internet: every task step mounts the staged dataset cache
+    `data_root` read-only with the hub switched off; the tasks in `staged_tasks` (by name) read their real
+    datasets from it (`ckpteval.cluster.data_push.job_data_setup`), the others fall back to packaged data."""
+    from ckpteval.cluster.data_push import job_data_setup
+
+    mount = f"{data_root}:{data_root}:ro"
+
+    def swap(task_dir: str, step: Step, staged: bool) -> Step:
+        prefix, env = job_data_setup(data_root, task_dir)
+        if not staged:
+            env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+            prefix = ""
+        mounts = (*step.mounts, mount) if step.image else step.mounts
+        return dataclasses.replace(step, command=prefix + step.command, env={**step.env, **env}, mounts=mounts)
+
+    tasks = tuple(
+        dataclasses.replace(
+            t,
+            runs=tuple(
+                dataclasses.replace(r, step=swap(JobDir(plan.job_dir).join(t.dir), r.step, t.name in staged_tasks))
+                for r in t.runs
+            ),
+        )
+        for t in plan.tasks
+    )
+    return dataclasses.replace(plan, tasks=tasks)

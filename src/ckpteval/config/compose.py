@@ -157,11 +157,19 @@ def composition_layers(request: CompileRequest, profile: Profile, env: EnvFile, 
     )
 
 
-def compose(request: CompileRequest, *, catalog: Catalog | None = None) -> ComposedConfig:
-    """Compose and resolve the config a request describes (no typing or semantic checks yet).
+def task_names(request: CompileRequest, *, catalog: Catalog | None = None) -> list[str]:
+    """The names of the tasks the request's config (and `-t` filter) evaluates, without resolving anything
+    else (a config that needs `run.model` still answers: `evaluate data fetch -c pretrain`)."""
+    from omegaconf import OmegaConf
 
-    `-t` names are looked up in `catalog` (the one `compile_config` then resolves every task against;
-    loaded here only when none is given and `-t` is used)."""
+    cfg, *_ = _compose_unresolved(request, catalog)
+    tasks = OmegaConf.select(cfg, "evaluation.tasks", default=None) or []
+    return [str(OmegaConf.select(task, "name", throw_on_missing=False)) for task in tasks]
+
+
+def _compose_unresolved(
+    request: CompileRequest, catalog: Catalog | None
+) -> tuple[Any, Profile, EnvFile, tuple[Path, ...], list[Path], tuple[str, ...]]:
     env = load_env_file(request.env_file, cwd=request.cwd)
     profile = env.profile(request.profile)
     if request.mode != "local" and profile.executor == "local" and request.profile is None:
@@ -188,6 +196,15 @@ def compose(request: CompileRequest, *, catalog: Catalog | None = None) -> Compo
     check_overrides_are_text(layers.overrides)
     cfg = _hydra_compose(search_path, layers.overrides)
     added = apply_task_filter(cfg, layers.task_filter, catalog)
+    return cfg, profile, env, search_path, files, added
+
+
+def compose(request: CompileRequest, *, catalog: Catalog | None = None) -> ComposedConfig:
+    """Compose and resolve the config a request describes (no typing or semantic checks yet).
+
+    `-t` names are looked up in `catalog` (the one `compile_config` then resolves every task against;
+    loaded here only when none is given and `-t` is used)."""
+    cfg, profile, env, search_path, files, added = _compose_unresolved(request, catalog)
 
     from ckpteval.config.resolvers import collecting_secrets, register_resolvers, resolved_artifacts, stop_collecting
 

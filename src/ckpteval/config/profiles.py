@@ -73,6 +73,10 @@ class Profile:
     build_partition: str | None = None
     build_time: str | None = None
     build_include_gpus: bool = False
+    # False: the compute nodes cannot reach the internet; tasks read datasets staged in
+    # ${remote_job_dir}/datasets (pushed at submission from the local dataset cache), and a task whose
+    # data is neither staged nor fetched is refused before anything is submitted.
+    compute_internet: bool = True
 
     def to_config(self) -> dict[str, Any]:
         """The profile as the `run.env` node of the composed config (every key present)."""

@@ -42,6 +42,7 @@ from ckpteval.cluster.submission import (
     upload_job_files,
     with_export_step,
     with_images,
+    with_staged_data,
 )
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import PreviewPanel
@@ -76,8 +77,10 @@ from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
 from ckpteval.job.build import build_plan, slurm_toolchain
 from ckpteval.job.files import job_files
+from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
+from ckpteval.tasks.data_status import TaskDataStatus
 
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
@@ -110,6 +113,29 @@ class SlurmPreparedJob:
         if not self.compiled.config.export.wandb.enabled or wandb_mode(os.environ) != "online":
             return None
         return key_file_path(self.job_dir)
+
+    def data_statuses(self, remote: Remote | None) -> list[TaskDataStatus]:
+        """Per task, whether its datasets are staged on the cluster (asked on `remote`, one round trip),
+        fetched here (pushed at submission), or missing; without `remote` the cluster is not asked."""
+        from ckpteval.cluster.data_push import datasets_dir, staged_status
+        from ckpteval.tasks.data_cache import default_cache_dir, is_cached
+        from ckpteval.tasks.data_status import data_statuses
+        from ckpteval.tasks.datasets import task_data
+
+        local = default_cache_dir()
+        specs = [task.spec for task in self.compiled.tasks]
+        there = None
+        if remote is not None:
+            refs = [ref for spec in specs for ref in (task_data(spec).datasets or ())]
+            answer = staged_status(remote, datasets_dir(self.profile), list(dict.fromkeys(refs)), local)
+            there = answer.__getitem__
+        return data_statuses(specs, cached_here=lambda ref: is_cached(local, ref), staged_there=there)
+
+    def _with_data(self, plan: JobPlan, statuses: list[TaskDataStatus]) -> JobPlan:
+        from ckpteval.cluster.data_push import datasets_dir
+
+        staged = {s.task for s in statuses if s.staged}
+        return with_staged_data(plan, datasets_dir(self.profile), staged)
 
     def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
         """With `check`, the checkpoint on the cluster described (its small files over SSH, one round trip)
@@ -152,6 +178,25 @@ class SlurmPreparedJob:
         squash = plan_squash(self.images, self.profile, check=check, force=self.force_squash)
         # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
         plan, entry_panel = preview_entry_point(self.plan, self.compiled, squash, check=check)
+        data_panels: list[PreviewPanel] = []
+        if not self.profile.compute_internet:
+            from ckpteval.tasks.data_status import render_statuses
+
+            if check:  # --dry-run --check: the cluster is asked, read-only, which datasets it has
+                from ckpteval.cluster.connect import connect_remote
+
+                with connect_remote(self.profile) as remote:
+                    statuses = self.data_statuses(remote)
+            else:
+                statuses = self.data_statuses(None)
+            plan = self._with_data(plan, statuses)
+            body = render_statuses(statuses)
+            if not check:
+                body += (
+                    "\n\n(the cluster was not asked: `unchecked` tasks were fetched here and are pushed at "
+                    "submission unless staged already; --check asks it)"
+                )
+            data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
         # the script as it will run: images shown as their .sqsh files
         script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
         return [
@@ -160,6 +205,7 @@ class SlurmPreparedJob:
             ),
             PreviewPanel(title=f"job script ({self.spec.job_script})", body=script, language="bash"),
             PreviewPanel(title="squash plan", body="", squash=squash),
+            *data_panels,
             *([entry_panel] if entry_panel else []),
         ]
 
@@ -181,6 +227,12 @@ class SlurmPreparedJob:
             checkpoint = self._checked_checkpoint(remote)  # a checkpoint its backend cannot serve ends here
             if checkpoint is not None:
                 report(Note(checkpoint.title))
+            statuses = None
+            if not self.profile.compute_internet:  # a task whose data the offline job cannot read ends here
+                from ckpteval.tasks.data_status import refuse_missing
+
+                statuses = self.data_statuses(remote)
+                refuse_missing(statuses, profile=self.profile.name, where=remote.description)
             plan = self.plan
             if plan.after_tasks and self.compiled.config.export.wandb.enabled:
                 from ckpteval.export.job import stage_wandb_key
@@ -195,6 +247,8 @@ class SlurmPreparedJob:
                     self.images, self.profile, remote=remote, force=self.force_squash, on_event=report
                 )
                 plan = with_images(plan, squashed.mapping)
+            if statuses is not None:
+                plan = self._stage_data(remote, plan, statuses, report)
             plan, entry_note = resolve_for_run(plan, self.compiled, remote)  # probe/cache Export-Deploy's script
             if entry_note:
                 report(Note(entry_note))
@@ -222,6 +276,19 @@ class SlurmPreparedJob:
             session.close()
             raise
         return SlurmJob(record, session)
+
+    def _stage_data(self, remote: Remote, plan: JobPlan, statuses: list[TaskDataStatus], report: Reporter) -> JobPlan:
+        """Push the datasets fetched here and not yet on the cluster; `plan` with every task step reading them."""
+        from ckpteval.cluster.data_push import datasets_dir, push_datasets
+        from ckpteval.tasks.data_cache import default_cache_dir
+
+        to_push = list(dict.fromkeys(ref for s in statuses for ref in s.to_push))
+        if to_push:
+            report(Note(f"pushing {len(to_push)} dataset(s) to {datasets_dir(self.profile)} ..."))
+            pushed = push_datasets(remote, datasets_dir(self.profile), to_push, default_cache_dir())
+            sent = f"{len(pushed.staged)} sent ({pushed.bytes_sent} bytes)"
+            report(Note(f"datasets staged: {sent}, {len(pushed.present)} already there"))
+        return self._with_data(plan, statuses)
 
 
 def submit_job(

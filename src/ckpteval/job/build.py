@@ -9,6 +9,7 @@ Task clients are what the launcher runs in each eval-factory container: `nemo-ev
 from __future__ import annotations
 
 import copy
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,8 @@ def _task_plan(
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
+    if launcher == "local":
+        env.update(_local_cache_env(task))
     image = task.container if launcher == "slurm" else None
     runs = []
     for layout in task.layouts:
@@ -263,6 +266,34 @@ def _task_plan(
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
     return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)
+
+
+def _local_cache_env(task: ResolvedTask) -> dict[str, str]:
+    """On this machine, a task whose datasets are all in the dataset cache (`evaluate data fetch`) reads them
+    there with the hub off; one with neither cached nor packaged data, when the hub is switched off, is
+    flagged now rather than at the end of its client's start-up."""
+    from ckpteval.cluster.data_push import offline_env
+    from ckpteval.notices import notice
+    from ckpteval.tasks.data_cache import default_cache_dir, is_cached
+    from ckpteval.tasks.datasets import task_data
+    from ckpteval.tasks.offline_data import offline_source_key
+
+    root = default_cache_dir()
+    hub_off = any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+    if not hub_off and not (root / "ckpteval").is_dir():
+        return {}  # nothing fetched: the harness downloads as usual (or the hook serves packaged data)
+    data = task_data(task.spec)
+    if data.datasets and all(is_cached(root, ref) for ref in data.datasets):
+        return offline_env(str(root))
+    if hub_off and data.datasets and offline_source_key(task.spec) is None and not task.dataset_dir:
+        missing = next(ref for ref in data.datasets if not is_cached(root, ref))
+        notice.warning(
+            f"Task {task.name} has no packaged data and its dataset {missing.key} is not in the dataset cache "
+            f"{root}, with the hub switched off: it will fail. Fetch it with `evaluate data fetch -t {task.name}`."
+        )
+    return {}
 
 
 def _with_client_settings(

