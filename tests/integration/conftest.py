@@ -123,6 +123,19 @@ def infra(request: pytest.FixtureRequest) -> Infra:
     return Infra(**data)
 
 
+@pytest.fixture(scope="session")
+def tiny_checkpoint(infra: Infra) -> Iterator[str]:
+    """The tiny Megatron checkpoint, written once per session where the CI user's jobs (and this machine) can
+    read it: the modules that evaluate it on the cluster share it (writing it costs a megatron import)."""
+    from ckpteval.deploy import prepare_checkpoint
+
+    path = Path(infra.user_home) / "ckpteval-tests" / f"tiny-{uuid.uuid4().hex[:8]}"
+    prepare_checkpoint("tiny", path)
+    subprocess.run(["chmod", "-R", "a+rX", str(path.parent)], check=True)
+    yield str(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def remote_job_dir(infra: Infra) -> Iterator[str]:
     """A fresh, not yet existing directory under the CI user's home; removed afterwards."""

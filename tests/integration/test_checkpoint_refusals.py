@@ -26,14 +26,12 @@ def cli(*argv: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def shared_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def shared_checkpoints(tiny_checkpoint: str) -> dict[str, Path]:
     """The tiny checkpoint as saved, and copies whose args make it unservable by the builtin, readable by
     the cluster's user."""
-    from ckpteval.deploy import prepare_checkpoint
-
     base = Path("/tmp") / f"ckpteval-refusals-{os.getpid()}"
     base.mkdir(exist_ok=True)
-    tiny = prepare_checkpoint("tiny", base / "tiny")
+    tiny = Path(tiny_checkpoint)
     out = {
         "tiny": tiny,
         "hybrid": with_args(tiny, base / "hybrid", hybrid_override_pattern="M*"),

@@ -7,11 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -249,18 +247,6 @@ def test_the_dry_run_shows_each_tasks_data_without_connecting(offline_profile, f
     assert "missing" in rows["adlr_winogrande_5_shot"] and "winogrande:winogrande_xl" in rows["adlr_winogrande_5_shot"]
     assert "unknown" in rows["simpleqa"]
     assert "HF_HUB_OFFLINE=1" in shown.output
-
-
-@pytest.fixture
-def tiny_checkpoint(infra) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The tiny checkpoint, prepared once where the CI user's jobs (and this machine) can read it."""
-    from ckpteval.deploy import prepare_checkpoint
-
-    path = Path(infra.user_home) / "ckpteval-tests" / f"tiny-{uuid.uuid4().hex[:8]}"
-    prepare_checkpoint("tiny", path)
-    subprocess.run(["chmod", "-R", "a+rX", str(path.parent)], check=True)
-    yield str(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -11,10 +11,8 @@ where the NeMo container has Export-Deploy's, /opt/Export-Deploy (tests/infra/se
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,18 +34,6 @@ def cli(*argv: str):  # type: ignore[no-untyped-def]
     result = runner.invoke(app, list(argv))
     assert "Traceback" not in result.output, result.output
     return result
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(infra) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The tiny checkpoint, prepared once where the CI user's jobs can read it."""
-    from ckpteval.deploy import prepare_checkpoint
-
-    path = Path(infra.user_home) / "ckpteval-tests" / f"tiny-{uuid.uuid4().hex[:8]}"
-    prepare_checkpoint("tiny", path)
-    subprocess.run(["chmod", "-R", "a+rX", str(path.parent)], check=True)
-    yield str(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def ray_processes(user: str) -> list[str]:

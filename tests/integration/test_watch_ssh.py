@@ -44,14 +44,6 @@ def _write_saves(root: Path, infra: Infra, complete: list[int], half: list[int],
             os.chown(name, user.pw_uid, user.pw_gid)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real (tiny) Megatron checkpoint: what the watcher submits is checked before it is queued."""
-    from ckpteval.deploy import prepare_checkpoint
-
-    return prepare_checkpoint("tiny", tmp_path_factory.mktemp("watch-ssh") / "tiny")
-
-
 def test_one_round_trip_per_poll_whatever_the_number_of_checkpoints(
     ci_profile, infra: Infra, remote_job_dir, monkeypatch
 ):
@@ -111,7 +103,7 @@ def test_dry_run_lists_over_ssh_and_shows_the_slurm_job(write_env_toml, infra: I
 
 @pytest.mark.slow
 def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
-    write_env_toml, infra: Infra, remote_job_dir, tiny: Path
+    write_env_toml, infra: Infra, remote_job_dir, tiny_checkpoint: str
 ):
     """Three ready checkpoints, --max-pending 2: two real Slurm jobs (held, so they never run), recorded with
     their iterations; a restarted watcher submits nothing again; a cancelled one is retried (attempt 2)."""
@@ -122,7 +114,7 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
     from ckpteval.watch.state import WatchSpec
 
     save_dir = Path(remote_job_dir) / "run42" / "checkpoints"
-    _write_saves(save_dir, infra, complete=[100, 200, 300], half=[400], like=tiny)
+    _write_saves(save_dir, infra, complete=[100, 200, 300], half=[400], like=Path(tiny_checkpoint))
     venv_bin = Path(__file__).resolve().parents[2] / ".venv" / "bin"
     env = write_env_toml("CI", python=str(venv_bin / "python"), sbatch_flags={"hold": True})
 
