@@ -70,8 +70,10 @@ class PendingScores:
     """A scoring forward that was launched and not yet collected."""
 
     rows: list[list[int]]
-    outputs: tuple[Any, Any, Any]  # target log-probs, top ids, top log-probs
+    outputs: tuple[Any, Any, Any] | None  # target log-probs, top ids, top log-probs
     event: Any  # a torch.cuda.Event on a GPU, else None
+    scored: list[ScoredRow] | None = None  # the rows themselves, when they were computed at launch
+    computed_tokens: int = 0  # tokens fed through the model (less than the rows' when the prefix cache served some)
 
 
 class ModelRunner:
@@ -95,6 +97,15 @@ class ModelRunner:
         )
         self._kv_channels = config.kv_channels
         self._element_bytes = next(model.parameters()).element_size()
+        self.prefix_scorer: Any = None  # a prefix_scoring.PrefixScorer once `enable_prefix_cache` ran
+
+    def enable_prefix_cache(self, budget_bytes: int) -> None:
+        """Score through a prefix cache of at most `budget_bytes` (see `prefix_cache`)."""
+        from ckpteval.deploy.prefix_cache import PrefixCache
+        from ckpteval.deploy.prefix_scoring import PrefixScorer, memory_per_token
+
+        cache = PrefixCache(budget_bytes, kv_bytes_per_token=memory_per_token(self))
+        self.prefix_scorer = PrefixScorer(self, cache)
 
     def score_memory(self, rows: int, length: int) -> int:
         """Bytes a scoring forward over `rows` padded to `length` needs beyond the weights (an estimate).
@@ -103,7 +114,10 @@ class ModelRunner:
         with the copies masking and softmax make.
         """
         _, heads, _ = self._shape
-        return 4 * rows * length * (self.model.vocab_size + 3 * heads * length)
+        working = 4 * rows * length * (self.model.vocab_size + 3 * heads * length)
+        if self.prefix_scorer is not None:  # it feeds the rows through a KV cache it assembles
+            working += rows * length * self.prefix_scorer.cache.kv_bytes_per_token
+        return working
 
     def generation_memory(self, rows: int, prompt: int, total: int) -> int:
         """Bytes a generation batch needs: its KV cache for `total` positions and the prompt forward's attention."""
@@ -130,10 +144,14 @@ class ModelRunner:
         """Start a scoring forward; `collect_scores` waits for it and turns it into rows.
 
         On a GPU the kernels run asynchronously: the caller can prepare (or launch) the next
-        batch before collecting this one. On the CPU the work is done here.
+        batch before collecting this one. On the CPU, and through the prefix cache, the work is done here.
         """
         import torch
 
+        if self.prefix_scorer is not None:
+            before = self.prefix_scorer.computed_tokens
+            scored = self.prefix_scorer.score(rows, top_k)
+            return PendingScores(rows, None, None, scored, self.prefix_scorer.computed_tokens - before)
         with torch.inference_mode():
             batch, length = len(rows), max(len(r) for r in rows)
             ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.long)
@@ -158,12 +176,15 @@ class ModelRunner:
                 event.record()
             else:
                 event = None
-        return PendingScores(rows, outputs, event)
+        return PendingScores(rows, outputs, event, computed_tokens=sum(len(r) for r in rows))
 
     def collect_scores(self, pending: PendingScores) -> list[ScoredRow]:
         """The rows of a launched scoring forward (waits for the device)."""
+        if pending.scored is not None:
+            return pending.scored
         if pending.event is not None:
             pending.event.synchronize()
+        assert pending.outputs is not None
         target, top_ids, top_values = pending.outputs
         target_l, top_ids_l, top_values_l = target.tolist(), top_ids.tolist(), top_values.tolist()
         return [

@@ -67,9 +67,20 @@ class SchedulerStats:
     generated_tokens: int = 0
     max_score_batch: int = 0
     max_generation_batch: int = 0  # most rows decoded in one step
+    # every prompt (scored sequences and generation prompts): its tokens, those the model computed, and
+    # those the prefix cache served (prompt = computed + cached)
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    model_seconds: float = 0.0  # the model thread's time in forwards (scoring, prompts, decode steps)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
+
+    def count_prompts(self, prompt: int, computed: int) -> None:
+        self.prompt_tokens += prompt
+        self.computed_tokens += computed
+        self.cached_tokens += prompt - computed
 
 
 def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -245,9 +256,11 @@ class Scheduler:
             return
         self._last_seconds = time.perf_counter() - flight.started
         stats = self.stats
+        stats.model_seconds += self._last_seconds
         stats.score_forwards += 1
         stats.score_rows += len(jobs)
         stats.score_tokens += sum(len(j.tokens) for j in jobs)
+        stats.count_prompts(sum(len(j.tokens) for j in jobs), flight.pending.computed_tokens)
         stats.score_padded_tokens += len(jobs) * max(len(j.tokens) for j in jobs)
         stats.max_score_batch = max(stats.max_score_batch, len(jobs))
         results = []
@@ -301,6 +314,7 @@ class Scheduler:
         if not jobs:
             return
         tags = [next(self._tags) for _ in jobs]
+        started = time.perf_counter()
         try:
             batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs], tags=tags)
             finished = batch.step()  # the prompt forward: every row's first token
@@ -309,8 +323,11 @@ class Scheduler:
             return
         self._generating.update(zip(tags, jobs, strict=True))
         stats = self.stats
+        stats.model_seconds += time.perf_counter() - started
         stats.generation_batches += 1
         stats.generation_rows += len(jobs)
+        prompt_tokens = sum(len(j.prompt) for j in jobs)
+        stats.count_prompts(prompt_tokens, prompt_tokens)
         self._finish(finished)
         if batch.done:
             return
@@ -326,12 +343,14 @@ class Scheduler:
     def _step_generation(self) -> None:
         running = self._running
         assert running is not None
+        started = time.perf_counter()
         try:
             finished = running.step()
         except Exception as exc:  # a failed step fails its requests, not the server
             self._abort_running(exc)
             return
         self.stats.generation_steps += 1
+        self.stats.model_seconds += time.perf_counter() - started
         self.stats.max_generation_batch = max(self.stats.max_generation_batch, len(running.rows))
         self._finish(finished)
         if running.done:
