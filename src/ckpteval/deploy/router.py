@@ -8,7 +8,8 @@ the replica that served the last request with the same prompt start (`PREFIX_KEY
 that one has more than `AFFINITY_SLACK` requests in flight beyond the least busy. It answers the
 health route itself: healthy while at least one replica serves, with every replica's state in the
 body. A replica that dies is logged and reported there; the others keep serving, and a request that
-was on the dead one is retried on another (every route is safe to repeat). Ctrl-C or SIGTERM stops the router and the replicas.
+was on the dead one is retried on another (every route is safe to repeat). Ctrl-C or SIGTERM stops
+the router and the replicas.
 
 GPUs: with several in CUDA_VISIBLE_DEVICES, replicas are spread over them round-robin; with one,
 they share it (several replicas of a small, launch-bound model keep one GPU busier than one).
