@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                     tokenizer=args.tokenizer,
                     access_log=args.access_log,
                     prefix_cache=args.prefix_cache,
-                    prefix_cache_mib=args.prefix_cache_mib or DEFAULT_PREFIX_CACHE_MIB,
+                    prefix_cache_mib=DEFAULT_PREFIX_CACHE_MIB
+                    if args.prefix_cache_mib is None
+                    else args.prefix_cache_mib,
                 )
             )
         elif args.command == "prepare":
