@@ -266,6 +266,65 @@ class GenerationBatch:
         self.capacity = capacity
         self.steps = 0
         self.done = False
+        prompts = [p for p, _ in requests]
+        self.computed_tokens = sum(len(p) for p in prompts)  # prompt tokens the first step feeds (unpadded)
+        self._to_cache: list[tuple[list[int], int]] = []  # (prompt, tokens of it already cached) per row
+        if runner.prefix_scorer is not None:
+            self._start_from_cache(prompts, runner.prefix_scorer.cache)
+
+    def _start_from_cache(self, prompts: list[list[int]], cache: Any) -> None:
+        """Put the cached part of each prompt into the KV cache; the prompt step feeds only the rest.
+
+        Row i's prompt fills slots [pad_i, longest). Its first `reuse_i` tokens (all but at least the last,
+        whose logits give the first new token) come from the prefix cache; the step feeds every row from
+        the first slot some row does not have, so a row may recompute a few cached tokens (the same KV).
+        """
+        import torch
+
+        runner = self.runner
+        longest = self.next_input.shape[1]
+        matches = [cache.match(p, 0) for p in prompts]
+        reuse = [min(m.length, len(p) - 1) for m, p in zip(matches, prompts, strict=True)]
+        self._to_cache = [(p, m.length) for p, m in zip(prompts, matches, strict=True)]
+        fed = max(len(p) - r for p, r in zip(prompts, reuse, strict=True))
+        if fed == longest:
+            return
+        layers, _, groups = runner._shape
+        dtype = next(runner.model.parameters()).dtype
+        shape = (layers, self.capacity, len(prompts), groups, runner._kv_channels)
+        keys = torch.zeros(shape, dtype=dtype, device=runner.device)
+        values = torch.zeros_like(keys)
+        pads = self.pads.tolist()
+        for row, (match, count) in enumerate(zip(matches, reuse, strict=True)):
+            at = pads[row]
+            for k_part, v_part in match.kv_segments(count):
+                n = k_part.shape[1]
+                keys[:, at : at + n, row] = k_part
+                values[:, at : at + n, row] = v_part
+                at += n
+        numbers = [layer.self_attention.layer_number for layer in runner.model.decoder.layers]
+        self.context.key_value_memory_dict = {n: (keys[i], values[i]) for i, n in enumerate(numbers)}
+        self.context.sequence_len_offset = longest - fed
+        self.next_input = self.next_input[:, longest - fed :]
+        self.computed_tokens = sum(min(len(p), fed) for p in prompts)
+
+    def _cache_prompts(self) -> None:
+        """After the prompt step: every prompt's KV into the prefix cache (without scores: k = 0)."""
+        import torch
+
+        cache = self.runner.prefix_scorer.cache
+        memory = self.context.key_value_memory_dict
+        longest = int(self.context.sequence_len_offset)
+        pads = self.pads.tolist()
+        for row, (prompt, known) in enumerate(self._to_cache):
+            if known >= len(prompt):
+                continue
+            first = pads[row] + known
+            keys = torch.stack([k[first:longest, row] for k, _ in memory.values()])
+            values = torch.stack([v[first:longest, row] for _, v in memory.values()])
+            new = len(prompt) - known
+            cache.insert(prompt, known, keys, values, [float("nan")] * new, [[]] * new, [[]] * new)
+        self._to_cache = []
 
     def step(self) -> dict[int, Generation]:
         """Run one forward (the prompts first, then one token per row); return the rows that finished."""
@@ -275,7 +334,13 @@ class GenerationBatch:
         with torch.inference_mode():
             start, width = ctx.sequence_len_offset, self.next_input.shape[1]
             keys = self.key_padding[:, None, None, : start + width]
-            mask = keys | runner.causal_mask(width) if start == 0 else keys
+            if start == 0:
+                mask = keys | runner.causal_mask(width)
+            elif width > 1:  # a prompt step after cached tokens: causal over the fed part
+                key_slot = torch.arange(start + width, device=runner.device)[None, :]
+                mask = keys | (key_slot > torch.arange(start, start + width, device=runner.device)[:, None])
+            else:
+                mask = keys
             positions = (torch.arange(start, start + width, device=runner.device)[None, :] - self.pads[:, None]).clamp_(
                 min=0
             )
@@ -288,6 +353,8 @@ class GenerationBatch:
             )
             ctx.increment_sequence_len_offset(width)
             self.steps += 1
+            if self._to_cache:
+                self._cache_prompts()
             logits = logits[:, -1, : runner.vocab_limit].float()
             tokens = self._sample(logits)
             want_logprobs = [r.params.logprobs is not None for r in self.rows]

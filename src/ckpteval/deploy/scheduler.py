@@ -298,10 +298,19 @@ class Scheduler:
         """Run the prompt forward of queued generations and join them to the running batch."""
         room = self.max_batch_size - len(self._generating)
         running_rows = list(self._generating.values())
+        # with the prefix cache, a prompt already in this round waits for the next: its prefill is then cached
+        # (the n samples of one request, repeated runs of a task)
+        cache = self.runner.prefix_scorer.cache if self.runner.prefix_scorer is not None else None
         with self._cond:
             jobs: list[GenerateJob] = []
+            deferred: list[GenerateJob] = []
+            taken: set[tuple[int, ...]] = set()
             while self._generations and len(jobs) < room:
                 candidate = self._generations[0]
+                prompt = candidate.prompt
+                if cache is not None and tuple(prompt) in taken and cache.match(prompt, 0).length < len(prompt) - 1:
+                    deferred.append(self._generations.popleft())
+                    continue
                 rows = [*running_rows, *jobs, candidate]
                 if jobs or running_rows:
                     longest = max(len(j.prompt) for j in rows)
@@ -311,6 +320,8 @@ class Scheduler:
                     if need > self.max_batch_memory:
                         break
                 jobs.append(self._generations.popleft())
+                taken.add(tuple(candidate.prompt))
+            self._generations.extendleft(reversed(deferred))
         if not jobs:
             return
         tags = [next(self._tags) for _ in jobs]
@@ -326,8 +337,7 @@ class Scheduler:
         stats.model_seconds += time.perf_counter() - started
         stats.generation_batches += 1
         stats.generation_rows += len(jobs)
-        prompt_tokens = sum(len(j.prompt) for j in jobs)
-        stats.count_prompts(prompt_tokens, prompt_tokens)
+        stats.count_prompts(sum(len(j.prompt) for j in jobs), batch.computed_tokens)
         self._finish(finished)
         if batch.done:
             return

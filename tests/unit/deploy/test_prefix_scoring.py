@@ -1,4 +1,4 @@
-"""Scoring through the prefix cache gives what computing every token gives, and computes each prefix once.
+"""The prefix cache gives what computing every token gives, and computes each prefix once.
 
 In this process against the runner's own full computation (the batches lm-eval's multiple-choice and
 few-shot tasks make: shared contexts, nested prefixes, repeats, a prompt that is another's prefix, a
@@ -109,6 +109,28 @@ def test_concurrent_requests_sharing_contexts_over_http(tiny_server: RunningServ
     assert after["cached_tokens"] - before["cached_tokens"] == prompt - computed
     assert computed <= _tree_tokens(rows) + len(rows), (computed, _tree_tokens(rows))
     assert after["prefix_cache_peak_bytes"] <= after["prefix_cache_budget_bytes"]
+
+
+def test_repeated_samples_share_their_prefill_and_generate_the_same(
+    tiny_server: RunningServer, tiny_loaded: Any
+) -> None:
+    from tests.deploy_support import greedy_directly
+
+    runner = tiny_loaded.runner
+    prompt = runner.tokenizer.encode("A prompt that is sampled four times over, with its prefill once. " * 2)
+    _, before = tiny_server.get("/v1/stats")
+    status, payload = tiny_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "n": 4})
+    assert status == 200, payload
+    _, after = tiny_server.get("/v1/stats")
+    expected = runner.tokenizer.decode(greedy_directly(runner.model, prompt, 8, runner.tokenizer.stop_token_ids))
+    assert [c["text"] for c in payload["choices"]] == [expected] * 4
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 4 * len(prompt)
+    # the first sample computes the prompt; the others only its last token (whose logits start them)
+    assert after["computed_tokens"] - before["computed_tokens"] == len(prompt) + 3
+    # a later run of the same prompt (the next repeat of a task) starts from the cache too
+    status, again = tiny_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0})
+    assert status == 200 and again["choices"][0]["text"] == expected
+    assert tiny_server.get("/v1/stats")[1]["computed_tokens"] - after["computed_tokens"] == 1
 
 
 def test_generation_with_a_cached_prompt_is_unchanged(tiny_server: RunningServer, tiny_loaded: Any) -> None:
