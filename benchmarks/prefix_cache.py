@@ -33,7 +33,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.deploy_support import free_port, request_json  # noqa: E402
 from tests.e2e.conftest import packaged_checkpoint  # noqa: E402
-from tests.e2e.tasks.conftest import run_task  # noqa: E402
+from tests.e2e.tasks.conftest import TaskRun, start_task  # noqa: E402
+
+from ckpteval.tasks.runconfig import TaskPaths  # noqa: E402
+
+CLIENT_TIMEOUT_S = 4 * 3600  # a loaded 2-core machine takes long; the client is killed after this
 
 
 def load_average() -> str:
@@ -91,7 +95,18 @@ def run_one(cache: bool, checkpoint: Path, work: Path, params: dict[str, Any]) -
         prefix_cache=cache,
     )
     try:
-        run = run_task("hellaswag", work / "task", url=server.url + "/v1/completions", params=params)
+        started = time.monotonic()
+        client = start_task("hellaswag", work / "task", url=server.url + "/v1/completions", params=params)
+        try:
+            returncode = client.wait(timeout=CLIENT_TIMEOUT_S)
+        finally:
+            if client.poll() is None:  # the client and what it started (the harness)
+                import psutil
+
+                for process in [*psutil.Process(client.pid).children(recursive=True), psutil.Process(client.pid)]:
+                    process.kill()
+                client.wait()
+        run = TaskRun(returncode, TaskPaths(work / "task"), time.monotonic() - started)
         if run.returncode != 0:
             raise RuntimeError(run.paths.log.read_text()[-3000:])
         _, stats = request_json("GET", server.url + "/v1/stats")
