@@ -117,7 +117,10 @@ def test_repeated_samples_share_their_prefill_and_generate_the_same(
     from tests.deploy_support import greedy_directly
 
     runner = tiny_loaded.runner
-    prompt = runner.tokenizer.encode("A prompt that is sampled four times over, with its prefill once. " * 2)
+    # a start no other test's prompt has: the session's server caches what every test sent
+    prompt = runner.tokenizer.encode(
+        "\u00a7\u00b6 A prompt that is sampled four times over, with its prefill once. " * 2
+    )
     _, before = tiny_server.get("/v1/stats")
     status, payload = tiny_server.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "n": 4})
     assert status == 200, payload
