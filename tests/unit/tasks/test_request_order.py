@@ -45,31 +45,34 @@ requests = [
     (("d", 2), contexts[2], [5] * 2),
     (("e", 3), contexts[3], [6] * 12),
 ]
-out = {}
-for batch_size in (1, 2):
-    api._batch_size = batch_size
-    sent.clear()
-    answers = api._loglikelihood_tokens(requests)
-    out[batch_size] = {"sent": [m[0] for m in sent], "answers": [a[0] for a in answers]}
+patched = Recorder._loglikelihood_tokens
+# the hook's function keeps lm-eval's as __wrapped__: lm-eval's own order, in the same process
+plain = getattr(patched, "__wrapped__", None)
+out = {"hooked": hasattr(patched, "__wrapped__")}
+for name, function in (("hooked", patched), ("plain", plain or patched)):
+    for batch_size in (1, 2):
+        api._batch_size = batch_size
+        sent.clear()
+        answers = function(api, requests)
+        out[f"{name} {batch_size}"] = {"sent": [m[0] for m in sent], "answers": [a[0] for a in answers]}
 out["expected"] = [-float(sum(c + x)) for _, c, x in requests]
 print(json.dumps(out))
 """
 
 
-def run(pythonpath: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+def run(pythonpath: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_the_requests_of_one_context_go_together_and_the_answers_keep_lm_evals_order() -> None:
-    plain, hooked = run(None), run(hook_dir())
-    assert plain["1"]["sent"] == [1, 2, 3, 2, 1]  # lm-eval alone: longest first, the two items' choices apart
-    assert hooked["1"]["sent"] == [2, 2, 1, 1, 3]  # grouped by context, longest context first
-    assert plain["1"]["answers"] == hooked["1"]["answers"] == plain["expected"]
+    out = run(hook_dir())  # one process (lm-eval's import takes long): the hook's function and lm-eval's own
+    assert out["hooked"], "the hook did not patch lm-eval's API models"
+    assert out["plain 1"]["sent"] == [1, 2, 3, 2, 1]  # lm-eval alone: longest first, the two items' choices apart
+    assert out["hooked 1"]["sent"] == [2, 2, 1, 1, 3]  # grouped by context, longest context first
+    assert out["plain 1"]["answers"] == out["hooked 1"]["answers"] == out["expected"]
     # with several prompts per request body, the order decides which share one (and its response-cache key):
     # lm-eval's own order is kept
-    assert hooked["2"]["sent"] == plain["2"]["sent"] and hooked["2"]["answers"] == plain["expected"]
+    assert out["hooked 2"]["sent"] == out["plain 2"]["sent"] and out["hooked 2"]["answers"] == out["expected"]
