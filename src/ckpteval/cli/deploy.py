@@ -46,6 +46,15 @@ def deploy_command(
             help="A Hugging Face tokenizer directory or hub id. Default: the checkpoint's own (evaluate inspect).",
         ),
     ] = None,
+    prefix_cache: Annotated[
+        bool,
+        typer.Option(
+            "--prefix-cache/--no-prefix-cache", help="Compute each shared token prefix once (scoring requests)."
+        ),
+    ] = True,
+    prefix_cache_mib: Annotated[
+        int, typer.Option("--prefix-cache-mib", help="Memory the prefix cache may hold, in MiB.")
+    ] = 1024,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve a Megatron checkpoint with megatron-core: /v1/completions, /v1/chat/completions, /v1/models, /v1/health.
@@ -71,5 +80,7 @@ def deploy_command(
             replicas=replicas,
             tokenizer=None if tokenizer is None else str(tokenizer),
             access_log=access_log,
+            prefix_cache=prefix_cache,
+            prefix_cache_mib=prefix_cache_mib,
         )
     )

@@ -86,6 +86,7 @@ class MegatronDeployment:
     num_replicas: int | None = None  # export-deploy: None = as many as fit, num_gpus / (TP×PP×CP×EP)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = 16
+    prefix_cache: bool = True  # builtin only: compute each shared token prefix once
     # export-deploy speed settings (see docs/deploy.md); None/False: Export-Deploy's default
     micro_batch_size: int | None = None
     enable_cuda_graphs: bool = False

@@ -36,6 +36,18 @@ def _parser() -> argparse.ArgumentParser:
         "--replicas", type=int, default=1, help="server processes behind this port, each request to the least busy"
     )
     serve.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="compute every token of every request (the prefix cache is on by default)",
+    )
+    serve.add_argument(
+        "--prefix-cache-mib",
+        type=int,
+        default=None,
+        help="memory the prefix cache may hold, in MiB (default 1024)",
+    )
+    serve.add_argument(
         "--tokenizer", default=None, help="a Hugging Face tokenizer dir or hub id (default: the checkpoint's)"
     )
     serve.add_argument(
@@ -81,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 from ckpteval.deploy.checkpoint import publish_tokenizer
 
                 publish_tokenizer(args.checkpoint, args.publish_tokenizer, tokenizer=args.tokenizer)
+            from ckpteval.deploy.server import DEFAULT_PREFIX_CACHE_MIB
+
             serve(
                 ServeOptions(
                     checkpoint=args.checkpoint,
@@ -94,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                     replicas=args.replicas,
                     tokenizer=args.tokenizer,
                     access_log=args.access_log,
+                    prefix_cache=args.prefix_cache,
+                    prefix_cache_mib=DEFAULT_PREFIX_CACHE_MIB
+                    if args.prefix_cache_mib is None
+                    else args.prefix_cache_mib,
                 )
             )
         elif args.command == "prepare":

@@ -118,7 +118,15 @@ class OpenAIServer:
         return {"status": "healthy"}
 
     async def stats(self, _: Any) -> dict[str, Any]:
-        return self.scheduler.stats.as_dict()
+        counters = self.scheduler.stats.as_dict()
+        scorer = self.scheduler.runner.prefix_scorer
+        if scorer is not None:
+            cache = scorer.cache
+            counters["prefix_cache_budget_bytes"] = cache.budget_bytes
+            counters["prefix_cache_bytes"] = cache.stats.cache_bytes
+            counters["prefix_cache_peak_bytes"] = cache.stats.peak_cache_bytes
+            counters["prefix_cache_evicted_tokens"] = cache.stats.evicted_tokens
+        return counters
 
     async def tokenizer_info(self, _: Any) -> dict[str, Any]:
         return {**self.tokenizer.info(), "model_max_length": self.max_context}

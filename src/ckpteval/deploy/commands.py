@@ -33,6 +33,7 @@ def builtin_command(
         replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
         tokenizer=None if deployment.tokenizer in (None, FROM_CHECKPOINT) else deployment.tokenizer,
         publish_tokenizer=publish_tokenizer,
+        prefix_cache=deployment.prefix_cache,
     )
     return "exec " + shlex.join(argv)
 

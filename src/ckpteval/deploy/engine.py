@@ -70,8 +70,10 @@ class PendingScores:
     """A scoring forward that was launched and not yet collected."""
 
     rows: list[list[int]]
-    outputs: tuple[Any, Any, Any]  # target log-probs, top ids, top log-probs
+    outputs: tuple[Any, Any, Any] | None  # target log-probs, top ids, top log-probs
     event: Any  # a torch.cuda.Event on a GPU, else None
+    scored: list[ScoredRow] | None = None  # the rows themselves, when they were computed at launch
+    computed_tokens: int = 0  # tokens fed through the model (less than the rows' when the prefix cache served some)
 
 
 class ModelRunner:
@@ -95,6 +97,15 @@ class ModelRunner:
         )
         self._kv_channels = config.kv_channels
         self._element_bytes = next(model.parameters()).element_size()
+        self.prefix_scorer: Any = None  # a prefix_scoring.PrefixScorer once `enable_prefix_cache` ran
+
+    def enable_prefix_cache(self, budget_bytes: int) -> None:
+        """Score through a prefix cache of at most `budget_bytes` (see `prefix_cache`)."""
+        from ckpteval.deploy.prefix_cache import PrefixCache
+        from ckpteval.deploy.prefix_scoring import PrefixScorer, memory_per_token
+
+        cache = PrefixCache(budget_bytes, kv_bytes_per_token=memory_per_token(self))
+        self.prefix_scorer = PrefixScorer(self, cache)
 
     def score_memory(self, rows: int, length: int) -> int:
         """Bytes a scoring forward over `rows` padded to `length` needs beyond the weights (an estimate).
@@ -103,7 +114,10 @@ class ModelRunner:
         with the copies masking and softmax make.
         """
         _, heads, _ = self._shape
-        return 4 * rows * length * (self.model.vocab_size + 3 * heads * length)
+        working = 4 * rows * length * (self.model.vocab_size + 3 * heads * length)
+        if self.prefix_scorer is not None:  # it feeds the rows through a KV cache it assembles
+            working += rows * length * self.prefix_scorer.cache.kv_bytes_per_token
+        return working
 
     def generation_memory(self, rows: int, prompt: int, total: int) -> int:
         """Bytes a generation batch needs: its KV cache for `total` positions and the prompt forward's attention."""
@@ -130,10 +144,14 @@ class ModelRunner:
         """Start a scoring forward; `collect_scores` waits for it and turns it into rows.
 
         On a GPU the kernels run asynchronously: the caller can prepare (or launch) the next
-        batch before collecting this one. On the CPU the work is done here.
+        batch before collecting this one. On the CPU, and through the prefix cache, the work is done here.
         """
         import torch
 
+        if self.prefix_scorer is not None:
+            before = self.prefix_scorer.computed_tokens
+            scored = self.prefix_scorer.score(rows, top_k)
+            return PendingScores(rows, None, None, scored, self.prefix_scorer.computed_tokens - before)
         with torch.inference_mode():
             batch, length = len(rows), max(len(r) for r in rows)
             ids = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.long)
@@ -158,12 +176,15 @@ class ModelRunner:
                 event.record()
             else:
                 event = None
-        return PendingScores(rows, outputs, event)
+        return PendingScores(rows, outputs, event, computed_tokens=sum(len(r) for r in rows))
 
     def collect_scores(self, pending: PendingScores) -> list[ScoredRow]:
         """The rows of a launched scoring forward (waits for the device)."""
+        if pending.scored is not None:
+            return pending.scored
         if pending.event is not None:
             pending.event.synchronize()
+        assert pending.outputs is not None
         target, top_ids, top_values = pending.outputs
         target_l, top_ids_l, top_values_l = target.tolist(), top_ids.tolist(), top_values.tolist()
         return [
@@ -245,6 +266,65 @@ class GenerationBatch:
         self.capacity = capacity
         self.steps = 0
         self.done = False
+        prompts = [p for p, _ in requests]
+        self.computed_tokens = sum(len(p) for p in prompts)  # prompt tokens the first step feeds (unpadded)
+        self._to_cache: list[tuple[list[int], int]] = []  # (prompt, tokens of it already cached) per row
+        if runner.prefix_scorer is not None:
+            self._start_from_cache(prompts, runner.prefix_scorer.cache)
+
+    def _start_from_cache(self, prompts: list[list[int]], cache: Any) -> None:
+        """Put the cached part of each prompt into the KV cache; the prompt step feeds only the rest.
+
+        Row i's prompt fills slots [pad_i, longest). Its first `reuse_i` tokens (all but at least the last,
+        whose logits give the first new token) come from the prefix cache; the step feeds every row from
+        the first slot some row does not have, so a row may recompute a few cached tokens (the same KV).
+        """
+        import torch
+
+        runner = self.runner
+        longest = self.next_input.shape[1]
+        matches = [cache.match(p, 0) for p in prompts]
+        reuse = [min(m.length, len(p) - 1) for m, p in zip(matches, prompts, strict=True)]
+        self._to_cache = [(p, m.length) for p, m in zip(prompts, matches, strict=True)]
+        fed = max(len(p) - r for p, r in zip(prompts, reuse, strict=True))
+        if fed == longest:
+            return
+        layers, _, groups = runner._shape
+        dtype = next(runner.model.parameters()).dtype
+        shape = (layers, self.capacity, len(prompts), groups, runner._kv_channels)
+        keys = torch.zeros(shape, dtype=dtype, device=runner.device)
+        values = torch.zeros_like(keys)
+        pads = self.pads.tolist()
+        for row, (match, count) in enumerate(zip(matches, reuse, strict=True)):
+            at = pads[row]
+            for k_part, v_part in match.kv_segments(count):
+                n = k_part.shape[1]
+                keys[:, at : at + n, row] = k_part
+                values[:, at : at + n, row] = v_part
+                at += n
+        numbers = [layer.self_attention.layer_number for layer in runner.model.decoder.layers]
+        self.context.key_value_memory_dict = {n: (keys[i], values[i]) for i, n in enumerate(numbers)}
+        self.context.sequence_len_offset = longest - fed
+        self.next_input = self.next_input[:, longest - fed :]
+        self.computed_tokens = sum(min(len(p), fed) for p in prompts)
+
+    def _cache_prompts(self) -> None:
+        """After the prompt step: every prompt's KV into the prefix cache (without scores: k = 0)."""
+        import torch
+
+        cache = self.runner.prefix_scorer.cache
+        memory = self.context.key_value_memory_dict
+        longest = int(self.context.sequence_len_offset)
+        pads = self.pads.tolist()
+        for row, (prompt, known) in enumerate(self._to_cache):
+            if known >= len(prompt):
+                continue
+            first = pads[row] + known
+            keys = torch.stack([k[first:longest, row] for k, _ in memory.values()])
+            values = torch.stack([v[first:longest, row] for _, v in memory.values()])
+            new = len(prompt) - known
+            cache.insert(prompt, known, keys, values, [float("nan")] * new, [[]] * new, [[]] * new)
+        self._to_cache = []
 
     def step(self) -> dict[int, Generation]:
         """Run one forward (the prompts first, then one token per row); return the rows that finished."""
@@ -254,7 +334,13 @@ class GenerationBatch:
         with torch.inference_mode():
             start, width = ctx.sequence_len_offset, self.next_input.shape[1]
             keys = self.key_padding[:, None, None, : start + width]
-            mask = keys | runner.causal_mask(width) if start == 0 else keys
+            if start == 0:
+                mask = keys | runner.causal_mask(width)
+            elif width > 1:  # a prompt step after cached tokens: causal over the fed part
+                key_slot = torch.arange(start + width, device=runner.device)[None, :]
+                mask = keys | (key_slot > torch.arange(start, start + width, device=runner.device)[:, None])
+            else:
+                mask = keys
             positions = (torch.arange(start, start + width, device=runner.device)[None, :] - self.pads[:, None]).clamp_(
                 min=0
             )
@@ -267,6 +353,8 @@ class GenerationBatch:
             )
             ctx.increment_sequence_len_offset(width)
             self.steps += 1
+            if self._to_cache:
+                self._cache_prompts()
             logits = logits[:, -1, : runner.vocab_limit].float()
             tokens = self._sample(logits)
             want_logprobs = [r.params.logprobs is not None for r in self.rows]

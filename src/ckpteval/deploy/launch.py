@@ -34,6 +34,7 @@ def serve_command(
     replicas: int = 1,
     tokenizer: str | None = None,
     publish_tokenizer: str | None = None,
+    prefix_cache: bool = True,
 ) -> list[str]:
     """The argv that starts the server (`python -m ckpteval.deploy serve ...`), for a job script.
 
@@ -68,6 +69,8 @@ def serve_command(
         command += ["--tokenizer", tokenizer]
     if publish_tokenizer is not None:
         command += ["--publish-tokenizer", publish_tokenizer]
+    if not prefix_cache:
+        command += ["--no-prefix-cache"]
     return command
 
 
@@ -171,6 +174,7 @@ def start_local_server(
     replicas: int = 1,
     timeout: float = 600.0,
     python: str = sys.executable,
+    prefix_cache: bool = True,
 ) -> LocalServer:
     """Start the server as a subprocess logging to `log_path` and wait until it is healthy.
 
@@ -187,6 +191,7 @@ def start_local_server(
         max_batch_size=max_batch_size,
         prepare=prepare,
         replicas=replicas,
+        prefix_cache=prefix_cache,
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}

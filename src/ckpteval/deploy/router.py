@@ -3,10 +3,13 @@
 `serve --replicas N` lands here. The parent binds the public port, starts N ordinary servers
 (`serve --replicas 1`) on free local ports, waits until every one is healthy, and then forwards
 HTTP/1.1 requests to whichever replica has the fewest requests in flight (ties go round-robin),
-over kept-alive connections. It answers the health route itself: healthy while at least one
-replica serves, with every replica's state in the body. A replica that dies is logged and
-reported there; the others keep serving, and a request that was on the dead one is retried on
-another (every route is safe to repeat). Ctrl-C or SIGTERM stops the router and the replicas.
+over kept-alive connections. Each replica has its own prefix cache: a completions request goes to
+the replica that served the last request with the same prompt start (`PREFIX_KEY_CHARS`), unless
+that one has more than `AFFINITY_SLACK` requests in flight beyond the least busy. It answers the
+health route itself: healthy while at least one replica serves, with every replica's state in the
+body. A replica that dies is logged and reported there; the others keep serving, and a request that
+was on the dead one is retried on another (every route is safe to repeat). Ctrl-C or SIGTERM stops
+the router and the replicas.
 
 GPUs: with several in CUDA_VISIBLE_DEVICES, replicas are spread over them round-robin; with one,
 they share it (several replicas of a small, launch-bound model keep one GPU busier than one).
@@ -26,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +47,10 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MONITOR_SECONDS = 1.0
 START_TIMEOUT = 1800.0
+COMPLETIONS_PATH = "/v1/completions"
+PREFIX_KEY_CHARS = 256  # the prompt start that names a prefix (tokens of a token-id prompt: a quarter)
+AFFINITY_SLACK = 4  # requests in flight a prefix's replica may have beyond the least busy one
+AFFINITY_ENTRIES = 4096
 
 
 @dataclass
@@ -106,18 +114,35 @@ class Router:
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
         self._turn = itertools.count()
+        self._holder: OrderedDict[bytes, int] = OrderedDict()  # prompt start -> replica that last served it
+        self.affinity_hits = 0
 
     @property
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
 
-    def pick(self, exclude: set[int]) -> Replica | None:
-        """The live replica with the fewest requests in flight (ties: round-robin)."""
+    def pick(self, exclude: set[int], prefix: bytes | None = None) -> Replica | None:
+        """The replica that served `prefix` last unless it is much busier, else the live replica with the
+        fewest requests in flight (ties: round-robin)."""
         candidates = [r for r in self.live if r.index not in exclude]
         if not candidates:
             return None
         start = next(self._turn) % len(self.replicas)
-        return min(candidates, key=lambda r: (r.in_flight, (r.index - start) % len(self.replicas)))
+        least = min(candidates, key=lambda r: (r.in_flight, (r.index - start) % len(self.replicas)))
+        if prefix is None:
+            return least
+        held = self._holder.get(prefix)
+        holder = next((r for r in candidates if r.index == held), None)
+        if holder is not None and holder.in_flight <= least.in_flight + AFFINITY_SLACK:
+            self.affinity_hits += holder is not least
+            chosen = holder
+        else:
+            chosen = least
+        self._holder[prefix] = chosen.index
+        self._holder.move_to_end(prefix)
+        if len(self._holder) > AFFINITY_ENTRIES:
+            self._holder.popitem(last=False)
+        return chosen
 
     def mark_dead(self, replica: Replica, problem: str) -> None:
         if not replica.alive:
@@ -171,7 +196,7 @@ class Router:
             each.append({"replica": replica.index, **payload})
             for key, value in payload.items():
                 total[key] = max(total.get(key, 0), value) if key.startswith("max_") else total.get(key, 0) + value
-        return {**total, "replicas": each}
+        return {**total, "router_affinity_hits": self.affinity_hits, "replicas": each}
 
     async def _send(self, replica: Replica, request: bytes) -> tuple[int, bytes]:
         """(status, raw response) of one request to `replica`, on a kept-alive connection if one is idle.
@@ -210,10 +235,10 @@ class Router:
             replica.idle.append((reader, writer))
         return int(status_line.split(" ", 2)[1]), head + body
 
-    async def forward(self, request: bytes) -> bytes:
+    async def forward(self, request: bytes, prefix: bytes | None = None) -> bytes:
         tried: set[int] = set()
         while True:
-            replica = self.pick(tried)
+            replica = self.pick(tried, prefix)
             if replica is None:
                 return _response(503, _error(503, "No replica of the model server is serving."))
             tried.add(replica.index)
@@ -261,7 +286,8 @@ class Router:
                 elif method == "GET" and path == STATS_PATH:
                     response = _response(200, await self.stats(), close=close)
                 else:
-                    response = await self.forward(head + body)
+                    prefix = prompt_start(body) if path == COMPLETIONS_PATH else None
+                    response = await self.forward(head + body, prefix)
                 writer.write(response)
                 await writer.drain()
                 if close:
@@ -270,6 +296,22 @@ class Router:
             return
         finally:
             writer.close()
+
+
+def prompt_start(body: bytes) -> bytes | None:
+    """The start of a completions request's (first) prompt, which names the prefix a replica may hold."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    prompt = payload.get("prompt") if isinstance(payload, dict) else None
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # several prompts: the first names the request
+    if isinstance(prompt, str):
+        return prompt[:PREFIX_KEY_CHARS].encode()
+    if isinstance(prompt, list):
+        return orjson.dumps(prompt[: PREFIX_KEY_CHARS // 4])
+    return None
 
 
 def _die_with_parent() -> None:
@@ -288,8 +330,11 @@ def replica_command(options: Any, port: int) -> list[str]:
         served_model_name=options.served_model_name,
         device=options.device,
         max_batch_size=options.max_batch_size,
+        prefix_cache=options.prefix_cache,
     )
     command += ["--dtype", options.dtype]
+    if options.prefix_cache:
+        command += ["--prefix-cache-mib", str(options.prefix_cache_mib)]
     if options.max_batch_tokens is not None:
         command += ["--max-batch-tokens", str(options.max_batch_tokens)]
     if options.tokenizer is not None:

@@ -67,9 +67,20 @@ class SchedulerStats:
     generated_tokens: int = 0
     max_score_batch: int = 0
     max_generation_batch: int = 0  # most rows decoded in one step
+    # every prompt (scored sequences and generation prompts): its tokens, those the model computed, and
+    # those the prefix cache served (prompt = computed + cached)
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    model_seconds: float = 0.0  # the model thread's time in forwards (scoring, prompts, decode steps)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
+
+    def count_prompts(self, prompt: int, computed: int) -> None:
+        self.prompt_tokens += prompt
+        self.computed_tokens += computed
+        self.cached_tokens += prompt - computed
 
 
 def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -245,9 +256,11 @@ class Scheduler:
             return
         self._last_seconds = time.perf_counter() - flight.started
         stats = self.stats
+        stats.model_seconds += self._last_seconds
         stats.score_forwards += 1
         stats.score_rows += len(jobs)
         stats.score_tokens += sum(len(j.tokens) for j in jobs)
+        stats.count_prompts(sum(len(j.tokens) for j in jobs), flight.pending.computed_tokens)
         stats.score_padded_tokens += len(jobs) * max(len(j.tokens) for j in jobs)
         stats.max_score_batch = max(stats.max_score_batch, len(jobs))
         results = []
@@ -285,10 +298,19 @@ class Scheduler:
         """Run the prompt forward of queued generations and join them to the running batch."""
         room = self.max_batch_size - len(self._generating)
         running_rows = list(self._generating.values())
+        # with the prefix cache, a prompt already in this round waits for the next: its prefill is then cached
+        # (the n samples of one request, repeated runs of a task)
+        cache = self.runner.prefix_scorer.cache if self.runner.prefix_scorer is not None else None
         with self._cond:
             jobs: list[GenerateJob] = []
+            deferred: list[GenerateJob] = []
+            taken: set[tuple[int, ...]] = set()
             while self._generations and len(jobs) < room:
                 candidate = self._generations[0]
+                prompt = candidate.prompt
+                if cache is not None and tuple(prompt) in taken and cache.match(prompt, 0).length < len(prompt) - 1:
+                    deferred.append(self._generations.popleft())
+                    continue
                 rows = [*running_rows, *jobs, candidate]
                 if jobs or running_rows:
                     longest = max(len(j.prompt) for j in rows)
@@ -298,9 +320,12 @@ class Scheduler:
                     if need > self.max_batch_memory:
                         break
                 jobs.append(self._generations.popleft())
+                taken.add(tuple(candidate.prompt))
+            self._generations.extendleft(reversed(deferred))
         if not jobs:
             return
         tags = [next(self._tags) for _ in jobs]
+        started = time.perf_counter()
         try:
             batch = GenerationBatch(self.runner, [(j.prompt, j.params) for j in jobs], tags=tags)
             finished = batch.step()  # the prompt forward: every row's first token
@@ -309,8 +334,10 @@ class Scheduler:
             return
         self._generating.update(zip(tags, jobs, strict=True))
         stats = self.stats
+        stats.model_seconds += time.perf_counter() - started
         stats.generation_batches += 1
         stats.generation_rows += len(jobs)
+        stats.count_prompts(sum(len(j.prompt) for j in jobs), batch.computed_tokens)
         self._finish(finished)
         if batch.done:
             return
@@ -326,12 +353,14 @@ class Scheduler:
     def _step_generation(self) -> None:
         running = self._running
         assert running is not None
+        started = time.perf_counter()
         try:
             finished = running.step()
         except Exception as exc:  # a failed step fails its requests, not the server
             self._abort_running(exc)
             return
         self.stats.generation_steps += 1
+        self.stats.model_seconds += time.perf_counter() - started
         self.stats.max_generation_batch = max(self.stats.max_generation_batch, len(running.rows))
         self._finish(finished)
         if running.done:

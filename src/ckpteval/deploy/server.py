@@ -21,6 +21,7 @@ from ckpteval.errors import DeploymentError
 
 DEFAULT_MODEL_NAME = "megatron-model"
 DEFAULT_MAX_BATCH_SIZE = 16
+DEFAULT_PREFIX_CACHE_MIB = 1024  # half the working memory the scheduler lets one forward take
 
 log = logging.getLogger("ckpteval.deploy")
 
@@ -40,6 +41,8 @@ class ServeOptions:
     tokenizer: str | None = None  # a Hugging Face tokenizer dir or hub id; None: the checkpoint's
     access_log: bool = False
     replicas: int = 1  # > 1: that many server processes behind one router (see `deploy.router`)
+    prefix_cache: bool = True  # score each shared token prefix once (see `deploy.prefix_cache`)
+    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
 
 
 @dataclass
@@ -104,8 +107,10 @@ def build_app(
     served_model_name: str = DEFAULT_MODEL_NAME,
     max_batch_size: int | None = None,
     max_batch_tokens: int | None = None,
+    prefix_cache_mib: int | None = DEFAULT_PREFIX_CACHE_MIB,
 ) -> tuple[Any, Any]:
-    """(ASGI app, started Scheduler) for a loaded model. Stop the scheduler when done."""
+    """(ASGI app, started Scheduler) for a loaded model; `prefix_cache_mib` None: no prefix cache. Stop the
+    scheduler when done."""
     from ckpteval.deploy.app import AsgiApp, OpenAIServer
     from ckpteval.deploy.scheduler import Scheduler
 
@@ -113,6 +118,13 @@ def build_app(
         raise DeploymentError(f"--max-batch-size must be at least 1, not {max_batch_size}.")
     if max_batch_tokens is not None and max_batch_tokens < 1:
         raise DeploymentError(f"--max-batch-tokens must be at least 1, not {max_batch_tokens}.")
+    if prefix_cache_mib is not None:
+        if prefix_cache_mib < 1:
+            raise DeploymentError(
+                f"--prefix-cache-mib must be at least 1, not {prefix_cache_mib}.",
+                hint="--no-prefix-cache switches the cache off.",
+            )
+        loaded.runner.enable_prefix_cache(prefix_cache_mib * 1024**2)
     scheduler = Scheduler(loaded.runner, max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE)
     if max_batch_tokens is not None:
         scheduler.max_batch_tokens = max_batch_tokens
@@ -139,6 +151,11 @@ def serve(options: ServeOptions) -> None:
     """Serve `options.checkpoint` until interrupted (Ctrl-C or SIGTERM end it cleanly)."""
     if options.replicas < 1:
         raise DeploymentError(f"--replicas must be at least 1, not {options.replicas}.")
+    if options.prefix_cache and options.prefix_cache_mib < 1:
+        raise DeploymentError(
+            f"--prefix-cache-mib must be at least 1, not {options.prefix_cache_mib}.",
+            hint="--no-prefix-cache switches the cache off.",
+        )
     if options.replicas > 1:
         from ckpteval.deploy.router import serve_replicas
 
@@ -169,6 +186,7 @@ def serve(options: ServeOptions) -> None:
             served_model_name=options.served_model_name,
             max_batch_size=options.max_batch_size,
             max_batch_tokens=options.max_batch_tokens,
+            prefix_cache_mib=options.prefix_cache_mib if options.prefix_cache else None,
         )
         arch = loaded.info.architecture
         config = uvicorn.Config(
@@ -184,8 +202,9 @@ def serve(options: ServeOptions) -> None:
         _say(
             f"Serving '{options.served_model_name}' ({_millions(loaded.runner.model)} parameters, "
             f"{arch.num_layers} layers, context {arch.max_position_embeddings}) on {url} "
-            f"[{loaded.device}, {loaded.dtype}], "
-            f"ready in {time.perf_counter() - started:.1f} s. Ctrl-C stops it."
+            f"[{loaded.device}, {loaded.dtype}, "
+            + (f"prefix cache {options.prefix_cache_mib} MiB], " if options.prefix_cache else "no prefix cache], ")
+            + f"ready in {time.perf_counter() - started:.1f} s. Ctrl-C stops it."
         )
         previous = signal.signal(signal.SIGTERM, _raise_terminated) if _in_main_thread() else None
         try:
@@ -199,7 +218,17 @@ def serve(options: ServeOptions) -> None:
     finally:
         if scheduler is not None:
             scheduler.stop()
+            _say(prompt_summary(scheduler.stats))
         sock.close()
+
+
+def prompt_summary(stats: Any) -> str:
+    """The exit line: prompt tokens, how many the model computed and how many the prefix cache served."""
+    share = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+    return (
+        f"Prompt tokens: {stats.prompt_tokens}, computed {stats.computed_tokens}, "
+        f"from the prefix cache {stats.cached_tokens} ({share:.0%})."
+    )
 
 
 def _millions(model: Any) -> str:

@@ -80,3 +80,30 @@ def test_start_local_server_reports_why_it_died(tmp_path: Path) -> None:
     assert "exited with code 1" in info.value.message
     assert f"Checkpoint {tmp_path / 'missing'} does not exist" in info.value.message  # the server's own words
     assert "Traceback" not in log_path.read_text()
+
+
+def test_the_prefix_cache_switch_reaches_the_server_command_line(isolated_user: Path) -> None:
+    from ckpteval.config.compile import compile_config
+    from ckpteval.config.compose import CompileRequest
+    from ckpteval.config.schema import MegatronDeployment
+    from ckpteval.deploy.commands import builtin_command
+
+    def command(*overrides: str) -> str:
+        deployment = compile_config(CompileRequest(configs=("tiny",), overrides=overrides)).config.deployment
+        assert isinstance(deployment, MegatronDeployment)
+        return builtin_command(deployment, python="python", port=1)
+
+    assert "--no-prefix-cache" not in command()
+    assert command("deployment.prefix_cache=false").endswith(" --no-prefix-cache")
+    argv = serve_command(python=sys.executable, checkpoint="/ck", port=1, served_model_name="m", prefix_cache=False)
+    result = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--no-prefix-cache" in result.stdout and "--prefix-cache-mib" in result.stdout
+
+
+def test_a_prefix_cache_budget_below_one_mib_is_refused_before_loading(tmp_path: Path) -> None:
+    argv = serve_command(
+        python=sys.executable, checkpoint=str(tmp_path / "none"), port=free_port(), served_model_name="m"
+    )
+    result = subprocess.run([*argv, "--prefix-cache-mib", "0"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--prefix-cache-mib must be at least 1, not 0." in result.stderr and "--no-prefix-cache" in result.stderr

@@ -42,8 +42,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def test_shared_prefixes_through_the_router_score_as_computed_whole(
+    two_replicas: RunningServer, tiny_loaded: Any
+) -> None:
+    """Each replica's prefix cache and the router's preference for the replica holding a prompt's start."""
+    runner = tiny_loaded.runner
+    context = "A few shots of context that every choice repeats, " * 3
+    rows = [runner.tokenizer.encode(f"{context} item {i}:" + ending) for i in range(3) for ending in (" a", " bb")]
+
+    def score(tokens: list[int]) -> list[float]:
+        body = {"prompt": tokens, "max_tokens": 0, "logprobs": 1, "echo": True, "temperature": 0}
+        status, payload = two_replicas.post("/v1/completions", body)
+        assert status == 200, payload
+        return list(payload["choices"][0]["logprobs"]["token_logprobs"][1:])
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(score, rows))
+    for got, expected in zip(results, runner.score(rows), strict=True):
+        assert got == pytest.approx(expected.token_logprobs, abs=1e-4)
+    stats = two_replicas.get("/v1/stats")[1]
+    assert stats["prompt_tokens"] == sum(len(r) for r in rows)
+    assert stats["cached_tokens"] > 0.5 * stats["prompt_tokens"], stats  # one shared start: one replica's cache
+
+
 def test_requests_spread_over_replicas_and_survive_one_dying(two_replicas: RunningServer, tiny_loaded: Any) -> None:
     server = two_replicas
+    rows_before = server.get("/v1/stats")[1]["score_rows"]
+    served_before = [r["requests"] for r in server.get("/v1/health")[1]["replicas"]]
     status, health = server.get("/v1/health")
     assert status == 200 and health["status"] == "healthy" and health["replicas_serving"] == 2
     pids = [r["pid"] for r in health["replicas"]]
@@ -63,10 +88,10 @@ def test_requests_spread_over_replicas_and_survive_one_dying(two_replicas: Runni
     for tokens, got in zip(prompts, results, strict=True):
         assert got == pytest.approx(score_directly(tiny_loaded.runner.model, tokens), abs=1e-4)
     health = server.get("/v1/health")[1]
-    served = [r["requests"] for r in health["replicas"]]
+    served = [r["requests"] - b for r, b in zip(health["replicas"], served_before, strict=True)]
     assert sum(served) == 24 and min(served) > 0, served  # both replicas took a share
     stats = server.get("/v1/stats")[1]
-    assert stats["score_rows"] == 24 and len(stats["replicas"]) == 2
+    assert stats["score_rows"] - rows_before == 24 and len(stats["replicas"]) == 2
 
     os.kill(pids[0], signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -95,3 +120,25 @@ def test_the_command_line_carries_the_replicas() -> None:
     argv = serve_command(python="python", checkpoint="/c", port=1, served_model_name="m", replicas=4)
     assert argv[argv.index("--replicas") + 1] == "4"
     assert "--replicas" not in serve_command(python="python", checkpoint="/c", port=1, served_model_name="m")
+
+
+def test_a_prompt_start_goes_to_the_replica_that_served_it_unless_that_one_is_much_busier() -> None:
+    from typing import cast
+
+    from ckpteval.deploy.router import AFFINITY_SLACK, Replica, Router, prompt_start
+
+    replicas = [cast(Replica, type("R", (), {"index": i, "alive": True, "in_flight": 0})()) for i in range(2)]
+    router = Router(replicas)
+    key = prompt_start(b'{"prompt": "The same ten-shot context, then choice A", "echo": true}')
+    assert key == prompt_start(b'{"prompt": ["The same ten-shot context, then choice A"]}')
+    first = router.pick(set(), key)
+    assert first is not None
+    first.in_flight = AFFINITY_SLACK  # busier, but not much: it still holds the prefix
+    assert router.pick(set(), key) is first and router.affinity_hits == 1
+    first.in_flight = AFFINITY_SLACK + 1
+    other = router.pick(set(), key)
+    assert other is not first  # much busier: the least busy one takes it, and holds the prefix from now on
+    first.in_flight = 0
+    other.in_flight = 1
+    assert router.pick(set(), key) is other
+    assert prompt_start(b"not json") is None and prompt_start(b'{"messages": []}') is None

@@ -79,6 +79,7 @@ def test_hook_dir_holds_only_the_hook_modules() -> None:
         "ckpteval_request_timeout.py",
         "ckpteval_wait_ready.py",
         "ckpteval_responses.py",
+        "ckpteval_request_order.py",
     }
     assert os.path.isabs(hook_dir())
 

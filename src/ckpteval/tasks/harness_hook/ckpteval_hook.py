@@ -6,6 +6,8 @@
   `request_timeout` bounds one request, not its wait in the connection queue
   (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
   (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
+  log-likelihood requests of one context are sent together (`ckpteval_request_order`: the server's
+  prefix cache computes the context once);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
 - `lm_eval.filters.sanitize`: a completion with a NUL byte is code that does not parse, not a crash;
 - `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
@@ -175,6 +177,7 @@ def _hook_module(name: str) -> ModuleType:
 
 def _patch_api_models(module: ModuleType) -> None:
     _hook_module("ckpteval_responses").patch(module)  # innermost: at the HTTP call
+    _hook_module("ckpteval_request_order").patch(module)
     _hook_module("ckpteval_request_timeout").patch(module)
     _hook_module("ckpteval_wait_ready").patch_api_models(module)  # outermost: wait, then bound each request
 
