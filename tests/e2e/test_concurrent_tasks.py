@@ -36,6 +36,7 @@ def _run(root: Path, *overrides: str) -> tuple[Path, dict]:
     return job_dir, json.loads((job_dir / "results.json").read_text())
 
 
+@pytest.mark.long  # 5.5 min: two full invocations; the scheduling is unit-tested, the gain benchmarked
 def test_concurrent_scores_equal_sequential(tmp_path: Path) -> None:
     seq_dir, sequential = _run(tmp_path / "sequential", "evaluation.max_parallel_tasks=1")
     con_dir, concurrent = _run(tmp_path / "concurrent")

@@ -93,6 +93,7 @@ def _responses(task_dir: Path, repeat: int) -> list[tuple[int, list[Any]]]:
     return sorted((row["doc_id"], row["resps"]) for row in rows if row["filter"] == "strict-match")
 
 
+@pytest.mark.long  # 3 min: a router of replicas and two harness runs; the delegate's plan is unit-tested
 def test_delegate_answers_like_evaluate(router: RunningServer, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

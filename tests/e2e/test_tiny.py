@@ -94,6 +94,7 @@ def _samples(job_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.long  # 4 min of greedy decoding in-process; logits parity with transformers is e2e-tested
 def test_accuracy_recomputed_from_the_model_itself(tiny_run: TinyRun):
     """The same 57 prompts, greedy-decoded by the Megatron model in this process (plain full-sequence
     forwards, no KV cache, no batching, no server, no harness), scored with mmlu_str's own rule
@@ -159,6 +160,7 @@ def test_per_sample_scores_and_the_stderr_they_give(tiny_run: TinyRun):
     assert metric["stderr"] == pytest.approx(sd / math.sqrt(57)) and metric["n_samples"] == 57
 
 
+@pytest.mark.long  # 5 min: a second full `evaluate -c tiny`; compare's statistics and the report are unit-tested
 def test_a_second_invocation_compared_and_reported(tiny_run: TinyRun, tmp_path: Path):
     """A second `evaluate -c tiny` scores the same 57 questions: compare pairs them by document, the gate
     passes (greedy decoding of the same model), and the report renders both."""

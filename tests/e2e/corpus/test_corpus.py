@@ -141,6 +141,7 @@ def _evaluate(checkpoint: Path, workdir: Path, *extra: str) -> Any:
     return subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.long  # 2.4 min: the corpus checkpoints are served and scored in-process above
 @pytest.mark.parametrize("name", ["tokenizer-Llama2Tokenizer-tp2"])
 def test_evaluate_end_to_end(corpus: dict[str, Path], tmp_path: Path, name: str) -> None:
     done = _evaluate(corpus[name], tmp_path)
