@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 import time
 import urllib.parse
@@ -28,6 +29,18 @@ from typing import Any
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up before reading the whole answer (a HEAD-then-GET, a cut-off fetch) is
+        normal traffic for the hub, not an error: say nothing, as the hub does. Anything else is a bug of the
+        stand-in and is printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
+            return
+        super().handle_error(request, client_address)
+
+
 class HubStandIn:
     """A threaded HTTP server on 127.0.0.1 serving dataset repositories from `root`."""
 
@@ -37,8 +50,7 @@ class HubStandIn:
         self.aliases = dict(aliases or {})
         self.delays: dict[str, float] = {}  # file name -> seconds to wait before serving it (to cut a fetch off)
         self.requests: list[tuple[str, str]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
