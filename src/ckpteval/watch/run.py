@@ -332,14 +332,16 @@ def request_stop(run: str, *, timeout: float = 60.0) -> StopResult:
         return StopResult(f"no watcher of {state.run} is running (nothing to stop)", stopped=True)
     stop_file(state.run).write_text(f"{time.time()}\n")
     state = find_run(state.run)  # the pid, if the watcher recorded it since
-    if process_alive(state.pid, state.pid_start):
-        assert state.pid is not None
+    pid, pid_start = state.pid, state.pid_start
+    if process_alive(pid, pid_start):
+        assert pid is not None
         with contextlib.suppress(ProcessLookupError):
-            os.kill(state.pid, signal.SIGTERM)
-    who = f"process {state.pid}" if state.pid else "a watcher starting"
+            os.kill(pid, signal.SIGTERM)
+    who = f"process {pid}" if pid else "a watcher starting"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not lock_held(state.run):
+        # ended: its lock released and, where its process is known, that process gone
+        if not lock_held(state.run) and not (pid and pid != os.getpid() and process_alive(pid, pid_start)):
             return StopResult(
                 f"stopped the watcher of {state.run} ({who}); evaluations already submitted go on", stopped=True
             )
