@@ -76,8 +76,11 @@ def watch_command(
         ),
     ] = None,
     follow_every: Annotated[
-        float, typer.Option("--follow-every", metavar="S", help="Seconds between two status queries of an evaluation.")
-    ] = 5.0,
+        float | None,
+        typer.Option(
+            "--follow-every", metavar="S", help="Seconds between status queries of an evaluation (Slurm 30, here 5)."
+        ),
+    ] = None,
     stop_timeout: Annotated[
         float, typer.Option("--timeout", metavar="S", help="`stop`: seconds to wait for the watcher to end.")
     ] = 60.0,
@@ -117,7 +120,7 @@ def watch_command(
         raise ConfigError("--max-pending must be at least 1.")
     if policy not in ("all", "latest"):
         raise ConfigError(f"--policy is all or latest, not {policy!r}.")
-    if follow_every <= 0 or (eval_timeout is not None and eval_timeout <= 0):
+    if (follow_every is not None and follow_every <= 0) or (eval_timeout is not None and eval_timeout <= 0):
         raise ConfigError("--follow-every and --eval-timeout must be above 0 seconds.")
     from ckpteval.watch.state import WatchSpec
 
@@ -133,7 +136,7 @@ def watch_command(
         max_pending=max_pending if max_pending is not None else 0,
         max_attempts=max_attempts,
         wandb_run_id=wandb_run_id,
-        follow_every=follow_every,
+        follow_every=follow_every or 0.0,
         eval_timeout=eval_timeout,
     )
     if dry_run:

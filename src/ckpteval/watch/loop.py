@@ -140,13 +140,14 @@ class Watcher:
         `spec.follow_every` seconds, until stopped ("stopped") or, `--once`, until what was ready at the
         first poll is done ("done"). Every evaluation has a deadline, so `--once` always ends."""
         spec = self.state.spec
+        follow_every = spec.follow_every or 5.0  # 0: the default (open_watch sets where it runs)
         if should_stop() or self.stop_asked():
             return "stopped"
         report = self.poll()
         if once:
             self.only = {c.iteration for c in report.listing.ready} if report.listing else set()
         next_poll = time.monotonic() + spec.every
-        next_follow = time.monotonic() + spec.follow_every
+        next_follow = time.monotonic() + follow_every
         while True:
             if once and not self.pending():
                 return "done"
@@ -155,11 +156,11 @@ class Watcher:
             now = time.monotonic()
             if now >= next_poll:
                 self.poll()
-                next_poll, next_follow = now + spec.every, now + spec.follow_every
+                next_poll, next_follow = now + spec.every, now + follow_every
             elif now >= next_follow:
                 if self.state.in_flight():
                     self.follow()
-                next_follow = now + spec.follow_every
+                next_follow = now + follow_every
             else:
                 sleep(max(0.0, min(0.2, next_poll - now, next_follow - now)))
 

@@ -104,15 +104,18 @@ def resolve_profile(spec: WatchSpec) -> Profile:
 
 
 DEFAULT_MAX_PENDING = {"slurm": 4, "local": 1}
+# a status query costs a file read here, an SSH round trip with a Slurm query on a cluster
+DEFAULT_FOLLOW_EVERY = {"slurm": 30.0, "local": 5.0}
 
 
 def _resolve(spec: WatchSpec) -> Profile:
     """Check the spec's numbers, make its save dir absolute and its max pending concrete; its profile."""
-    if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0:
-        raise ConfigError("--max-pending and --max-attempts must be at least 1, --every above 0.")
+    if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0 or spec.follow_every < 0:
+        raise ConfigError("--max-pending and --max-attempts must be at least 1, --every and --follow-every above 0.")
     profile = resolve_profile(spec)
     spec.save_dir = absolute_save_dir(spec.save_dir, profile)
     spec.max_pending = spec.max_pending or DEFAULT_MAX_PENDING[profile.executor]
+    spec.follow_every = spec.follow_every or DEFAULT_FOLLOW_EVERY[profile.executor]
     return profile
 
 

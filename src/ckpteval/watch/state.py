@@ -77,9 +77,9 @@ class WatchSpec:
     max_pending: int = 0  # 0: the default for where it runs (Slurm 4, this machine 1)
     max_attempts: int = 3
     wandb_run_id: str | None = None
-    follow_every: float = 5.0  # seconds between two status queries of the evaluations in flight
+    follow_every: float = 0.0  # seconds between two status queries of an evaluation in flight (0: here 5, Slurm 30)
     eval_timeout: float | None = None  # seconds an evaluation may take from submission; None: from the config
-    status_error_limit: int = 10  # status queries in a row without an answer before the attempt counts as failed
+    status_error_limit: int = 20  # status queries in a row without an answer before the attempt counts as failed
 
 
 @dataclass
