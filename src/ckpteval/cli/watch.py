@@ -276,7 +276,8 @@ def _run_status(console: Any, state: Any, h: Any) -> None:
 
     now = time.time()
     if h.alive:
-        watcher = f"[green]watching[/] (process {h.pid} on {h.host}, since {_clock(h.since)})"
+        where = f" on {h.host}" if h.host else ""
+        watcher = f"[green]watching[/] (process {h.pid}{where}, since {_clock(h.since)})"
         if h.overdue:
             watcher += f" [bold red]but its poll is overdue since {_ago(h.next_poll, now)}[/]"
     else:
