@@ -97,3 +97,20 @@ def test_watch_stop_waits_for_a_running_watcher_to_end(tmp_path: Path):
             proc.kill()
         proc.wait()
         log.close()
+
+
+def test_health_flags_a_live_watcher_whose_poll_is_overdue():
+    """A watcher that is alive but stopped polling (stuck somewhere) is shown as such, not as 'watching'."""
+    import socket
+
+    from ckpteval.execution.local import process_start_time
+    from ckpteval.watch.state import WatchState
+
+    now = time.time()
+    state = WatchState(run="r", spec=_spec(Path("/s"), every=300, follow_every=5), created=0.0)
+    state.pid, state.pid_start, state.host = os.getpid(), process_start_time(os.getpid()), socket.gethostname()
+    state.next_poll = now + 10
+    assert health(state, now=now).alive and not health(state, now=now).overdue
+    assert health(state, now=now + 10 + 61).overdue  # a minute past its next poll
+    state.pid_start = "1"  # the pid now belongs to another process: no watcher
+    assert not health(state, now=now).alive and not health(state, now=now + 1000).overdue
