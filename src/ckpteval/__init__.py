@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         run,
         status,
         statuses,
+        submit,
     )
     from ckpteval.config.compose import CompileRequest
 
@@ -57,6 +58,7 @@ _API = (
     "run",
     "status",
     "statuses",
+    "submit",
 )
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "run",
     "status",
     "statuses",
+    "submit",
 ]
 __version__ = "0.1.0"
 

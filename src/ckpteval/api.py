@@ -139,6 +139,28 @@ def run(
         job.close()
 
 
+def submit(
+    request: CompileRequest | CompiledConfig,
+    *,
+    reporter: Reporter | None = None,
+    force_squash: bool = False,
+) -> Outcome:
+    """Submit an invocation's job and return without following it, wherever it runs: on a cluster it is
+    queued; on this machine it runs on in its own session (a caller that ends leaves it running). Follow it
+    with `status`, read it with `results`, stop it with `cancel` (what `evaluate watch` does)."""
+    report = reporter or silent
+    compiled = request if isinstance(request, CompiledConfig) else _compile(request)
+    invocation = new_invocation_id()
+    prepared = backend_for(compiled.execution_type).prepare(compiled, invocation, force_squash=force_squash)
+    prepared.check_checkpoint()
+    job = prepared.submit(report)
+    try:
+        report(Submitted(job.record))
+        return Outcome(invocation, "submitted", 0, record=job.record)
+    finally:
+        job.close()  # a job here is not waited for: Python reaps it at a later subprocess call
+
+
 def _follow_to_end(job: Job, report: Reporter, export: Callable[[], ExportSection] | None) -> Outcome:
     record = job.record
     interrupted = False

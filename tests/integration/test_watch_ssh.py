@@ -145,7 +145,9 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
         squeue = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %r"], capture_output=True, text=True)
         assert len(squeue.stdout.strip().splitlines()) == 2 and "JobHeldUser" in squeue.stdout
 
-        # the watcher is "killed"; the same command again: the two in flight are followed, not resubmitted
+        # the watcher is "killed" (its lock goes with it); the same command again: the two in flight are
+        # followed, not resubmitted
+        watcher.close()
         again = open_watch(spec())
         assert again.poll().submitted == []
         # one of them is cancelled on the cluster: it is retried, and 300 still waits for a slot
@@ -162,8 +164,12 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
         assert again.state.iterations[300].state == "waiting"  # both slots taken again
         jobs.append(str(load_record(second.invocation).slurm_job_id))
         assert 400 not in again.state.iterations
+        again.close()
     finally:
-        for entry in list(open_watch(spec()).state.iterations.values()):
+        from ckpteval.watch.state import load_state, run_name
+
+        state = load_state(run_name(str(save_dir), "CI"))
+        for entry in list(state.iterations.values()) if state else []:
             for attempt in entry.attempts:
                 if attempt.invocation:
                     record = load_record(attempt.invocation)

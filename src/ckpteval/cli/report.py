@@ -46,7 +46,14 @@ def report_command(
     states = _watch_states(watch or ())
     curves = [c for state in states for c in _curves(state)]
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(output, render_report(results, comparison, generated=now_iso(), curves=curves))
+    verdicts = [
+        {"run": state.run, "iteration": i, "vs": vs, **row}
+        for state in states
+        for i, entry in sorted(state.iterations.items())
+        for vs, rows in entry.verdicts.items()
+        for row in rows
+    ]
+    write_text_atomic(output, render_report(results, comparison, generated=now_iso(), curves=curves, verdicts=verdicts))
     typer.echo(f"wrote {output}")
     if png is not None:
         tasks = list(dict.fromkeys(t for r in results for t in r.tasks))

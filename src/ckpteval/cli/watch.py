@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ _EVENT_STYLE = {
     "skipped": "yellow",
     "exported": "dim",
     "error": "red",
+    "verdict": "magenta",
 }
 
 
@@ -66,6 +66,24 @@ def watch_command(
     dry_run: Annotated[
         bool, typer.Option("-d", "--dry-run", help="Show what would be evaluated now and its job; do nothing.")
     ] = False,
+    eval_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--eval-timeout",
+            metavar="S",
+            help="Seconds an evaluation may take from submission before it is cancelled and counted as failed "
+            "(default: twice the Slurm walltime; here 4 h).",
+        ),
+    ] = None,
+    follow_every: Annotated[
+        float | None,
+        typer.Option(
+            "--follow-every", metavar="S", help="Seconds between status queries of an evaluation (Slurm 30, here 5)."
+        ),
+    ] = None,
+    stop_timeout: Annotated[
+        float, typer.Option("--timeout", metavar="S", help="`stop`: seconds to wait for the watcher to end.")
+    ] = 60.0,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="`status`: print JSON.")] = False,
 ) -> None:
@@ -93,12 +111,17 @@ def watch_command(
             raise ConfigError("`evaluate watch stop` takes one watch run.", hint="`evaluate watch status` lists them.")
         from ckpteval.watch.run import request_stop
 
-        typer.echo(request_stop(words[1]))
+        result = request_stop(words[1], timeout=stop_timeout)
+        typer.echo(result.message)
+        if not result.stopped:
+            raise typer.Exit(1)
         return
     if max_pending is not None and max_pending < 1:
         raise ConfigError("--max-pending must be at least 1.")
     if policy not in ("all", "latest"):
         raise ConfigError(f"--policy is all or latest, not {policy!r}.")
+    if (follow_every is not None and follow_every <= 0) or (eval_timeout is not None and eval_timeout <= 0):
+        raise ConfigError("--follow-every and --eval-timeout must be above 0 seconds.")
     from ckpteval.watch.state import WatchSpec
 
     spec = WatchSpec(
@@ -113,6 +136,8 @@ def watch_command(
         max_pending=max_pending if max_pending is not None else 0,
         max_attempts=max_attempts,
         wandb_run_id=wandb_run_id,
+        follow_every=follow_every or 0.0,
+        eval_timeout=eval_timeout,
     )
     if dry_run:
         _dry_run(spec)
@@ -129,9 +154,7 @@ def _console() -> Any:
 def _watch(spec: Any, *, once: bool) -> None:
     from rich.markup import escape
 
-    from ckpteval.execution.local import process_start_time
-    from ckpteval.watch.run import open_watch
-    from ckpteval.watch.state import RunLock, stop_file
+    from ckpteval.watch.run import watch
 
     console = _console()
 
@@ -140,43 +163,32 @@ def _watch(spec: Any, *, once: bool) -> None:
         stamp = time.strftime("%H:%M:%S")
         console.print(f"[dim]{stamp}[/] [{style}]{escape(event.message)}[/]" if style else escape(event.message))
 
-    watcher = open_watch(spec, on_event=on_event)
-    state = watcher.state
-    stopping = {"asked": False}
+    def on_start(watcher: Any) -> None:
+        state = watcher.state
+        done = sum(1 for e in state.iterations.values() if e.state == "succeeded")
+        console.print(
+            f"watching [bold]{escape(spec.save_dir)}[/] as run [bold]{state.run}[/] "
+            f"(every {spec.every:g} s, evaluations followed every {spec.follow_every:g} s and given up after "
+            f"{spec.eval_timeout:g} s, policy {spec.policy}, at most {spec.max_pending} pending"
+            + (f"; {done} iteration(s) already evaluated" if done else "")
+            + ")"
+        )
 
-    def on_term(_signum: int, _frame: Any) -> None:
-        stopping["asked"] = True
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        with RunLock(state.run):
-            stop_file(state.run).unlink(missing_ok=True)
-            import os
-
-            state.pid, state.pid_start = os.getpid(), process_start_time(os.getpid())
-            state.save()
-            done = sum(1 for e in state.iterations.values() if e.state == "succeeded")
-            console.print(
-                f"watching [bold]{escape(spec.save_dir)}[/] as run [bold]{state.run}[/] "
-                f"(every {spec.every:g} s, policy {spec.policy}, at most {spec.max_pending} pending"
-                + (f"; {done} iteration(s) already evaluated" if done else "")
-                + ")"
-            )
-            try:
-                watcher.run(once=once, should_stop=lambda: stopping["asked"])
-            except KeyboardInterrupt:
-                console.print(f"stopped; start the same command again to go on (run {state.run})")
-                raise typer.Exit(130) from None
-            finally:
-                state.pid = None
-                state.save()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    failed = [e.iteration for e in state.iterations.values() if e.state == "failed"]
-    console.print(f"watch run {state.run}: see the curves with `evaluate results --watch {state.run}`")
-    if failed:
-        console.print(f"[red]gave up on iteration(s) {', '.join(map(str, sorted(failed)))}[/]")
-        raise typer.Exit(1)
+        outcome = watch(spec, once=once, on_event=on_event, on_start=on_start)
+    except KeyboardInterrupt:
+        console.print("stopped; start the same command again to go on")
+        raise typer.Exit(130) from None
+    summary = f"watch run {outcome.run} {'stopped' if outcome.ended == 'stopped' else 'done'}: "
+    summary += f"{len(outcome.succeeded)} evaluated"
+    if outcome.failed:
+        summary += f", [red]gave up on iteration(s) {', '.join(map(str, outcome.failed))}[/]"
+    if outcome.unfinished:
+        what = "not finished" if outcome.ended == "done" else "still open (the next watcher goes on with them)"
+        summary += f", {what}: iteration(s) {', '.join(map(str, outcome.unfinished))}"
+    console.print(summary + f"; curves: `evaluate results --watch {outcome.run}`")
+    if outcome.exit_status:
+        raise typer.Exit(outcome.exit_status)
 
 
 def _dry_run(spec: Any) -> None:
@@ -214,13 +226,19 @@ def _dry_run(spec: Any) -> None:
 
 
 def _status(run: str | None, *, json_output: bool) -> None:
-    from ckpteval.watch.state import find_run, list_runs, process_alive
+    from ckpteval.watch.run import health
+    from ckpteval.watch.state import find_run, list_runs
 
     states = [find_run(run)] if run else list_runs()
     if json_output:
+        import dataclasses
+
         from ckpteval.watch.state import state_to_json
 
-        rows = [{**state_to_json(s), "watching": process_alive(s.pid, s.pid_start)} for s in states]
+        rows = []
+        for s in states:
+            h = health(s)
+            rows.append({**state_to_json(s), "watching": h.alive, "health": dataclasses.asdict(h)})
         print(json.dumps(rows, indent=2))
         return
     console = _console()
@@ -230,19 +248,7 @@ def _status(run: str | None, *, json_output: bool) -> None:
     from rich.table import Table
 
     if run:
-        state = states[0]
-        alive = process_alive(state.pid, state.pid_start)
-        console.print(
-            f"[bold]{state.run}[/]  {'watching' if alive else 'not running'}  {state.spec.save_dir}"
-            f"  (profile {state.spec.profile or 'local'}, {state.polls} polls)"
-        )
-        table = Table(header_style="bold")
-        for col in ("iteration", "state", "invocation", "attempts", "note"):
-            table.add_column(col)
-        for i in sorted(state.iterations):
-            e = state.iterations[i]
-            table.add_row(str(i), e.state, e.current.invocation if e.current else "", str(len(e.attempts)), e.note)
-        console.print(table)
+        _run_status(console, states[0], health(states[0]))
         return
     table = Table(header_style="bold")
     for col in ("run", "save dir", "watching", "evaluated", "in flight", "failed"):
@@ -254,9 +260,63 @@ def _status(run: str | None, *, json_output: bool) -> None:
         table.add_row(
             s.run,
             s.spec.save_dir,
-            "yes" if process_alive(s.pid, s.pid_start) else "no",
+            "yes" if health(s).alive else "no",
             str(counts["succeeded"]),
             str(counts["submitted"]),
             str(counts["failed"]),
         )
     console.print(table)
+
+
+def _run_status(console: Any, state: Any, h: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ckpteval.watch.verdicts import verdict_lines
+
+    now = time.time()
+    if h.alive:
+        where = f" on {h.host}" if h.host else ""
+        watcher = f"[green]watching[/] (process {h.pid}{where}, since {_clock(h.since)})"
+        if h.overdue:
+            watcher += f" [bold red]but its poll is overdue since {_ago(h.next_poll, now)}[/]"
+    else:
+        watcher = "[yellow]not running[/]" + (f" (last watcher on {h.host})" if h.host else "")
+    console.print(f"[bold]{state.run}[/]  {watcher}  {escape(state.spec.save_dir)}")
+    polls = f"profile {state.spec.profile or 'local'}; {state.polls} polls, last {_ago(h.last_poll, now)}"
+    if h.next_poll:
+        polls += f", next in {max(0.0, h.next_poll - now):.0f} s"
+    if h.last_follow:
+        polls += f"; evaluations last followed {_ago(h.last_follow, now)}"
+    console.print(polls)
+    for f in h.in_flight:
+        errors = f", {f.status_errors} status error(s) in a row" if f.status_errors else ""
+        console.print(
+            f"in flight: iteration {f.iteration}, {f.invocation} ({f.state}, for {f.age_s / 60:.1f} min{errors})"
+        )
+    for line in h.errors:
+        console.print(f"[red]error[/] {escape(line)}")
+    table = Table(header_style="bold")
+    for col in ("iteration", "state", "invocation", "attempts", "note"):
+        table.add_column(col)
+    for i in sorted(state.iterations):
+        e = state.iterations[i]
+        table.add_row(str(i), e.state, e.current.invocation if e.current else "", str(len(e.attempts)), e.note)
+    console.print(table)
+    judged = [e for _, e in sorted(state.iterations.items()) if e.verdicts]
+    if judged:
+        console.print("[bold]Is it better?[/] (paired test on the documents both scored; see docs/compare.md)")
+    for e in judged:
+        for line in verdict_lines(e):
+            console.print(f"  iteration {e.iteration} {escape(line)}")
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return "never"
+    seconds = max(0.0, now - t)
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"

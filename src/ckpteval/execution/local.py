@@ -201,8 +201,10 @@ class LocalBackend:
     def status(self, record: InvocationRecord) -> InvocationStatus:
         from ckpteval.tasks.progress import progress_reader
 
-        snapshot = take_snapshot(LocalJobView(Path(record.job_dir)), record.task_dirs, progress_reader)
+        # liveness first, then the state files: the job writes its exit code before it exits, so a job that
+        # ends in between is read as ended, never as "not running, no exit code" (stopped from outside)
         running = job_process_alive(record)
+        snapshot = take_snapshot(LocalJobView(Path(record.job_dir)), record.task_dirs, progress_reader)
         state = end_state(snapshot.finished)
         if state is None:
             # no exit code recorded: running, or stopped from outside

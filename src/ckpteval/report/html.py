@@ -47,8 +47,10 @@ def render_report(
     *,
     generated: str = "",
     curves: Sequence[Curve] = (),
+    verdicts: Sequence[dict] = (),
 ) -> str:
-    """The whole page (`curves`: the score-vs-iteration curves of watched training runs, if any)."""
+    """The whole page (`curves`: the score-vs-iteration curves of watched training runs, if any; `verdicts`:
+    their checkpoints' paired comparisons, `ckpteval.watch.verdicts` rows with `run`, `iteration`, `vs`)."""
     title = ", ".join([*(r.invocation for r in results), *dict.fromkeys(f"watch {c.run}" for c in curves)])
     parts = [
         "<!DOCTYPE html>",
@@ -77,8 +79,31 @@ def render_report(
             *(f'<figure id="curve-{_e(c.run)}-{_e(c.key)}">{render_curve_svg(c)}</figure>' for c in curves),
             "</div>",
         ]
+    if verdicts:
+        parts += ["<h2>Is each checkpoint better?</h2>", _verdicts(verdicts)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def _verdicts(rows: Sequence[dict]) -> str:
+    numeric = ("iteration", "against", "delta", "MDE")
+    names = ("run", "iteration", "vs", "task", "metric", "against", "delta", "95 % CI", "MDE", "verdict")
+    head = "".join(f'<th class="num">{n}</th>' if n in numeric else f"<th>{n}</th>" for n in names)
+    body = []
+    for r in rows:
+        verdict = r["verdict"] if r["tested"] else "not tested: " + (r["note"] or "no per-sample scores")
+        ci = f"[{_f(r['ci_low'], '+.4f')}, {_f(r['ci_high'], '+.4f')}]"
+        body.append(
+            f'<tr><td>{_e(r["run"])}</td><td class="num">{r["iteration"]}</td><td>{_e(r["vs"])}</td>'
+            f'<td>{_e(r["task"])}</td><td>{_e(r["metric"])}</td><td class="num">{r["against"]}</td>'
+            f'<td class="num">{_f(r["delta"], "+.4f")}</td><td>{ci}</td><td class="num">{_f(r["mde"])}</td>'
+            f"<td>{_e(verdict)}</td></tr>"
+        )
+    return (
+        '<p class="note">Each evaluated checkpoint against the previous one and the best earlier one on that '
+        "metric: paired test on the documents both scored (evaluate compare; docs/compare.md).</p>"
+        f'<table id="watch-verdicts"><tr>{head}</tr>{"".join(body)}</table>'
+    )
 
 
 def _invocations(results: Sequence[InvocationResults]) -> str:

@@ -1,7 +1,9 @@
 """A watch run's scores as curves over iterations: one W&B run and one MLflow run, a table, a plot.
 
 W&B: one run per watch run (id `ckpteval-watch-<run>`), each checkpoint's scores logged with
-`step = iteration` (plus an `iteration` key), so they line up with the training's loss. Given the
+`step = iteration` (plus an `iteration` key) with its verdicts against the previous and the best
+checkpoint (`<task>/<metric>/vs_previous/delta`, `.../verdict`: +1 better, -1 worse, 0 none), so they
+line up with the training's loss. Given the
 training's own run id (`--wandb-run-id`), the scores go into that run instead, keyed `eval/<task>/<metric>`
 against the `iteration` metric (`define_metric`), since its steps are already past the checkpoint's.
 Points arrive in iteration order (the watcher holds a later one back until the earlier ones are resolved),
@@ -75,12 +77,12 @@ def _to_wandb(state: WatchState, entries: list[IterationEntry], export: ExportSe
         if own:
             run.define_metric("iteration")
             for entry in entries:
-                run.log({"iteration": entry.iteration, **entry.metrics}, step=entry.iteration)
+                run.log({"iteration": entry.iteration, **_points(entry)}, step=entry.iteration)
         else:
             run.define_metric("iteration")
             run.define_metric("eval/*", step_metric="iteration")
             for entry in entries:
-                run.log({"iteration": entry.iteration, **{f"eval/{k}": v for k, v in entry.metrics.items()}})
+                run.log({"iteration": entry.iteration, **{f"eval/{k}": v for k, v in _points(entry).items()}})
         where = run.url if mode == "online" else str(Path(run.dir).parent)
     finally:
         run.finish()
@@ -105,12 +107,20 @@ def _to_mlflow(state: WatchState, entries: list[IterationEntry], export: ExportS
         found = client.search_runs([experiment_id], filter_string=f"tags.`{WATCH_TAG}` = '{state.run}'", max_results=1)
         run = found[0] if found else client.create_run(experiment_id, run_name=state.run, tags={WATCH_TAG: state.run})
         now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, e.iteration) for e in entries for k, v in e.metrics.items()]
+        metrics = [Metric(k, v, now, e.iteration) for e in entries for k, v in _points(e).items()]
         for i in range(0, len(metrics), 1000):
             client.log_batch(run.info.run_id, metrics=metrics[i : i + 1000])
     except MlflowException as exc:
         raise ExportError(f"MLflow ({uri}) refused the curves: {str(exc).strip().splitlines()[0]}") from None
     return f"MLflow run {run.info.run_id}: {len(entries)} iteration(s)"
+
+
+def _points(entry: IterationEntry) -> dict[str, float]:
+    """What one checkpoint adds to the curves: its scores, and its verdicts against the previous checkpoint
+    and the best so far (`<task>/<metric>/vs_previous/delta`, ...; see `watch.verdicts`)."""
+    from ckpteval.watch.verdicts import verdict_metrics
+
+    return {**entry.metrics, **verdict_metrics(entry)}
 
 
 def score_columns(state: WatchState) -> list[str]:

@@ -1,5 +1,12 @@
 """The watcher: poll the save dir, submit an evaluation per ready checkpoint, follow them, export curves.
 
+Two cadences: the save dir is listed every `--every` seconds (a poll); the evaluations in flight are
+asked how they are doing every `follow_every` seconds (a few), so a finished evaluation is seen, its slot
+reused and its scores exported within seconds, and `--once` ends within seconds of its last evaluation.
+Nothing waits forever: an evaluation past its deadline (`eval_timeout`) is cancelled and counts as a
+failed attempt, as does one whose status could not be read `status_error_limit` times in a row; every
+error is reported as an event and kept in the state for `watch status`.
+
 One poll: (1) one listing of the save dir; (2) the state of every evaluation in flight (finished ones
 bring their scores; failed ones are retried up to `max_attempts`, then reported as failed); (3) new ready
 checkpoints are recorded; (4) as many as `max_pending` allows are submitted (`--policy all`: oldest
@@ -17,8 +24,9 @@ from typing import Protocol
 
 from ckpteval.errors import CkptevalError
 from ckpteval.watch.readiness import SaveDirListing
-from ckpteval.watch.state import Attempt, IterationEntry, WatchState, stop_file
+from ckpteval.watch.state import Attempt, IterationEntry, WatchState, stop_requested
 from ckpteval.watch.submit import EvaluationState
+from ckpteval.watch.verdicts import verdict_lines
 
 OPEN_STATES = ("waiting", "submitted", "retry")
 
@@ -27,7 +35,7 @@ OPEN_STATES = ("waiting", "submitted", "retry")
 class WatchEvent:
     """Something the watcher did or saw."""
 
-    kind: str  # ready | incomplete | submitted | succeeded | retry | failed | skipped | exported | error
+    kind: str  # ready | incomplete | submitted | succeeded | verdict | retry | failed | skipped | exported | error
     message: str
     iteration: int | None = None
     invocation: str | None = None
@@ -40,18 +48,20 @@ class Pipeline(Protocol):
 
     def state(self, invocation: str) -> EvaluationState: ...
 
+    def cancel(self, invocation: str) -> str: ...
+
 
 @dataclass
 class PollReport:
-    """What one poll saw and did."""
+    """What one poll saw and did (`listing` is None when the save dir could not be listed this time)."""
 
-    listing: SaveDirListing
+    listing: SaveDirListing | None
     submitted: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
 
 
 class Watcher:
-    """Drives one watch run; `poll()` once, or `run()` until stopped."""
+    """Drives one watch run; `poll()` once, `follow()` the evaluations in flight, or `run()` until stopped."""
 
     def __init__(
         self,
@@ -61,6 +71,7 @@ class Watcher:
         pipeline: Pipeline,
         on_event: Callable[[WatchEvent], None] = lambda _e: None,
         exporter: Callable[[WatchState, list[IterationEntry]], str | None] | None = None,
+        judge: Callable[[WatchState, IterationEntry], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
@@ -68,63 +79,128 @@ class Watcher:
         self.pipeline = pipeline
         self.on_event = on_event
         self.exporter = exporter
+        self.judge = judge  # compares a finished checkpoint with the previous one and the best (verdicts)
         self.clock = clock
         self.only: set[int] | None = None  # --once: the iterations ready at the first poll
+        self.started = clock()  # a stop file written before this is not for this watcher
         self._told_incomplete: set[int] = set()
 
     def poll(self) -> PollReport:
-        """One poll (see the module docstring); the state is saved when anything changed."""
-        listing = self.lister()
+        """One poll (see the module docstring); the state is saved when anything changed.
+
+        The first listing's error is raised (a wrong path or profile fails at once); a later one is reported
+        and the poll goes on with the evaluations in flight."""
+        try:
+            listing: SaveDirListing | None = self.lister()
+        except (CkptevalError, OSError) as exc:
+            if not self.state.polls:
+                raise
+            listing = None
+            self._error(f"listing the save dir failed ({_message(exc)}); trying again next poll")
         report = PollReport(listing=listing)
-        self._follow_in_flight(report)
-        self._record_ready(listing)
+        report.finished = self._follow_in_flight()
+        if listing is not None:
+            self._record_ready(listing)
         self._submit_what_fits(report)
         self.state.polls += 1
         self.state.last_poll = self.clock()
+        self.state.next_poll = self.state.last_poll + self.state.spec.every
         self.state.save()
         self._export()
+        return report
+
+    def follow(self) -> PollReport:
+        """Ask the evaluations in flight how they are doing (no listing): a finished one frees its slot for
+        the next checkpoint waiting, and its scores go to the curves at once."""
+        report = PollReport(listing=None)
+        report.finished = self._follow_in_flight()
+        self._submit_what_fits(report)
+        self.state.last_follow = self.clock()
+        self.state.save()
+        if report.finished:
+            self._export()
         return report
 
     def pending(self) -> list[IterationEntry]:
         """Entries not finished with yet (waiting, submitted, to retry)."""
         return [e for e in self.state.iterations.values() if e.state in OPEN_STATES]
 
-    def run(self, *, once: bool = False, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Poll every `spec.every` seconds until stopped (`--once`: until what was ready at start is done)."""
-        every = self.state.spec.every
-        first = True
+    def stop_asked(self) -> bool:
+        """Whether `evaluate watch stop` asked this watcher to end (its stop file)."""
+        return stop_requested(self.state.run, since=self.started)
+
+    def run(
+        self,
+        *,
+        once: bool = False,
+        should_stop: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> str:
+        """Poll the save dir every `spec.every` seconds and follow the evaluations in flight every
+        `spec.follow_every` seconds, until stopped ("stopped") or, `--once`, until what was ready at the
+        first poll is done ("done"). Every evaluation has a deadline, so `--once` always ends."""
+        spec = self.state.spec
+        follow_every = spec.follow_every or 5.0  # 0: the default (open_watch sets where it runs)
+        if should_stop() or self.stop_asked():
+            return "stopped"
+        report = self.poll()
+        if once:
+            self.only = {c.iteration for c in report.listing.ready} if report.listing else set()
+        next_poll = time.monotonic() + spec.every
+        next_follow = time.monotonic() + follow_every
         while True:
-            started = time.monotonic()
-            report = self.poll()
-            if once and first:
-                self.only = {c.iteration for c in report.listing.ready}
-            first = False
             if once and not self.pending():
-                return
-            while time.monotonic() - started < every:
-                if should_stop() or stop_file(self.state.run).exists():
-                    return
-                time.sleep(min(0.2, every))
-            if should_stop() or stop_file(self.state.run).exists():
-                return
+                return "done"
+            if should_stop() or self.stop_asked():
+                return "stopped"
+            now = time.monotonic()
+            if now >= next_poll:
+                self.poll()
+                next_poll, next_follow = now + spec.every, now + follow_every
+            elif now >= next_follow:
+                if self.state.in_flight():
+                    self.follow()
+                next_follow = now + follow_every
+            else:
+                sleep(max(0.0, min(0.2, next_poll - now, next_follow - now)))
 
     def _emit(self, kind: str, message: str, entry: IterationEntry | None = None, invocation: str | None = None):
         self.on_event(WatchEvent(kind, message, entry.iteration if entry else None, invocation))
 
-    def _follow_in_flight(self, report: PollReport) -> None:
+    def _error(self, message: str, entry: IterationEntry | None = None) -> None:
+        self.state.note_error(message, at=self.clock())
+        self._emit("error", message, entry)
+
+    def _follow_in_flight(self) -> list[int]:
+        finished: list[int] = []
         for entry in sorted(self.state.in_flight(), key=lambda e: e.iteration):
             attempt = entry.current
             assert attempt is not None
             try:
                 now = self.pipeline.state(attempt.invocation)
-            except CkptevalError as exc:
-                self._emit("error", f"iteration {entry.iteration}: status unknown ({exc.message})", entry)
+            except (CkptevalError, OSError) as exc:
+                attempt.status_errors += 1
+                limit = self.state.spec.status_error_limit
+                if attempt.status_errors < limit:
+                    self._error(
+                        f"iteration {entry.iteration}: status unknown ({_message(exc)}); "
+                        f"query {attempt.status_errors} of {limit} in a row",
+                        entry,
+                    )
+                    continue
+                self._give_up(entry, attempt, f"no status after {limit} queries in a row (last: {_message(exc)})")
+                finished.append(entry.iteration)
                 continue
+            attempt.status_errors = 0
             if not now.finished:
                 attempt.state = now.state
+                limit_s = self.state.spec.eval_timeout
+                if limit_s is not None and self.clock() - attempt.submitted_at > limit_s:
+                    self._give_up(entry, attempt, f"it did not finish within {_duration(limit_s)} (--eval-timeout)")
+                    finished.append(entry.iteration)
                 continue
             attempt.state, attempt.ended_at = now.state, self.clock()
-            report.finished.append(entry.iteration)
+            finished.append(entry.iteration)
             results = now.results
             if now.state == "succeeded" and results is not None and results.status == "succeeded":
                 from ckpteval.export.content import metric_values
@@ -132,9 +208,32 @@ class Watcher:
                 entry.state, entry.metrics = "succeeded", metric_values(results)
                 scores = ", ".join(f"{k} {v:.4g}" for k, v in entry.metrics.items() if _is_score(k))
                 self._emit("succeeded", f"iteration {entry.iteration}: {scores or 'no scores'}", entry, now.invocation)
+                self._judge(entry)
                 continue
             attempt.error = now.detail or f"the evaluation ended {now.state}"
             self._failed_attempt(entry, attempt)
+        return finished
+
+    def _give_up(self, entry: IterationEntry, attempt: Attempt, why: str) -> None:
+        """End an attempt the watcher can no longer wait for: cancel its job (best effort), count it failed."""
+        try:
+            self.pipeline.cancel(attempt.invocation)
+        except (CkptevalError, OSError) as exc:
+            why += f"; cancelling it failed too ({_message(exc)})"
+        attempt.state, attempt.ended_at, attempt.error = "cancelled", self.clock(), why
+        self._error(f"iteration {entry.iteration}: evaluation {attempt.invocation} given up: {why}", entry)
+        self._failed_attempt(entry, attempt)
+
+    def _judge(self, entry: IterationEntry) -> None:
+        if self.judge is None:
+            return
+        try:
+            self.judge(self.state, entry)
+        except (CkptevalError, OSError) as exc:
+            self._error(f"iteration {entry.iteration}: no verdict ({_message(exc)})", entry)
+            return
+        for line in verdict_lines(entry):
+            self._emit("verdict", f"iteration {entry.iteration}: {line}", entry)
 
     def _failed_attempt(self, entry: IterationEntry, attempt: Attempt) -> None:
         limit = self.state.spec.max_attempts
@@ -193,8 +292,8 @@ class Watcher:
     def _submit(self, entry: IterationEntry, report: PollReport) -> None:
         try:
             invocation = self.pipeline.submit(entry.iteration, entry.path)
-        except CkptevalError as exc:
-            attempt = Attempt(invocation="", submitted_at=self.clock(), state="failed", error=exc.message)
+        except (CkptevalError, OSError) as exc:
+            attempt = Attempt(invocation="", submitted_at=self.clock(), state="failed", error=_message(exc))
             attempt.ended_at = attempt.submitted_at
             entry.attempts.append(attempt)
             self._failed_attempt(entry, attempt)
@@ -231,7 +330,7 @@ class Watcher:
         try:
             message = self.exporter(self.state, batch) if batch else None
         except CkptevalError as exc:
-            self._emit("error", f"exporting the curves failed ({exc.message}); will try again next poll")
+            self._error(f"exporting the curves failed ({exc.message}); will try again next poll")
             return
         self.state.exported_through = through
         self.state.save()
@@ -241,6 +340,16 @@ class Watcher:
 
 def _is_score(key: str) -> bool:
     return not key.endswith(("_stderr", "/n_samples", "_std_dev"))
+
+
+def _message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, CkptevalError) else str(exc) or type(exc).__name__
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def _last_line(text: str | None) -> str:

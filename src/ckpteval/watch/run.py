@@ -1,16 +1,21 @@
 """Start, inspect and stop a watch run (what `evaluate watch` calls; no printing here).
 
-`open_watch` checks the config once (so a bad config fails before anything is watched), creates or
-continues the run's state (the same command continues the same run), and returns a `Watcher` wired to
-the save dir's listing (here, or over the profile's SSH: one round trip per poll), the pipeline seam
-(`submit`) and the curves.
+`watch` is the whole life of a watcher (what `evaluate watch` runs): stop handling first, then the lock,
+the state, the loop, and an outcome. `open_watch` checks the config once (so a bad config fails before
+anything is watched), takes the run's lock, creates or continues the run's state (the same command
+continues the same run), and returns a `Watcher` wired to the save dir's listing (here, or over the
+profile's SSH: one round trip per poll), the pipeline seam (`submit`), the verdicts and the curves.
+`request_stop` ends a running watcher and waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import signal
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,14 +24,18 @@ from typing import Any
 
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
+from ckpteval.execution.local import process_start_time
 from ckpteval.watch import submit
 from ckpteval.watch.loop import Watcher, WatchEvent
 from ckpteval.watch.readiness import SaveDirListing, list_save_dir
 from ckpteval.watch.state import (
     IterationEntry,
+    RunLock,
     WatchSpec,
     WatchState,
+    find_run,
     load_state,
+    lock_held,
     process_alive,
     run_name,
     stop_file,
@@ -35,7 +44,7 @@ from ckpteval.watch.submit import EvaluationState
 
 
 class SubmitPipeline:
-    """The production pipeline: `ckpteval.watch.submit` for one watch run."""
+    """The production pipeline: `ckpteval.watch.submit` for one watch run (library calls only)."""
 
     def __init__(self, spec: WatchSpec, run: str) -> None:
         self.spec, self.run = spec, run
@@ -45,6 +54,9 @@ class SubmitPipeline:
 
     def state(self, invocation: str) -> EvaluationState:
         return submit.evaluation_state(invocation)
+
+    def cancel(self, invocation: str) -> str:
+        return submit.cancel(invocation)
 
 
 class SaveDirLister:
@@ -92,24 +104,47 @@ def resolve_profile(spec: WatchSpec) -> Profile:
 
 
 DEFAULT_MAX_PENDING = {"slurm": 4, "local": 1}
+# a status query costs a file read here, an SSH round trip with a Slurm query on a cluster
+DEFAULT_FOLLOW_EVERY = {"slurm": 30.0, "local": 5.0}
 
 
 def _resolve(spec: WatchSpec) -> Profile:
     """Check the spec's numbers, make its save dir absolute and its max pending concrete; its profile."""
-    if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0:
-        raise ConfigError("--max-pending and --max-attempts must be at least 1, --every above 0.")
+    if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0 or spec.follow_every < 0:
+        raise ConfigError("--max-pending and --max-attempts must be at least 1, --every and --follow-every above 0.")
     profile = resolve_profile(spec)
     spec.save_dir = absolute_save_dir(spec.save_dir, profile)
     spec.max_pending = spec.max_pending or DEFAULT_MAX_PENDING[profile.executor]
+    spec.follow_every = spec.follow_every or DEFAULT_FOLLOW_EVERY[profile.executor]
     return profile
 
 
-def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lambda _e: None) -> Watcher:
-    """The watcher of `spec` (its state created, or continued from the last run of the same command)."""
+class OpenWatch(Watcher):
+    """A watcher that holds its run's lock (one watcher per run) until `close()`."""
+
+    lock: RunLock
+    lister: SaveDirLister
+
+    def close(self) -> None:
+        """Release the lock and the save dir's connection (the state stays as it was last saved)."""
+        self.lister.close()
+        self.lock.__exit__(None, None, None)
+
+
+def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lambda _e: None) -> OpenWatch:
+    """The watcher of `spec`, holding the run's lock: its state created, or continued from the last run of
+    the same command. The lock is taken before the state is read, so two watchers of one run never act on
+    the same state (the second gets a ConfigError); `close()` releases it."""
     profile = _resolve(spec)
     run = run_name(spec.save_dir, spec.profile)
-    export = submit.export_settings(spec, run=run)  # compiles the config once: bad input fails here
-    state = load_state(run)
+    settings = submit.watch_settings(spec, run=run)  # compiles the config once: bad input fails here
+    spec.eval_timeout = settings.eval_timeout
+    lock = RunLock(run).__enter__()
+    try:
+        state = load_state(run)
+    except BaseException:
+        lock.__exit__(None, None, None)
+        raise
     if state is None:
         state = WatchState(run=run, spec=spec, created=time.time())
     else:
@@ -119,10 +154,78 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
     def exporter(st: WatchState, entries: list[IterationEntry]) -> str | None:
         from ckpteval.watch.curves import export_curves
 
-        return export_curves(st, entries, export)
+        return export_curves(st, entries, settings.export)
 
-    watcher = Watcher(state, lister=lister, pipeline=SubmitPipeline(spec, run), on_event=on_event, exporter=exporter)
+    def judge(st: WatchState, entry: IterationEntry) -> None:
+        from ckpteval.watch.verdicts import judge as compare_with_earlier
+
+        compare_with_earlier(st, entry)
+
+    watcher = OpenWatch(
+        state, lister=lister, pipeline=SubmitPipeline(spec, run), on_event=on_event, exporter=exporter, judge=judge
+    )
+    watcher.lock = lock
     return watcher
+
+
+@dataclass(frozen=True)
+class WatchOutcome:
+    """How a watcher ended: `stopped` (asked to) or `done` (--once); what was left open or failed."""
+
+    run: str
+    ended: str  # done | stopped
+    succeeded: list[int]
+    failed: list[int]
+    unfinished: list[int]  # waiting, submitted or to retry when it ended
+
+    @property
+    def exit_status(self) -> int:
+        """0 when everything it took on succeeded (or was skipped); 1 when something failed or, --once, is
+        not finished."""
+        return 1 if self.failed or (self.ended == "done" and self.unfinished) else 0
+
+
+def watch(
+    spec: WatchSpec,
+    *,
+    once: bool = False,
+    on_event: Callable[[WatchEvent], None] = lambda _e: None,
+    on_start: Callable[[Watcher], None] = lambda _w: None,
+) -> WatchOutcome:
+    """Run a watcher until it is stopped (`request_stop`, SIGTERM) or, `once`, until what is ready now is done.
+
+    In this order, so that no stop is lost: SIGTERM is caught (from the start), the run's lock is taken,
+    its state read, this process recorded as its watcher; a stop asked at any point from then on (SIGTERM,
+    or the stop file `request_stop` writes) ends it at its next check. Evaluations in flight go on.
+    """
+    started = time.time()
+    asked = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: asked.set())
+    try:
+        watcher = open_watch(spec, on_event=on_event)
+        try:
+            watcher.started = started
+            state = watcher.state
+            state.pid, state.pid_start, state.host = os.getpid(), process_start_time(os.getpid()), socket.gethostname()
+            state.watcher_since = started
+            state.save()
+            on_start(watcher)
+            ended = watcher.run(once=once, should_stop=asked.is_set)
+        finally:
+            watcher.state.pid = None
+            watcher.state.next_poll = None
+            watcher.state.save()
+            if watcher.stop_asked():
+                stop_file(watcher.state.run).unlink(missing_ok=True)  # honoured: not for the next watcher
+            watcher.close()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    by_state = {s: sorted(i for i, e in state.iterations.items() if e.state == s) for s in ("succeeded", "failed")}
+    unfinished = sorted(e.iteration for e in watcher.pending())
+    return WatchOutcome(state.run, ended, by_state["succeeded"], by_state["failed"], unfinished)
 
 
 @dataclass(frozen=True)
@@ -153,22 +256,101 @@ def dry_run(spec: WatchSpec) -> DryRun:
     first = next((c for c in listing.ready if todo and c.iteration == todo[0]), None)
     preview = submit.preview(spec, first.iteration, first.path, run=run) if first else None
     if first is None:
-        submit.export_settings(spec, run=run)  # still check the config
+        submit.watch_settings(spec, run=run)  # still check the config
     return DryRun(run=run, listing=listing, would_evaluate=todo, already=done, preview=preview)
 
 
-def request_stop(run: str) -> str:
-    """Ask the run's watcher to stop (a stop file, and SIGTERM to its process); evaluations in flight go on."""
-    from ckpteval.watch.state import find_run
+@dataclass(frozen=True)
+class InFlight:
+    """An evaluation in flight, as `watch status` shows it."""
 
+    iteration: int
+    invocation: str
+    state: str
+    age_s: float
+    status_errors: int
+
+
+@dataclass(frozen=True)
+class Health:
+    """Is the run's watcher doing its job? (`watch status RUN`)"""
+
+    alive: bool
+    pid: int | None
+    host: str | None
+    since: float | None
+    last_poll: float | None
+    next_poll: float | None
+    last_follow: float | None
+    overdue: bool  # alive, but its next poll is well past: it is stuck somewhere
+    in_flight: list[InFlight]
+    errors: list[str]
+
+
+def health(state: WatchState, *, now: float | None = None) -> Health:
+    """The watcher's health from its state (and whether its recorded process still runs on this host)."""
+    now = time.time() if now is None else now
+    here = state.host in (None, socket.gethostname())
+    alive = here and process_alive(state.pid, state.pid_start)
+    grace = max(60.0, 3 * state.spec.follow_every)
+    overdue = alive and state.next_poll is not None and now > state.next_poll + grace
+    in_flight = [
+        InFlight(
+            e.iteration, e.current.invocation, e.current.state, now - e.current.submitted_at, e.current.status_errors
+        )
+        for e in sorted(state.in_flight(), key=lambda e: e.iteration)
+        if e.current is not None
+    ]
+    return Health(
+        alive=alive,
+        pid=state.pid if alive else None,
+        host=state.host,
+        since=state.watcher_since,
+        last_poll=state.last_poll,
+        next_poll=state.next_poll if alive else None,
+        last_follow=state.last_follow,
+        overdue=overdue,
+        in_flight=in_flight,
+        errors=list(state.errors[-5:]),
+    )
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What `request_stop` did: `stopped` is False when a watcher was asked but still ran at the deadline."""
+
+    message: str
+    stopped: bool
+
+
+def request_stop(run: str, *, timeout: float = 60.0) -> StopResult:
+    """Ask the run's watcher to stop (a stop file it checks, and SIGTERM to its process) and wait up to
+    `timeout` seconds for it to end (its lock released). Evaluations in flight go on.
+
+    A watcher still starting (its lock taken, its pid not yet recorded) reads the stop file when it starts
+    polling; a stop file is only written while a watcher holds the lock, so none is left for the next one."""
     state = find_run(run)
-    if not process_alive(state.pid, state.pid_start):
-        return f"no watcher of {state.run} is running (nothing to stop)"
-    assert state.pid is not None
-    stop_file(state.run).write_text(str(time.time()))
-    os.kill(state.pid, signal.SIGTERM)
-    for _ in range(100):
-        if not process_alive(state.pid, state.pid_start):
-            break
+    if not lock_held(state.run):
+        stop_file(state.run).unlink(missing_ok=True)
+        return StopResult(f"no watcher of {state.run} is running (nothing to stop)", stopped=True)
+    stop_file(state.run).write_text(f"{time.time()}\n")
+    state = find_run(state.run)  # the pid, if the watcher recorded it since
+    pid, pid_start = state.pid, state.pid_start
+    if process_alive(pid, pid_start):
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    who = f"process {pid}" if pid else "a watcher starting"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        # ended: its lock released and, where its process is known, that process gone
+        if not lock_held(state.run) and not (pid and pid != os.getpid() and process_alive(pid, pid_start)):
+            return StopResult(
+                f"stopped the watcher of {state.run} ({who}); evaluations already submitted go on", stopped=True
+            )
         time.sleep(0.1)
-    return f"stopped the watcher of {state.run} (process {state.pid}); evaluations already submitted go on"
+    return StopResult(
+        f"asked the watcher of {state.run} ({who}) to stop, but it still runs after {timeout:g} s; "
+        f"it stops at its next check (`evaluate watch status {state.run}` shows it)",
+        stopped=False,
+    )

@@ -28,6 +28,7 @@ from ckpteval.execution.record import state_dir, write_text_atomic
 EntryState = Literal["waiting", "submitted", "succeeded", "retry", "failed", "skipped"]
 Policy = Literal["all", "latest"]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+KEPT_ERRORS = 20
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Attempt:
     state: str = "submitted"  # then the invocation's final state: succeeded | failed | cancelled
     ended_at: float | None = None
     error: str | None = None
+    status_errors: int = 0  # status queries in a row that got no answer (reset by an answer)
 
 
 @dataclass
@@ -52,6 +54,8 @@ class IterationEntry:
     attempts: list[Attempt] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # "<task>/<metric>[_stderr]" -> value
     note: str = ""
+    # "previous" / "best" -> the paired comparison of each task metric with that checkpoint (`watch.verdicts`)
+    verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def current(self) -> Attempt | None:
@@ -73,6 +77,9 @@ class WatchSpec:
     max_pending: int = 0  # 0: the default for where it runs (Slurm 4, this machine 1)
     max_attempts: int = 3
     wandb_run_id: str | None = None
+    follow_every: float = 0.0  # seconds between two status queries of an evaluation in flight (0: here 5, Slurm 30)
+    eval_timeout: float | None = None  # seconds an evaluation may take from submission; None: from the config
+    status_error_limit: int = 20  # status queries in a row without an answer before the attempt counts as failed
 
 
 @dataclass
@@ -88,13 +95,26 @@ class WatchState:
     pid_start: str | None = None
     polls: int = 0
     last_poll: float | None = None
+    next_poll: float | None = None
+    last_follow: float | None = None  # the last status query of the evaluations in flight
     last_error: str | None = None
+    errors: list[str] = field(default_factory=list)  # the latest errors, newest last ("HH:MM:SS what")
+    host: str | None = None  # where the watcher process runs (pid/pid_start are of that host)
+    watcher_since: float | None = None  # when the running (or last) watcher started
 
     def save(self) -> None:
         write_text_atomic(state_file(self.run), json.dumps(state_to_json(self), indent=2) + "\n")
 
     def in_flight(self) -> list[IterationEntry]:
         return [e for e in self.iterations.values() if e.state == "submitted"]
+
+    def note_error(self, message: str, *, at: float) -> None:
+        """Remember an error for `watch status` (the latest `KEPT_ERRORS` of them)."""
+        import time
+
+        self.last_error = message
+        self.errors = [*self.errors, f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))} {message}"]
+        del self.errors[:-KEPT_ERRORS]
 
 
 def watch_dir() -> Path:
@@ -184,6 +204,33 @@ class RunLock:
         if self._handle is not None:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
+
+
+def lock_held(run: str) -> bool:
+    """Whether a watcher of `run` holds its lock now (it is starting, running or stopping)."""
+    path = watch_dir() / run / "lock"
+    if not path.exists():
+        return False
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def stop_requested(run: str, *, since: float) -> bool:
+    """Whether a stop was asked for the watcher that started at `since` (a stop file written after that;
+    an older one, left by a stop its watcher never read, is not this watcher's)."""
+    path = stop_file(run)
+    try:
+        written = float(path.read_text(encoding="utf-8").strip() or 0)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True  # a stop file that cannot be read still asks for a stop
+    return written >= since
 
 
 def state_to_json(state: WatchState) -> dict[str, Any]:

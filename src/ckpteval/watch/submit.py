@@ -5,30 +5,29 @@
 directory (`run.model=<save_dir>/iter_NNNNNNN`, which the builtin server and Export-Deploy both read),
 the tokenizer beside the save dir, and the per-invocation export off (the watcher exports curves).
 
-It runs detached wherever the profile runs: on Slurm the job is submitted (`--batch`) and this returns;
-here the job script starts in its own session and this returns, so the watcher keeps polling and a
-watcher that is killed leaves its running evaluation alone. Built on the job backends of
-`ckpteval.execution` (prepare, submit, status, results, cancel), as `ckpteval.run` is.
+It runs detached wherever the profile runs (`ckpteval.submit`: on Slurm the job is queued; here the job
+script starts in its own session), so the watcher keeps polling and a watcher that is killed leaves its
+running evaluation alone. Only library calls are made (`ckpteval.submit`, `status`, `results`, `cancel`):
+nothing here asks where the job runs.
 """
 
 from __future__ import annotations
 
 import posixpath
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpteval.api import make_request
 from ckpteval.config.compile import CompiledConfig, compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.deploy.layout import TOKENIZER_DIR
 from ckpteval.errors import ConfigError
-from ckpteval.execution.record import WatchOrigin, load_record, new_invocation_id
+from ckpteval.execution.record import WatchOrigin
 from ckpteval.results.model import InvocationResults
 from ckpteval.watch.state import WatchSpec
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-_children: dict[str, subprocess.Popen[bytes]] = {}  # local jobs this process started (reaped when they end)
 
 
 @dataclass(frozen=True)
@@ -59,21 +58,20 @@ def checkpoint_overrides(spec: WatchSpec, iteration: int, iter_dir: str, *, run:
     )
 
 
+def evaluation_request(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> CompileRequest:
+    """The compile request of the evaluation of one iteration (the usual one for the spec's profile)."""
+    return make_request(
+        spec.configs,
+        profile=spec.profile,
+        overrides=checkpoint_overrides(spec, iteration, iter_dir, run=run),
+        tasks=spec.tasks,
+        env_file=spec.env_file,
+    )
+
+
 def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> CompiledConfig:
     """The compiled config of the evaluation of one iteration; ConfigError on bad input."""
-    request = CompileRequest(
-        configs=tuple(spec.configs),
-        profile=spec.profile,
-        mode="local",
-        overrides=checkpoint_overrides(spec, iteration, iter_dir, run=run),
-        tasks=tuple(spec.tasks),
-        env_file=Path(spec.env_file) if spec.env_file else None,
-    )
-    compiled = compile_config(request)
-    if compiled.execution_type != "local":  # a cluster: submit and return (the watcher follows by status)
-        import dataclasses
-
-        compiled = compile_config(dataclasses.replace(request, mode="batch"))
+    compiled = compile_config(evaluation_request(spec, iteration, iter_dir, run=run))
     if compiled.config.deployment.type != "megatron":
         raise ConfigError(
             f"evaluate watch serves each Megatron checkpoint; the config's deployment is "
@@ -83,58 +81,77 @@ def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: s
     return compiled
 
 
-def _prepare(compiled: CompiledConfig, invocation: str) -> Any:
-    from ckpteval.api import backend_for
-
-    return backend_for(compiled.execution_type).prepare(compiled, invocation)
-
-
 def preview(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tuple[CompiledConfig, str, list[Any]]:
     """What `--dry-run` shows for one iteration: the compiled config, an invocation id, the job's panels."""
+    from ckpteval.api import backend_for
+    from ckpteval.execution.record import new_invocation_id
+
     compiled = compile_evaluation(spec, iteration, iter_dir, run=run)
     invocation = new_invocation_id()
-    return compiled, invocation, _prepare(compiled, invocation).preview()
+    return compiled, invocation, backend_for(compiled.execution_type).prepare(compiled, invocation).preview()
 
 
 def submit(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> str:
-    """Submit the evaluation of one iteration, detached; returns its invocation id (recorded as usual, with
-    the watch run and iteration it evaluates)."""
-    from ckpteval.execution.events import silent
-    from ckpteval.execution.local import LocalJob
+    """Submit the evaluation of one iteration, detached, through `ckpteval.submit`; returns its invocation id
+    (recorded as usual, with the watch run and iteration it evaluates)."""
+    from ckpteval.api import submit as submit_invocation
 
-    compiled = compile_evaluation(spec, iteration, iter_dir, run=run)
-    invocation = new_invocation_id()
-    # here: the job script starts in its own session and runs on when this returns (or the watcher dies);
-    # on Slurm (mode batch): squash, upload, submit, return
-    job = _prepare(compiled, invocation).submit(silent)
-    try:
-        job.record.watch = WatchOrigin(run=run, iteration=iteration, iter_dir=iter_dir)
-        job.record.save()
-        if isinstance(job, LocalJob):
-            _children[invocation] = job.proc
-    finally:
-        job.close()
-    return invocation
+    outcome = submit_invocation(compile_evaluation(spec, iteration, iter_dir, run=run))
+    assert outcome.record is not None
+    outcome.record.watch = WatchOrigin(run=run, iteration=iteration, iter_dir=iter_dir)
+    outcome.record.save()
+    return outcome.invocation
 
 
 def evaluation_state(invocation: str) -> EvaluationState:
-    """The evaluation's state now, with its results (written to results.json here) once it has ended."""
-    from ckpteval.api import backend_for
+    """The evaluation's state now (`ckpteval.status`), with its results (`ckpteval.results`, which writes
+    results.json of a job nobody followed) once it has ended."""
+    from ckpteval.api import results, status
 
-    child = _children.get(invocation)
-    if child is not None and child.poll() is not None:
-        del _children[invocation]  # reaped: its exit code is in the job dir
-    record = load_record(invocation)
-    backend = backend_for(record.executor)
-    status = backend.status(record)
-    if status.state not in FINAL_STATES:
-        return EvaluationState(invocation, status.state, detail=status.detail)
-    results = backend.results(record)  # nobody followed the job: collected (and results.json written) now
-    return EvaluationState(invocation, status.state, results=results, detail=status.detail or status.log_tail[-300:])
+    now = status(invocation)
+    if now.state not in FINAL_STATES:
+        return EvaluationState(invocation, now.state, detail=now.detail)
+    return EvaluationState(invocation, now.state, results=results(now.record), detail=now.detail or now.log_tail[-300:])
+
+
+LOCAL_EVAL_TIMEOUT = 4 * 3600.0  # seconds: a Slurm profile's default walltime
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """What the watcher takes from the user's configs: where the curves go, and how long an evaluation
+    may take (from submission: a Slurm job's queueing plus its walltime; here 4 h) unless --eval-timeout."""
+
+    export: Any  # the config's `export` section
+    eval_timeout: float
+
+
+def watch_settings(spec: WatchSpec, *, run: str) -> WatchSettings:
+    """The settings of `spec`'s configs (compiling them once: bad input fails here)."""
+    config = _check_config(spec, run=run)
+    walltime = getattr(config.execution, "walltime", None)
+    default = 2 * walltime_seconds(walltime) if walltime else LOCAL_EVAL_TIMEOUT
+    return WatchSettings(export=config.export, eval_timeout=spec.eval_timeout or default)
+
+
+def walltime_seconds(walltime: str) -> float:
+    """Slurm's `[D-]HH:MM:SS` (or `MM:SS`, or minutes) in seconds."""
+    days, _, clock = walltime.rpartition("-")
+    parts = [float(p) for p in clock.split(":")]
+    if len(parts) == 1:
+        parts = [0.0, parts[0], 0.0]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    hours, minutes, seconds = parts
+    return (float(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds
 
 
 def export_settings(spec: WatchSpec, *, run: str) -> Any:
     """The `export` section the user's configs and overrides give (W&B/MLflow destinations of the curves)."""
+    return _check_config(spec, run=run).export
+
+
+def _check_config(spec: WatchSpec, *, run: str) -> Any:
     # the save dir may not exist yet (the training has not started): its nearest existing parent stands in
     # for the checkpoint in this config check, which runs no evaluation
     stand_in = Path(spec.save_dir)
@@ -148,7 +165,7 @@ def export_settings(spec: WatchSpec, *, run: str) -> Any:
         tasks=tuple(spec.tasks),
         env_file=Path(spec.env_file) if spec.env_file else None,
     )
-    return compile_config(request).config.export
+    return compile_config(request).config
 
 
 def cancel(invocation: str) -> str:

@@ -46,3 +46,20 @@ def test_a_reused_pid_is_not_the_job(tmp_path: Path):
     assert not job_process_alive(record)
     assert cancel(record) == "invocation 0a1b2c3d is not running"  # and nothing was signalled
     assert not job_process_alive(_record(tmp_path, None))
+
+
+def test_a_job_that_ends_while_its_status_is_read_is_not_taken_for_cancelled(tmp_path: Path, monkeypatch):
+    """The job writes its exit code, then exits. Read in the other order (state files, then liveness), a job
+    that ends in between looked 'not running, no exit code': cancelled, and `evaluate watch` evaluated that
+    checkpoint again. Liveness is read first, so the exit code written before the exit is always seen."""
+    from ckpteval.execution import local
+    from ckpteval.execution.jobdir import JobDir
+
+    (tmp_path / "state").mkdir()
+
+    def the_job_ends_now(_record: InvocationRecord) -> bool:
+        (tmp_path / JobDir.FINISHED).write_text("0\n")  # its last act, then it is gone
+        return False
+
+    monkeypatch.setattr(local, "job_process_alive", the_job_ends_now)
+    assert local.LocalBackend().status(_record(tmp_path, None)).state == "succeeded"

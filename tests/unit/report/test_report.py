@@ -141,6 +141,9 @@ def _watched_run() -> None:
         metrics = {"hellaswag/acc": acc, "hellaswag/acc_stderr": 0.02, "hellaswag/n_samples": 50.0}
         state.iterations[i] = IterationEntry(i, f"/s/iter_{i:07d}", "succeeded", 0.0, metrics=metrics)
     state.iterations[400] = IterationEntry(400, "/s/iter_0000400", "failed", 0.0, note="3 attempts failed")
+    row = {"task": "hellaswag", "metric": "acc", "against": 200, "delta": 0.125, "ci_low": 0.02, "ci_high": 0.23}
+    row |= {"mde": 0.09, "n": 50, "verdict": "better", "tested": True, "note": "", "p_adjusted": 0.01}
+    state.iterations[300].verdicts = {"previous": [row]}
     state.save()
 
 
@@ -172,6 +175,9 @@ def test_a_watched_run_shows_its_scores_against_iteration(tmp_path: Path):
     values = re.findall(r'class="value">([0-9.]+)<', dom)
     assert values == ["0.250", "0.312", "0.438"]
     assert dom.count("<polygon") == 1  # the ± 1 stderr band
+    # the verdict of 300 against 200 (evaluate watch's paired test), as a row of its own table
+    assert "Is each checkpoint better?" in text
+    assert "300 | previous | hellaswag | acc | 200 | +0.1250 | [+0.0200, +0.2300] | 0.0900 | better" in text
 
 
 def test_report_needs_an_invocation_or_a_watch_run(tmp_path: Path):

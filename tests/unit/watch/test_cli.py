@@ -61,3 +61,37 @@ def test_status_and_results_of_a_recorded_run(tmp_path: Path):
     assert shown.exit_code == 0, shown.output
     assert "0.5000" in shown.output and "failed" in shown.output
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_status_shows_the_watchers_health_in_flight_errors_and_verdicts():
+    import os
+    import re
+    import socket
+    import time
+
+    from ckpteval.execution.local import process_start_time
+    from ckpteval.watch.state import Attempt
+
+    run = run_name("/s/run43/checkpoints", None)
+    spec = WatchSpec(save_dir="/s/run43/checkpoints", configs=["tiny"], profile=None, tasks=[], overrides=[])
+    now = time.time()
+    # this test's process stands for the watcher: alive, with its start time
+    state = WatchState(run=run, spec=spec, created=0.0, pid=os.getpid(), pid_start=process_start_time(os.getpid()))
+    state.last_poll, state.next_poll, state.watcher_since = now - 40, now + 260, now - 3600
+    state.host, state.polls = socket.gethostname(), 112
+    entry = IterationEntry(30, "/s/iter_0000030", "submitted", 0.0, attempts=[Attempt("5d2e9a1c", now - 750)])
+    entry.attempts[0].state, entry.attempts[0].status_errors = "running", 2
+    state.iterations[30] = entry
+    row = {"task": "t", "metric": "acc", "against": 10, "delta": 0.0, "ci_low": -0.04, "ci_high": 0.04}
+    row |= {"mde": 0.063, "n": 1000, "verdict": "no detectable difference", "tested": True, "note": ""}
+    state.iterations[20] = IterationEntry(20, "/s/iter_0000020", "succeeded", 0.0, verdicts={"best": [row]})
+    state.note_error("iteration 30: status unknown (ssh: timeout); query 2 of 20 in a row", at=now - 5)
+    state.save()
+    out = runner.invoke(app, ["watch", "status", "run43"], env={"COLUMNS": "200"}).output
+    assert f"watching (process {os.getpid()} on {socket.gethostname()}, since" in out
+    assert re.search(r"112 polls, last 4\d s ago, next in 2[56]\d s", out), out
+    in_flight = r"in flight: iteration 30, 5d2e9a1c \(running, for 1[23]\.\d min, 2 status error\(s\) in a row\)"
+    assert re.search(in_flight, out), out
+    assert "status unknown (ssh: timeout)" in out
+    assert "iteration 20 vs best: t acc +0 [-0.04, +0.04] vs iteration 10: no detectable difference" in out
+    assert "(detectable: ±0.063 at n=1000)" in out

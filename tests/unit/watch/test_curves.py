@@ -89,3 +89,16 @@ def test_table_rows_and_plot(tmp_path: Path):
     assert rows[3]["state"] == "failed" and rows[3]["scores"] == {}
     png = plot_curves(state, tmp_path / "curves.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_verdicts_are_step_indexed_metrics_beside_the_scores(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    state = _state()
+    row = {"task": "hellaswag", "metric": "acc", "against": 100, "delta": 0.05, "ci_low": 0.01, "ci_high": 0.09}
+    row |= {"mde": 0.03, "n": 50, "verdict": "better", "tested": True, "note": "", "p_adjusted": 0.01}
+    state.iterations[200].verdicts = {"previous": [row], "best": [row]}
+    export_curves(state, [state.iterations[100], state.iterations[200]], _export())
+    first, second = _history(state)
+    assert "hellaswag/acc/vs_previous/delta" not in first  # the first checkpoint has nothing to compare with
+    assert second["_step"] == 200 and second["hellaswag/acc/vs_previous/delta"] == 0.05
+    assert second["hellaswag/acc/vs_best/verdict"] == 1.0 and second["hellaswag/acc/vs_previous/mde"] == 0.03

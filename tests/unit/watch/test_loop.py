@@ -7,6 +7,7 @@ submitted and answers states the way `ckpteval.watch.submit` does (the e2e test 
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ class Pipeline:
         self.ended: dict[str, EvaluationState] = {}
         self.ids = (f"inv{n:05d}" for n in itertools.count())
         self.refuse = refuse  # the first N submissions fail (the cluster said no)
+        self.cancelled: list[str] = []
 
     def submit(self, iteration: int, iter_dir: str) -> str:
         assert iter_dir.endswith(f"iter_{iteration:07d}")
@@ -65,8 +67,16 @@ class Pipeline:
     def state(self, invocation: str) -> EvaluationState:
         return self.ended.get(invocation) or EvaluationState(invocation, "running")
 
+    def cancel(self, invocation: str) -> str:
+        self.cancelled.append(invocation)
+        self.running.pop(invocation, None)
+        self.ended[invocation] = EvaluationState(invocation, "cancelled")
+        return f"cancelled {invocation}"
 
-def make(root: Path, pipeline: Pipeline, *, exported: list | None = None, **spec_kw) -> tuple[Watcher, list]:
+
+def make(
+    root: Path, pipeline: Pipeline, *, exported: list | None = None, clock=time.time, **spec_kw
+) -> tuple[Watcher, list]:
     spec_kw.setdefault("max_pending", 1)
     spec = WatchSpec(save_dir=str(root), configs=["tiny"], profile=None, tasks=[], overrides=[], **spec_kw)
     state = load_state("run-000000") or WatchState(run="run-000000", spec=spec, created=0.0)
@@ -83,6 +93,7 @@ def make(root: Path, pipeline: Pipeline, *, exported: list | None = None, **spec
         pipeline=pipeline,
         on_event=events.append,
         exporter=exporter if exported is not None else None,
+        clock=clock,
     )
     return watcher, events
 
@@ -226,10 +237,108 @@ def test_once_ends_when_what_was_ready_at_start_is_done(tmp_path: Path):
     assert [i for i, _ in pipeline.submitted] == [10]
 
 
-def test_a_stop_file_ends_the_loop(tmp_path: Path):
+def test_a_stop_asked_during_start_up_is_honoured_and_an_old_one_is_not(tmp_path: Path):
+    """`watch stop` writes the stop file while the watcher holds its lock, possibly before its first poll:
+    the file is no longer deleted at start-up, so that stop is honoured (no poll at all). A stop file older
+    than the watcher (its watcher died before reading it) does not stop the next one."""
+    save(tmp_path, 10)
     pipeline = Pipeline()
-    watcher, _ = make(tmp_path, pipeline, every=0.05)
+    watcher, _ = make(tmp_path, pipeline, every=300, follow_every=0.05)
     stop_file("run-000000").parent.mkdir(parents=True, exist_ok=True)
-    stop_file("run-000000").write_text("now")
-    watcher.run()
-    assert watcher.state.polls == 1
+    stop_file("run-000000").write_text(f"{watcher.started - 60}\n")  # left over from an earlier watcher
+    pipeline_finishes_at_once = Pipeline.state
+
+    def state(self, invocation):  # type: ignore[no-untyped-def]
+        self.finish()
+        return pipeline_finishes_at_once(self, invocation)
+
+    pipeline.state = state.__get__(pipeline)  # type: ignore[method-assign]
+    assert watcher.run(once=True) == "done" and pipeline.submitted == [(10, "inv00000")]
+
+    again, _ = make(tmp_path, Pipeline(), every=0.05)
+    stop_file("run-000000").write_text(f"{again.started + 0.001}\n")  # asked while it was starting
+    assert again.run() == "stopped"
+    assert again.state.polls == 1  # the first watcher's one poll: the second made none
+
+
+def test_once_ends_within_seconds_of_its_last_evaluation(tmp_path: Path):
+    """It used to notice a finished evaluation at the next save-dir poll only (--every, 300 s by default):
+    the evaluations in flight are followed on their own cadence."""
+    save(tmp_path, 10)
+    pipeline = Pipeline()
+    watcher, _ = make(tmp_path, pipeline, every=300, follow_every=0.05)
+    asked = {"n": 0}
+    answer = Pipeline.state
+
+    def state(self, invocation):  # type: ignore[no-untyped-def]
+        asked["n"] += 1
+        if asked["n"] == 3:
+            self.finish()  # the evaluation ends between two status queries
+        return answer(self, invocation)
+
+    pipeline.state = state.__get__(pipeline)  # type: ignore[method-assign]
+    started = time.monotonic()
+    assert watcher.run(once=True) == "done"
+    assert time.monotonic() - started < 10  # not the 300 s poll interval
+    assert watcher.state.polls == 1 and watcher.state.iterations[10].state == "succeeded"
+
+
+def test_an_evaluation_past_its_deadline_is_cancelled_and_counts_as_a_failed_attempt(tmp_path: Path):
+    save(tmp_path, 10)
+    now = [1000.0]
+    pipeline = Pipeline()  # never finishes by itself
+    watcher, events = make(tmp_path, pipeline, clock=lambda: now[0], eval_timeout=600, max_attempts=2)
+    watcher.poll()
+    now[0] += 599
+    watcher.follow()
+    assert watcher.state.iterations[10].state == "submitted" and pipeline.cancelled == []
+    now[0] += 2
+    watcher.follow()  # past its deadline: cancelled, counted, and the second attempt submitted at once
+    first = watcher.state.iterations[10].attempts[0]
+    assert pipeline.cancelled == ["inv00000"] and first.state == "cancelled"
+    assert "did not finish within 10 min" in (first.error or "")
+    assert [i for i, _ in pipeline.submitted] == [10, 10]
+    assert any(e.kind == "error" and "given up" in e.message for e in events)
+    now[0] += 601
+    watcher.follow()
+    assert watcher.state.iterations[10].state == "failed"  # bounded: 2 attempts, then reported
+
+
+def test_status_errors_become_a_reported_failure_after_a_bounded_number_of_queries(tmp_path: Path):
+    """A status error used to be swallowed and retried every poll forever (the entry stayed submitted and
+    --once never ended)."""
+    save(tmp_path, 10)
+    pipeline = Pipeline()
+
+    def no_answer(invocation: str) -> EvaluationState:
+        raise ClusterError("ssh: connect to host login port 22: Connection refused")
+
+    pipeline.state = no_answer  # type: ignore[method-assign]
+    watcher, events = make(tmp_path, pipeline, every=300, follow_every=0.01, status_error_limit=3, max_attempts=1)
+    started = time.monotonic()
+    assert watcher.run(once=True) == "done"
+    assert time.monotonic() - started < 10
+    entry = watcher.state.iterations[10]
+    assert entry.state == "failed" and "no status after 3 queries in a row" in entry.note
+    assert [e.message for e in events if e.kind == "error"][:2] == [
+        "iteration 10: status unknown (ssh: connect to host login port 22: Connection refused); query 1 of 3 in a row",
+        "iteration 10: status unknown (ssh: connect to host login port 22: Connection refused); query 2 of 3 in a row",
+    ]
+    assert pipeline.cancelled == ["inv00000"]
+    assert "Connection refused" in (watcher.state.last_error or "") and watcher.state.errors
+
+
+def test_a_listing_that_fails_after_the_first_is_reported_and_polling_goes_on(tmp_path: Path):
+    save(tmp_path, 10)
+    watcher, events = make(tmp_path, Pipeline())
+    watcher.poll()
+    good = watcher.lister
+
+    def broken():  # type: ignore[no-untyped-def]
+        raise ClusterError("ssh: Connection timed out")
+
+    watcher.lister = broken
+    assert watcher.poll().listing is None
+    assert any("listing the save dir failed" in e.message for e in events if e.kind == "error")
+    watcher.lister = good
+    assert watcher.poll().listing is not None and watcher.state.polls == 3
