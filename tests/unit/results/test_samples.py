@@ -43,7 +43,9 @@ def _lm_eval_output(output: Path, subjects: dict[str, list[int]], *, stderr: obj
                     "doc_id": i,
                     "doc": doc,
                     "target": "A",
-                    "arguments": {"gen_args_0": {"arg_0": f"{subject} question {i}\nAnswer:", "arg_1": {"until": ["\n"]}}},
+                    "arguments": {
+                        "gen_args_0": {"arg_0": f"{subject} question {i}\nAnswer:", "arg_1": {"until": ["\n"]}}
+                    },
                     "resps": [[" A" if score else " B"]],
                     "filter": "none",
                     "filtered_resps": ["A" if score else "B"],
