@@ -16,8 +16,9 @@ _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;
        max-width: 1280px; color: #1b1b1b; padding: 0 1rem; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+.table-box { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
-th, td { padding: 0.25rem 0.6rem; border-bottom: 1px solid #eee; text-align: left; }
+th, td { padding: 0.25rem 0.5rem; border-bottom: 1px solid #eee; text-align: left; overflow-wrap: anywhere; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .better { color: #007a3d; font-weight: 600; } .worse { color: #c0002a; font-weight: 600; }
 .note { color: #555; font-size: 0.85rem; }
@@ -25,6 +26,11 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 svg .grid { stroke: #e5e5e5; } svg .tick, svg .value, svg .legend, svg .metric { font-size: 11px; fill: #333; }
 svg .chart-title { font-size: 13px; font-weight: 600; } svg .errorbar { stroke: #222; stroke-width: 1.2; fill: none; }
 """
+
+
+def _box(table: str) -> str:
+    """A table in its own box: a table wider than the page scrolls inside it, never the page itself."""
+    return f'<div class="table-box">{table}</div>'
 
 
 def _e(text: object) -> str:
@@ -87,7 +93,7 @@ def _invocations(results: Sequence[InvocationResults]) -> str:
         f"<td>{_e(r.created)}</td><td>{_e(r.status)}</td></tr>"
         for r in results
     )
-    return (
+    return _box(
         '<table id="invocations"><tr><th>invocation</th><th>label</th><th>model</th><th>created</th>'
         f"<th>status</th></tr>{rows}</table>"
     )
@@ -130,9 +136,11 @@ def _scores(results: Sequence[InvocationResults]) -> str:
             body.append(f"<tr><td>{_e(label) if i == 0 else ''}</td><td>{_e(metric)}</td>{''.join(cells)}</tr>")
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in table_rows(results)[2])
     return (
-        f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
-        f"<tr><th></th><th></th>{sub}</tr>{''.join(body)}</table>"
-        '<p class="note">95 % CI: score ± 1.96 × stderr (the harness\'s stderr, or the standard error of the '
+        _box(
+            f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
+            f"<tr><th></th><th></th>{sub}</tr>{''.join(body)}</table>"
+        )
+        + '<p class="note">95 % CI: score ± 1.96 × stderr (the harness\'s stderr, or the standard error of the '
         "per-sample scores where it gave none).</p>" + notes
     )
 
@@ -156,10 +164,12 @@ def _comparison(comparison: Comparison) -> str:
     )
     return (
         f"<p>Baseline: <b>{_e(comparison.baseline)}</b>.</p>"
-        '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
-        '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'
-        '<th class="num">p</th><th class="num">Holm p</th><th class="num">MDE</th><th class="num">n</th>'
-        f"<th>verdict</th></tr>{''.join(rows)}</table>"
+        + _box(
+            '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
+            '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'
+            '<th class="num">p</th><th class="num">Holm p</th><th class="num">MDE</th><th class="num">n</th>'
+            f"<th>verdict</th></tr>{''.join(rows)}</table>"
+        )
         + (f'<ul class="note">{notes}</ul>' if notes else "")
         + f'<p class="note">{_e(comparison.method())}</p>'
     )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -114,6 +117,61 @@ def test_a_screenshot_shows_both_series(report: Path, tmp_path: Path):
     )
     colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
     assert BLUE in colours and ORANGE in colours
+
+
+# measures the laid-out page in the browser (added to a copy of the report: the report itself has no script)
+MEASURE = """<script>
+window.addEventListener("load", () => {
+  const boxes = [...document.querySelectorAll("table")].map((t) => {
+    const box = t.parentElement.getBoundingClientRect();
+    return {id: t.id, table: t.getBoundingClientRect().width, box_width: box.width, box_right: box.right};
+  });
+  const page = {inner: window.innerWidth, scroll: document.documentElement.scrollWidth, boxes: boxes};
+  document.body.setAttribute("data-layout", JSON.stringify(page));
+});
+</script>"""
+
+
+def _layout(page: Path, width: int) -> dict[str, Any]:
+    measured = page.with_name("measured.html")
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},900", "--dump-dom"]
+        + [measured.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    found = re.search(r'data-layout="([^"]*)"', dom)
+    assert found, dom[-2000:]
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+@needs_browser
+def test_the_tables_fit_a_1200_pixel_window(tmp_path: Path):
+    # long labels and HumanEval's long metric name: the comparison table once ran 220 px past the window and
+    # cut its verdict column off
+    code, mmlu = "adlr_humaneval_greedy", "adlr_mmlu_pro_5_shot_base"
+    for inv, lost, label in (("aaaa0001", 0, "step-1000-of-a-long-training-run"), ("bbbb0002", 40, "step-2000-x")):
+        scores = [0.0] * lost + [1.0] * (140 - lost) + [0.0] * 60
+        tasks = {
+            code: sample_rows(code, {"pass_at_1__n=1__evalplus_sanitize": scores}),
+            mmlu: sample_rows(mmlu, {"exact_match__custom-extract": scores}),
+        }
+        record_invocation(tmp_path / "jobs", inv, tasks, label=label)
+    out = tmp_path / "wide.html"
+    result = runner.invoke(app, ["report", "aaaa0001", "bbbb0002", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    layout = _layout(out, 1200)
+    assert layout["inner"] == 1200
+    assert layout["scroll"] <= layout["inner"]  # the page never scrolls sideways
+    boxes = {b["id"]: b for b in layout["boxes"]}
+    assert {"invocations", "scores", "comparison"} <= set(boxes)
+    for box in boxes.values():
+        assert box["box_right"] <= layout["inner"], box
+    # the comparison fits whole, its verdict column included (no scrolling needed to read it)
+    assert boxes["comparison"]["table"] <= boxes["comparison"]["box_width"], boxes["comparison"]
 
 
 def test_png_charts(report: Path, tmp_path: Path):
