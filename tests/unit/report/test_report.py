@@ -136,8 +136,15 @@ def _layout(page: Path, width: int) -> dict[str, Any]:
     measured = page.with_name("measured.html")
     measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},900", "--dump-dom"]
-        + [measured.as_uri()],
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--window-size={width},900",
+            "--dump-dom",
+            measured.as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
