@@ -8,9 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckpteval.results.model import InvocationResults
 
 DATE = "2026-11-27T10-00-00.000000"
 HUMANEVAL_RUN = Path(__file__).parents[1] / "unit" / "results" / "golden" / "humaneval_run"
@@ -130,3 +133,31 @@ def humaneval_run(task_dir: Path, passed: dict[int, bool] | None = None) -> None
             if int(line["doc_id"]) in passed:
                 line["pass_at_1"] = 1.0 if passed[int(line["doc_id"])] else 0.0
         samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def record_run(root: Path, invocation: str, tasks: dict[str, Callable[[Path], None]]) -> InvocationResults:
+    """A finished local invocation under `root/<invocation>` whose tasks' harness output is written by `tasks`
+    (task -> writer of its task dir), collected as the job collects it (results.json, samples.jsonl)."""
+    from ckpteval.execution.record import InvocationRecord, TaskEntry
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.store import write_results
+
+    job_dir = root / invocation
+    for task, write in tasks.items():
+        write(job_dir / "tasks" / task)
+        finish(job_dir / "tasks" / task)
+    results = collect_results(
+        job_dir, [(t, f"tasks/{t}") for t in tasks], invocation=invocation, created="2026-11-27T10:00:00Z", model=None
+    )
+    write_results(job_dir, results)
+    InvocationRecord(
+        id=invocation,
+        created=results.created,
+        mode="local",
+        profile="local",
+        executor="local",
+        job_dir=str(job_dir),
+        tasks=[TaskEntry(name=t, dir=f"tasks/{t}") for t in tasks],
+        local_results_dir=str(job_dir),
+    ).save()
+    return results

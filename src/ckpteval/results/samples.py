@@ -143,10 +143,15 @@ def read_samples(path: Path) -> list[SampleScore]:
             repeat = raw.get("repeat")
             task = str(raw["task"])
             doc_id = str(raw["sample"]).removeprefix(f"{task}/")
-            text = {name: _opt_str(raw.get(name)) for name in TEXT_FIELDS}
+            texts = {name: _opt_str(raw.get(name)) for name in TEXT_FIELDS}
             rows.append(
                 SampleScore(
-                    task, int(doc_id) if doc_id.isdigit() else doc_id, str(raw["doc"]), scores, _opt_int(repeat), **text
+                    task,
+                    int(doc_id) if doc_id.isdigit() else doc_id,
+                    str(raw["doc"]),
+                    scores,
+                    _opt_int(repeat),
+                    **texts,
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -112,6 +112,7 @@ class SampleText:
     prompt: str | None
     response: str | None
     target: str | None
+    multiple_choice: bool = False
 
 
 def _requests(arguments: Any) -> list[list[Any]]:
@@ -157,7 +158,9 @@ def sample_text(record: dict[str, Any]) -> SampleText:
             target = choices[gold]
     else:
         response = _single(record.get("resps"))
-    return SampleText(prompt=prompt, response=_as_text(response), target=_as_text(_single(target)))
+    return SampleText(
+        prompt=prompt, response=_as_text(response), target=_as_text(_single(target)), multiple_choice=lls is not None
+    )
 
 
 def _doc_hash(record: dict[str, Any]) -> str:
@@ -202,6 +205,8 @@ def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleL
                     names = list(record.get("metrics") or [])
                     doc_hash = _doc_hash(record)
                     text = sample_text(record)
+                    if text.multiple_choice:  # its answer is the choice it scored highest, not the log-likelihoods
+                        answer = text.response
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EvaluationError(f"{path}:{number} is not an lm-eval sample record ({exc}).") from None
                 scores: dict[str, float] = {}
