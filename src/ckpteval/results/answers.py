@@ -184,3 +184,45 @@ def shorten(text: str | None, width: int, *, keep_end: bool = False) -> str:
     if len(flat) <= width:
         return flat
     return "…" + flat[-(width - 1) :] if keep_end else flat[: width - 1] + "…"
+
+
+@dataclass(frozen=True)
+class TaskFlips:
+    """The flips of one task between the baseline and one candidate."""
+
+    task: str
+    baseline: str
+    candidate: str
+    metric: str
+    common: int  # documents both scored
+    flips: list[Flip]
+
+    @property
+    def lost(self) -> int:
+        return sum(1 for f in self.flips if f.kind == "right → wrong")
+
+    @property
+    def gained(self) -> int:
+        return sum(1 for f in self.flips if f.kind == "wrong → right")
+
+
+def comparison_flips(baseline: InvocationSamples, candidates: Sequence[InvocationSamples]) -> list[TaskFlips]:
+    """For each candidate and each task it shares with the baseline (both with per-sample answers), the flips
+    on the task's primary metric, worst first."""
+    out = []
+    for candidate in candidates:
+        for task in answer_tasks(baseline):
+            metric = primary_metric(baseline, task)
+            if task not in candidate.samples or metric is None or metric not in metric_names(candidate.samples[task]):
+                continue
+            out.append(
+                TaskFlips(
+                    task=task,
+                    baseline=baseline.name,
+                    candidate=candidate.name,
+                    metric=metric,
+                    common=common_documents(baseline, candidate, task),
+                    flips=flips(baseline, candidate, task, metric),
+                )
+            )
+    return out
