@@ -98,3 +98,22 @@ def test_repeated_sampling(tmp_path: Path) -> None:
     # ten equal drops: the exact sign-flip p is 2 / 2**10 (estimated from 10,000 resamples)
     assert strict.p_value is not None and 0 < strict.p_value < 0.01
     assert strict.verdict == "worse"
+
+
+def test_a_metric_only_computed_over_the_whole_set_says_so() -> None:
+    """A corpus-level metric (BLEU over the set) has no per-document score: its row says why it is untested,
+    while the task's per-document metric is tested."""
+    from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
+    from tests.support.comparisons import sample_rows
+
+    def invocation(name: str, right: list[bool]) -> InvocationSamples:
+        rows = sample_rows("translate", {"exact_match": [float(x) for x in right]})
+        metrics = {"exact_match": Metric(sum(right) / N, None, N), "bleu": Metric(0.31, None, N)}
+        outcome = TaskOutcome(name="translate", status="succeeded", metrics=metrics, n_samples=N)
+        results = InvocationResults(invocation=name, created="", status="succeeded", tasks={"translate": outcome})
+        return InvocationSamples(results=results, samples={"translate": rows})
+
+    rows = {r.metric: r for r in compare(invocation("aaaa0001", BASE), [invocation("bbbb0002", WORSE)]).rows}
+    assert rows["exact_match"].p_value == pytest.approx(mcnemar(8, 0))
+    assert rows["bleu"].p_value is None
+    assert rows["bleu"].note == "not tested: bleu is computed over the whole set (no per-document score to pair)"
