@@ -160,6 +160,28 @@ def test_per_sample_scores_and_the_stderr_they_give(tiny_run: TinyRun):
     assert metric["stderr"] == pytest.approx(sd / math.sqrt(57)) and metric["n_samples"] == 57
 
 
+def test_samples_shows_each_question_its_answer_and_target(tiny_run: TinyRun):
+    """`evaluate samples` on the real run: every question with the prompt lm-eval sent, the answer it scored,
+    the target, and as many right as the reported accuracy."""
+    results = json.loads((tiny_run.job_dir / "results.json").read_text())
+    reported = results["tasks"]["adlr_mmlu"]["metrics"]["exact_match"]["value"]
+    shown = evaluate(tiny_run, "samples", tiny_run.invocation, "-t", "adlr_mmlu", "--json")
+    assert shown.returncode == 0, shown.stderr
+    docs = json.loads(shown.stdout)["tasks"]["adlr_mmlu"]
+    assert len(docs) == 57
+    assert sum(d["right"] for d in docs) / 57 == pytest.approx(reported)
+    by_id = {f"{s['doc_id']}@{s['doc_hash']}": s for s in _samples(tiny_run.job_dir)}
+    for doc in docs:
+        sample = by_id[f"{doc['sample'].rpartition('/')[2]}@{doc['doc']}"]
+        args = sample["arguments"] if isinstance(sample["arguments"], dict) else ast.literal_eval(sample["arguments"])
+        prompt = args["gen_args_0"]["arg_0"]
+        assert doc["prompt"] == (prompt if len(prompt) <= 4000 else "…" + prompt[-3999:])
+        assert doc["target"] == sample["target"] and doc["score"] == sample["exact_match"]
+    wrong = evaluate(tiny_run, "samples", tiny_run.invocation, "--wrong")
+    assert wrong.returncode == 0, wrong.stderr
+    assert f"{tiny_run.invocation} adlr_mmlu: {sum(not d['right'] for d in docs)} documents" in wrong.stdout
+
+
 @pytest.mark.long  # 5 min: a second full `evaluate -c tiny`; compare's statistics and the report are unit-tested
 def test_a_second_invocation_compared_and_reported(tiny_run: TinyRun, tmp_path: Path):
     """A second `evaluate -c tiny` scores the same 57 questions: compare pairs them by document, the gate
@@ -187,3 +209,8 @@ def test_a_second_invocation_compared_and_reported(tiny_run: TinyRun, tmp_path: 
     assert made.returncode == 0, made.stderr
     page = report.read_text()
     assert f"{row['baseline_value']:.4f}" in page and "adlr_mmlu" in page and "<svg" in page
+    # the per-sample view: the same greedy answers to all 57 questions, so no document changed
+    flips = evaluate(tiny_run, "samples", tiny_run.invocation, "--vs", other, "--json")
+    assert flips.returncode == 0, flips.stderr
+    assert json.loads(flips.stdout)["tasks"] == {"adlr_mmlu": []}
+    assert "0 changed of 57 documents both scored" in page

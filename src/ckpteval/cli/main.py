@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "compare_command",
         "Is B better than A? Paired tests per task, CIs, Holm; --fail-on-regression gates CI.",
     ),
+    "samples": (
+        "samples",
+        "samples_command",
+        "Each document's prompt, answer, target and score; --vs OTHER: the flips between two invocations.",
+    ),
     "report": ("report", "report_command", "One self-contained HTML report: scores, CIs, charts, verdicts."),
     "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
     "watch": ("watch", "watch_command", "Evaluate each new checkpoint of a running training; watch status|stop RUN."),

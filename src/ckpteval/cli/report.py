@@ -25,11 +25,13 @@ def report_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the comparison's resampling.")] = 0,
 ) -> None:
     """Write one HTML file (no network needed to open it): the score table with standard errors and 95 %
-    intervals, a bar chart per task, for two or more invocations each one's comparison with the first, and
-    for each `--watch RUN` its scores against iteration."""
+    intervals, a bar chart per task, for two or more invocations each one's comparison with the first and the
+    documents whose score changed (prompts, both answers), and for each `--watch RUN` its scores against
+    iteration."""
     from ckpteval.execution.record import now_iso, write_text_atomic
     from ckpteval.report.charts import bar_chart, write_png
     from ckpteval.report.html import render_report
+    from ckpteval.results.answers import comparison_flips
     from ckpteval.results.compare import compare
     from ckpteval.results.load import invocation_samples
 
@@ -43,6 +45,7 @@ def report_command(
     loaded = [invocation_samples(i) for i in invocations or ()]
     results = [x.results for x in loaded]
     comparison = compare(loaded[0], loaded[1:], seed=seed) if len(loaded) > 1 else None
+    flips = comparison_flips(loaded[0], loaded[1:]) if len(loaded) > 1 else []
     states = _watch_states(watch or ())
     curves = [c for state in states for c in _curves(state)]
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +56,10 @@ def report_command(
         for vs, rows in entry.verdicts.items()
         for row in rows
     ]
-    write_text_atomic(output, render_report(results, comparison, generated=now_iso(), curves=curves, verdicts=verdicts))
+    write_text_atomic(
+        output,
+        render_report(results, comparison, generated=now_iso(), curves=curves, verdicts=verdicts, flips=flips),
+    )
     typer.echo(f"wrote {output}")
     if png is not None:
         tasks = list(dict.fromkeys(t for r in results for t in r.tasks))

@@ -9,6 +9,7 @@ import html
 from collections.abc import Sequence
 
 from ckpteval.report.charts import Z_95, Curve, bar_chart, render_curve_svg, render_svg, series_name
+from ckpteval.results.answers import TaskFlips, shorten
 from ckpteval.results.compare import BETTER, WORSE, Comparison
 from ckpteval.results.model import InvocationResults
 
@@ -16,15 +17,25 @@ _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;
        max-width: 1280px; color: #1b1b1b; padding: 0 1rem; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+.table-box { max-width: 100%; overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
-th, td { padding: 0.25rem 0.6rem; border-bottom: 1px solid #eee; text-align: left; }
+th, td { padding: 0.25rem 0.5rem; border-bottom: 1px solid #eee; text-align: left; overflow-wrap: anywhere; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .better { color: #007a3d; font-weight: 600; } .worse { color: #c0002a; font-weight: 600; }
 .note { color: #555; font-size: 0.85rem; }
+table.flips td { vertical-align: top; } table.flips td.answer { width: 30%; }
+table.flips pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; font-size: 0.8rem; max-height: 16rem;
+                  overflow-y: auto; }
+details summary { cursor: pointer; } details pre { background: #f6f6f6; padding: 0.3rem; }
 .charts { display: flex; flex-wrap: wrap; gap: 1rem; }
 svg .grid { stroke: #e5e5e5; } svg .tick, svg .value, svg .legend, svg .metric { font-size: 11px; fill: #333; }
 svg .chart-title { font-size: 13px; font-weight: 600; } svg .errorbar { stroke: #222; stroke-width: 1.2; fill: none; }
 """
+
+
+def _box(table: str) -> str:
+    """A table in its own box: a table wider than the page scrolls inside it, never the page itself."""
+    return f'<div class="table-box">{table}</div>'
 
 
 def _e(text: object) -> str:
@@ -48,9 +59,11 @@ def render_report(
     generated: str = "",
     curves: Sequence[Curve] = (),
     verdicts: Sequence[dict] = (),
+    flips: Sequence[TaskFlips] = (),
 ) -> str:
     """The whole page (`curves`: the score-vs-iteration curves of watched training runs, if any; `verdicts`:
-    their checkpoints' paired comparisons, `ckpteval.watch.verdicts` rows with `run`, `iteration`, `vs`)."""
+    their checkpoints' paired comparisons, `ckpteval.watch.verdicts` rows with `run`, `iteration`, `vs`;
+    `flips`: the documents whose score changed between the baseline and each candidate, per task)."""
     title = ", ".join([*(r.invocation for r in results), *dict.fromkeys(f"watch {c.run}" for c in curves)])
     parts = [
         "<!DOCTYPE html>",
@@ -70,6 +83,8 @@ def render_report(
         parts.append("</div>")
     if comparison is not None:
         parts += ["<h2>Comparison</h2>", _comparison(comparison)]
+    if flips:
+        parts += ["<h2>Per-sample changes</h2>", _flips(flips)]
     if curves:
         parts += [
             "<h2>Scores against iteration</h2>",
@@ -112,7 +127,7 @@ def _invocations(results: Sequence[InvocationResults]) -> str:
         f"<td>{_e(r.created)}</td><td>{_e(r.status)}</td></tr>"
         for r in results
     )
-    return (
+    return _box(
         '<table id="invocations"><tr><th>invocation</th><th>label</th><th>model</th><th>created</th>'
         f"<th>status</th></tr>{rows}</table>"
     )
@@ -155,9 +170,11 @@ def _scores(results: Sequence[InvocationResults]) -> str:
             body.append(f"<tr><td>{_e(label) if i == 0 else ''}</td><td>{_e(metric)}</td>{''.join(cells)}</tr>")
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in table_rows(results)[2])
     return (
-        f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
-        f"<tr><th></th><th></th>{sub}</tr>{''.join(body)}</table>"
-        '<p class="note">95 % CI: score ± 1.96 × stderr (the harness\'s stderr, or the standard error of the '
+        _box(
+            f'<table id="scores"><tr><th>task</th><th>metric</th>{head}</tr>'
+            f"<tr><th></th><th></th>{sub}</tr>{''.join(body)}</table>"
+        )
+        + '<p class="note">95 % CI: score ± 1.96 × stderr (the harness\'s stderr, or the standard error of the '
         "per-sample scores where it gave none).</p>" + notes
     )
 
@@ -181,10 +198,69 @@ def _comparison(comparison: Comparison) -> str:
     )
     return (
         f"<p>Baseline: <b>{_e(comparison.baseline)}</b>.</p>"
-        '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
-        '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'
-        '<th class="num">p</th><th class="num">Holm p</th><th class="num">MDE</th><th class="num">n</th>'
-        f"<th>verdict</th></tr>{''.join(rows)}</table>"
+        + _box(
+            '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
+            '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'
+            '<th class="num">p</th><th class="num">Holm p</th><th class="num">MDE</th><th class="num">n</th>'
+            f"<th>verdict</th></tr>{''.join(rows)}</table>"
+        )
         + (f'<ul class="note">{notes}</ul>' if notes else "")
         + f'<p class="note">{_e(comparison.method())}</p>'
     )
+
+
+FLIPS_SHOWN = 50  # per task and candidate: the worst ones
+
+
+def _pre(text: str | None) -> str:
+    return f"<pre>{_e(text)}</pre>" if text is not None else "—"
+
+
+def _flips(all_flips: Sequence[TaskFlips]) -> str:
+    parts = [
+        '<p class="note">Each task\'s documents both invocations scored whose score changed, worst first '
+        "(right → wrong, then wrong → right); a document is right when its score is above 0.5. Click a prompt "
+        "to read it whole.</p>"
+    ]
+    for task in dict.fromkeys(f.task for f in all_flips):
+        parts.append(f"<h3>{_e(task)}</h3>")
+        for tf in (f for f in all_flips if f.task == task):
+            parts.append(
+                f"<p>{_e(tf.baseline)} → <b>{_e(tf.candidate)}</b> on {_e(tf.metric)}: "
+                f'<span class="worse">{tf.lost} right → wrong</span>, '
+                f'<span class="better">{tf.gained} wrong → right</span>, '
+                f"{len(tf.flips)} changed of {tf.common} documents both scored.</p>"
+            )
+            if not tf.flips:
+                continue
+            rows = []
+            for f in tf.flips[:FLIPS_SHOWN]:
+                b, c = f.baseline, f.candidate
+                css = "worse" if f.change < 0 else "better"
+                prompt = (
+                    f"<details><summary>{_e(shorten(b.prompt, 80, keep_end=True))}</summary>{_pre(b.prompt)}</details>"
+                    if b.prompt
+                    else "—"
+                )
+                rows.append(
+                    f"<tr><td>{_e(b.sample)}</td><td>{prompt}</td>"
+                    f'<td class="answer">{_pre(b.shown_answer)}</td><td class="answer">{_pre(c.shown_answer)}</td>'
+                    f"<td>{_pre(b.target)}</td>"
+                    f'<td class="num {css}">{b.score:g} → {c.score:g}</td></tr>'
+                )
+            more = len(tf.flips) - FLIPS_SHOWN
+            table_id = f"flips-{tf.task}-{tf.candidate}"
+            parts.append(
+                _box(
+                    f'<table class="flips" id="{_e(table_id)}"><tr><th>document</th><th>prompt</th>'
+                    f"<th>{_e(tf.baseline)} answered</th><th>{_e(tf.candidate)} answered</th><th>target</th>"
+                    f'<th class="num">score</th></tr>{"".join(rows)}</table>'
+                )
+                + (
+                    f'<p class="note">… and {more} more (evaluate samples {_e(tf.baseline)} --vs '
+                    f"{_e(tf.candidate)} -t {_e(tf.task)} --limit 0)</p>"
+                    if more > 0
+                    else ""
+                )
+            )
+    return "\n".join(parts)

@@ -215,6 +215,10 @@ def _compare_metric(
     sa = doc_scores(a.samples.get(task, []), metric)
     sb = doc_scores(b.samples.get(task, []), metric)
     if not sa or not sb:
+        if a.samples.get(task) and b.samples.get(task):  # other metrics of the task have them: this one cannot
+            return replace(
+                base, note=f"not tested: {metric} is computed over the whole set (no per-document score to pair)"
+            )
         missing = " and ".join(x.name for x, s in ((a, sa), (b, sb)) if not s)
         return replace(base, note=f"not tested: no per-sample scores in {missing}")
     common = sorted(set(sa) & set(sb))

@@ -11,7 +11,11 @@ One line per scored document (and repeat, for a task sampled several times):
 - `doc`: the document's identity, a SHA-256 of the document itself (lm-eval's `doc_hash`), so two
   invocations are matched item by item even when they ran different subsets or orders;
 - `repeat`: the repeat's index (its seed) for a repeated task, null for a greedy one;
-- `scores`: every per-sample metric under its results.json name (`exact_match__strict-match`).
+- `scores`: every per-sample metric under its results.json name (`exact_match__strict-match`);
+- `prompt`, `response`, `answer`, `target` (where the harness logged them): the prompt the model saw, what it
+  said (a multiple-choice task: the choice it scored highest), the answer the task extracted from that (the
+  one its metric scored) and the target. Each is kept up to 4,000 characters (a long few-shot prompt: its end,
+  where the question is).
 
 The file is written when results are collected (`ckpteval.results.collect`); `evaluate compare` pairs
 invocations on it, and results.json takes the standard error of a metric from it where the harness gave
@@ -45,6 +49,10 @@ class SampleScore:
     doc: str  # the document's identity (SHA-256 of the document)
     scores: dict[str, float]
     repeat: int | None = None
+    prompt: str | None = None
+    response: str | None = None
+    answer: str | None = None
+    target: str | None = None
 
     @property
     def sample(self) -> str:
@@ -56,7 +64,27 @@ class SampleScore:
         return (self.task, self.doc)
 
     def to_json(self) -> dict[str, Any]:
-        return {"sample": self.sample, "task": self.task, "doc": self.doc, "repeat": self.repeat, "scores": self.scores}
+        out: dict[str, Any] = {
+            "sample": self.sample,
+            "task": self.task,
+            "doc": self.doc,
+            "repeat": self.repeat,
+            "scores": self.scores,
+        }
+        for name in TEXT_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+TEXT_FIELDS = ("prompt", "response", "answer", "target")
+MAX_TEXT = 4000
+
+
+def _clip(text: str | None, *, keep_end: bool = False) -> str | None:
+    if text is None or len(text) <= MAX_TEXT:
+        return text
+    return "…" + text[-(MAX_TEXT - 1) :] if keep_end else text[: MAX_TEXT - 1] + "…"
 
 
 def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> list[SampleScore]:
@@ -73,8 +101,19 @@ def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> l
         merged: dict[tuple[str, int | str], SampleScore] = {}
         for line in read_sample_lines(task_dir / layout.output, harness_task):
             key = (line.task, line.doc_id)
-            if key not in merged:
-                merged[key] = SampleScore(line.task, line.doc_id, line.doc_hash, {}, layout.repeat)
+            if key not in merged:  # a document's first filter gives its answer (gsm8k: strict-match)
+                text = line.text
+                merged[key] = SampleScore(
+                    line.task,
+                    line.doc_id,
+                    line.doc_hash,
+                    {},
+                    layout.repeat,
+                    prompt=_clip(text.prompt, keep_end=True) if text else None,
+                    response=_clip(text.response) if text else None,
+                    answer=_clip(line.answer),
+                    target=_clip(text.target) if text else None,
+                )
             merged[key].scores.update(line.scores)
         out.extend(merged.values())
     return out
@@ -104,9 +143,15 @@ def read_samples(path: Path) -> list[SampleScore]:
             repeat = raw.get("repeat")
             task = str(raw["task"])
             doc_id = str(raw["sample"]).removeprefix(f"{task}/")
+            texts = {name: _opt_str(raw.get(name)) for name in TEXT_FIELDS}
             rows.append(
                 SampleScore(
-                    task, int(doc_id) if doc_id.isdigit() else doc_id, str(raw["doc"]), scores, _opt_int(repeat)
+                    task,
+                    int(doc_id) if doc_id.isdigit() else doc_id,
+                    str(raw["doc"]),
+                    scores,
+                    _opt_int(repeat),
+                    **texts,
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -116,6 +161,10 @@ def read_samples(path: Path) -> list[SampleScore]:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def doc_scores(rows: Sequence[SampleScore], metric: str) -> dict[tuple[str, str], float]:

@@ -32,7 +32,10 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
     shows them; greedy tasks then read `greedy` there. Without repeated tasks there is no mode column.
     """
     with_modes = any(o.repeats for r in results for o in r.tasks.values())
-    header = ["task", *(["mode"] if with_modes else []), "metric", *(r.label or r.invocation for r in results), "n"]
+    # each invocation's score, then the number of documents it was scored on (two runs of a task may have
+    # scored different numbers of documents)
+    names = [col for r in results for col in (r.label or r.invocation, "n")]
+    header = ["task", *(["mode"] if with_modes else []), "metric", *names]
     task_names: list[str] = []
     for r in results:
         task_names.extend(t for t in r.tasks if t not in task_names)
@@ -50,21 +53,15 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
         pairs = _mode_metric_pairs(outcomes, with_modes)
         if not pairs:
             lead = [label, *([""] if with_modes else []), _status_text(outcomes)]
-            rows.append([*lead, *("—" for _ in outcomes), ""])
+            rows.append([*lead, *(cell for _ in outcomes for cell in ("—", ""))])
             continue
         previous_mode = None
         for i, (mode, metric) in enumerate(pairs):
-            values = [_cell(o, mode, metric, with_modes) for o in outcomes]
-            n = next(
-                (
-                    str(m.n_samples)
-                    for o in outcomes
-                    if (m := _lookup(o, mode, metric, with_modes)) and m.n_samples is not None
-                ),
-                "",
-            )
+            values = [
+                cell for o in outcomes for cell in (_cell(o, mode, metric, with_modes), _n(o, mode, metric, with_modes))
+            ]
             mode_cell = [mode if mode != previous_mode else ""] if with_modes else []
-            rows.append([label if i == 0 else "", *mode_cell, metric, *values, n])
+            rows.append([label if i == 0 else "", *mode_cell, metric, *values])
             previous_mode = mode
     if with_modes:
         footnotes.append(REPEATS_NOTE)
@@ -133,6 +130,14 @@ def _cell(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool)
     if outcome is None or outcome.status != "succeeded":
         return _status_cell(outcome)
     return _fmt(_lookup(outcome, mode, metric, with_modes))
+
+
+def _n(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool) -> str:
+    """The number of documents behind this invocation's score ('' where it has none)."""
+    if outcome is None or outcome.status != "succeeded":
+        return ""
+    m = _lookup(outcome, mode, metric, with_modes)
+    return "" if m is None or m.n_samples is None else str(m.n_samples)
 
 
 def _status_cell(outcome: TaskOutcome | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,16 @@ from ckpteval.tasks.results import leaf_tasks, metric_name
 RunSamples = dict[str, dict[Hashable, Sample]]
 
 
+def _single(value: Any) -> Any:
+    """A one-request, one-response value unwrapped (HumanEval's filter logs `[["code"]]`)."""
+    while isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value
+
+
 def _answer(filtered_resps: Any) -> str | None:
     """The extracted answer of a sample: the filter's output for its one request, None when there is none."""
-    value = filtered_resps[0] if isinstance(filtered_resps, list) and len(filtered_resps) == 1 else filtered_resps
+    value = _single(filtered_resps)
     if not isinstance(value, str):
         value = json.dumps(value, sort_keys=True, ensure_ascii=False)
     value = value.strip()
@@ -44,12 +52,28 @@ def _score(value: Any) -> float | None:
     return None
 
 
+# a metric given as a function (`metric: !function utils.pass_at_1`, HumanEval's) is saved in results.json as
+# its source code (or its repr where lm-eval could not read the source); its samples carry the function's name
+_FUNCTION_NAME = re.compile(r"^\s*(?:@.*\n\s*)*def\s+(\w+)\s*\(|^<function (\w+)[ >]")
+
+
+def _config_metric_name(value: Any) -> str:
+    """The name a task config's metric is logged under in the samples (a function metric: its name)."""
+    text = str(value)
+    found = _FUNCTION_NAME.search(text)
+    return next(g for g in found.groups() if g) if found else text
+
+
 def _averaged_metrics(task_config: dict[str, Any]) -> set[str] | None:
     """The metrics lm-eval aggregates by a plain mean over samples (None: the config does not say)."""
     metric_list = task_config.get("metric_list")
     if not isinstance(metric_list, list):
         return None
-    return {str(m.get("metric")) for m in metric_list if isinstance(m, dict) and m.get("aggregation", "mean") == "mean"}
+    return {
+        _config_metric_name(m.get("metric"))
+        for m in metric_list
+        if isinstance(m, dict) and m.get("aggregation", "mean") == "mean"
+    }
 
 
 def _newest_run(output_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -74,6 +98,69 @@ class SampleLine:
     filter: str
     answer: str | None
     scores: dict[str, float]  # clean metric name (`exact_match__strict-match`) -> score
+    text: SampleText | None = None
+
+
+@dataclass(frozen=True)
+class SampleText:
+    """What a reader of one sample wants to see: the prompt, what the model answered, and the target.
+
+    A generation task's `response` is the model's raw output; a multiple-choice (log-likelihood) task's is the
+    choice it scored highest, and its target the right choice's text.
+    """
+
+    prompt: str | None
+    response: str | None
+    target: str | None
+    multiple_choice: bool = False
+
+
+def _requests(arguments: Any) -> list[list[Any]]:
+    """Each request's arguments: lm-eval logs `{"gen_args_0": {"arg_0": context, "arg_1": ...}, ...}` (a list of
+    tuples in older versions)."""
+    if isinstance(arguments, dict):
+        return [list(a.values()) if isinstance(a, dict) else [a] for a in arguments.values()]
+    if isinstance(arguments, list):
+        return [list(a) if isinstance(a, (list, tuple)) else [a] for a in arguments]
+    return []
+
+
+def _log_likelihoods(filtered_resps: Any, n_requests: int) -> list[float] | None:
+    """A multiple-choice sample's log-likelihood of each choice (`[[ll, is_greedy], ...]`), None otherwise."""
+    if not isinstance(filtered_resps, list) or n_requests < 2 or len(filtered_resps) != n_requests:
+        return None
+    out = []
+    for resp in filtered_resps:
+        value = resp[0] if isinstance(resp, (list, tuple)) and resp else resp
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        out.append(float(value))
+    return out
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def sample_text(record: dict[str, Any]) -> SampleText:
+    """The prompt, the model's response and the target of one lm-eval sample record."""
+    requests = _requests(record.get("arguments"))
+    prompt = _as_text(requests[0][0]) if requests and requests[0] else None
+    target = record.get("target")
+    lls = _log_likelihoods(record.get("filtered_resps"), len(requests))
+    if lls is not None:
+        choices = [str(r[1]).strip() if len(r) > 1 else "" for r in requests]
+        response: Any = choices[max(range(len(lls)), key=lls.__getitem__)]
+        gold = int(target) if isinstance(target, int) or (isinstance(target, str) and target.isdigit()) else None
+        if gold is not None and 0 <= gold < len(choices):
+            target = choices[gold]
+    else:
+        response = _single(record.get("resps"))
+    return SampleText(
+        prompt=prompt, response=_as_text(response), target=_as_text(_single(target)), multiple_choice=lls is not None
+    )
 
 
 def _doc_hash(record: dict[str, Any]) -> str:
@@ -117,6 +204,9 @@ def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleL
                     answer = _answer(record.get("filtered_resps"))
                     names = list(record.get("metrics") or [])
                     doc_hash = _doc_hash(record)
+                    text = sample_text(record)
+                    if text.multiple_choice:  # its answer is the choice it scored highest, not the log-likelihoods
+                        answer = text.response
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EvaluationError(f"{path}:{number} is not an lm-eval sample record ({exc}).") from None
                 scores: dict[str, float] = {}
@@ -127,7 +217,7 @@ def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleL
                     name = metric_name(f"{metric},{filt}")
                     if score is not None and name is not None:
                         scores[name] = score
-                lines.append(SampleLine(leaf, doc_id, doc_hash, filt, answer, scores))
+                lines.append(SampleLine(leaf, doc_id, doc_hash, filt, answer, scores, text))
     return lines
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ckpteval.tasks.results import read_task_result
+from ckpteval.tasks.samples import read_sample_lines
 from tests.e2e.tasks.conftest import FakeEndpoint, run_task
 from tests.e2e.tasks.fake_endpoint import ESCAPE_MARKER
 
@@ -32,6 +33,9 @@ def test_humaneval_scores_completions_in_the_sandbox(
         json.loads(line)["doc"]["task_id"]: json.loads(line)["pass_at_1"] for line in samples.read_text().splitlines()
     }
     assert passed == {"HumanEval/0": 1.0, "HumanEval/1": 0.0, "HumanEval/2": 1.0, "HumanEval/3": 0.0}
+    # the same scores per document, as samples.jsonl and `evaluate compare` read them
+    lines = read_sample_lines(run.paths.output_dir, "adlr_humaneval_greedy")
+    assert [line.scores for line in lines] == [{"pass_at_1__n=1__evalplus_sanitize": s} for s in (1.0, 0.0, 1.0, 0.0)]
     assert not Path(ESCAPE_MARKER).exists()
     assert all(start != json.dumps("ESCAPED") for _, _, start in endpoint.received())
     assert "code_eval: ckpteval's sandboxed implementation" in run.paths.log.read_text()

@@ -114,17 +114,22 @@ def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated
     for key, entry in iterations.items():
         assert entry["state"] == "succeeded", entry
         assert len(entry["attempts"]) == 1, entry  # once each, the restart included
-        assert entry["metrics"]["hellaswag/acc"] >= 0.0
         assert entry["path"] == str(save_dir / f"iter_{int(key):07d}")
 
     # exactly three invocations were recorded, each serving its own iteration's directory
     records = [json.loads(p.read_text()) for p in (state_dir / "invocations").glob("*/record.json")]
     served = sorted(r["watch"]["iteration"] for r in records)
     assert served == [10, 20, 40]
+    scored: dict[int, float] = {}  # iteration -> the accuracy its invocation measured
     for r in records:
         results = json.loads((Path(r["job_dir"]) / "results.json").read_text())
         assert results["status"] == "succeeded"
         assert "iter_0000030" not in (Path(r["job_dir"]) / "config.yaml").read_text()
+        acc = results["tasks"]["hellaswag"]["metrics"]["acc"]
+        assert acc["n_samples"] == 1 and acc["value"] in (0.0, 1.0)  # one document: right or wrong
+        scored[r["watch"]["iteration"]] = acc["value"]
+    # the watch run's score of each iteration is the one its own invocation measured
+    assert {int(k): e["metrics"]["hellaswag/acc"] for k, e in iterations.items()} == scored
 
     # the curves: one W&B run, one point per iteration, step = iteration
     history = []
@@ -132,8 +137,9 @@ def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated
         run = read_offline_run(run_dir)
         assert run.run_id == f"ckpteval-watch-{final['run']}"
         history.extend(run.history)
-    assert [(h["_step"], h["iteration"]) for h in history] == [(10, 10), (20, 20), (40, 40)]
-    assert all("hellaswag/acc" in h for h in history)
+    assert [(h["_step"], h["iteration"], h["hellaswag/acc"]) for h in history] == [
+        (i, i, scored[i]) for i in (10, 20, 40)
+    ]
 
     shown = subprocess.run(
         [*EVALUATE, "results", "--watch", final["run"], "--json"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -203,16 +203,28 @@ def test_concurrent_generations_of_different_lengths(tiny_server: RunningServer,
     assert after["generation_batches"] - before["generation_batches"] < 8
 
 
-def test_a_short_generation_does_not_wait_for_a_long_one(tiny_server: RunningServer) -> None:
+def _wait_for_generation_steps(server: RunningServer, steps: int, long: Future[Any], timeout: float = 120) -> None:
+    """Wait until the server has decoded `steps` steps (the long request is running); fail at the deadline, or
+    when the long request ended first."""
+    deadline = time.monotonic() + timeout
+    while server.get("/v1/stats")[1]["generation_steps"] < steps:
+        assert not long.done(), f"the long request ended before {steps} generation steps: {long.result()}"
+        assert time.monotonic() < deadline, f"no {steps} generation steps after {timeout} s"
+        time.sleep(0.01)
+
+
+def test_a_short_generation_does_not_wait_for_a_long_one(tiny_server: RunningServer, tiny_loaded: Any) -> None:
+    tokenizer = tiny_loaded.runner.tokenizer
     steps_before = tiny_server.get("/v1/stats")[1]["generation_steps"]
     with ThreadPoolExecutor(2) as pool:
         body = {"prompt": "long", "max_tokens": 1500, "temperature": 0, "stop": ["\x00\x01\x02"]}
         long = pool.submit(completion, tiny_server, **body)
-        while tiny_server.get("/v1/stats")[1]["generation_steps"] < steps_before + 5:  # the long batch is running
-            time.sleep(0.01)
+        _wait_for_generation_steps(tiny_server, steps_before + 5, long)  # the long batch is running
         short = completion(tiny_server, prompt="short", max_tokens=2, temperature=0)
         assert not long.done()  # the short request came back while the long one is still generating
-        assert short["choices"][0]["text"] is not None
+        # and it is the answer it gets alone: its own 2 greedy tokens
+        expected = greedy_directly(tiny_loaded.runner.model, tokenizer.encode("short"), 2, tokenizer.stop_token_ids)
+        assert short["choices"][0]["text"] == tokenizer.decode(expected)
         assert long.result()["usage"]["completion_tokens"] > 100
 
 
@@ -246,8 +258,7 @@ def test_a_request_arriving_mid_generation_joins_the_running_batch(
         long = pool.submit(
             completion, tiny_server, prompt="a long one", max_tokens=400, temperature=0, stop=["\x00\x01"]
         )
-        while tiny_server.get("/v1/stats")[1]["generation_steps"] < before["generation_steps"] + 5:
-            time.sleep(0.005)
+        _wait_for_generation_steps(tiny_server, before["generation_steps"] + 5, long)
         started = time.perf_counter()
         short = completion(tiny_server, prompt="late", max_tokens=8, temperature=0)
         short_seconds = time.perf_counter() - started

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,6 +115,19 @@ def run_job(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def state(job_dir: Path, rel: str) -> str:
     return (job_dir / rel).read_text().strip()
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` until it holds; fail, naming `what`, after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def pid_written(path: Path) -> bool:
+    """Whether a task has written its process id into `path` (not merely created the file)."""
+    return path.is_file() and path.read_text().strip().isdigit()
 
 
 def alive(pid_file_text: str) -> bool:
@@ -368,16 +382,13 @@ def test_sigterm_stops_every_running_task(tmp_path: Path):
     proc = subprocess.Popen(
         ["bash", str(write_job(tmp_path, plan))], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    for _ in range(200):
-        if (job / "a.pid").exists() and (job / "b.pid").exists():
-            break
-        time.sleep(0.1)
+    wait_until(lambda: pid_written(job / "a.pid") and pid_written(job / "b.pid"), 20, "both tasks to start")
     os.kill(proc.pid, signal.SIGTERM)  # the job's shell only: it stops its tasks itself
     proc.wait(timeout=60)
     assert proc.returncode == 143 and state(job, "state/finished") == "143"
-    time.sleep(0.5)
-    assert not alive((job / "a.pid").read_text()) and not alive((job / "b.pid").read_text())
-    assert not alive((job / "server.pid").read_text())
+    for name in ("a.pid", "b.pid", "server.pid"):
+        pid = (job / name).read_text()
+        wait_until(lambda pid=pid: not alive(pid), 10, f"the process of {name} ({pid.strip()}) to end")
 
 
 def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
@@ -388,10 +399,7 @@ def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
     proc = subprocess.Popen(
         ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True
     )
-    for _ in range(200):
-        if (job / "task.pid").exists():
-            break
-        time.sleep(0.1)
+    wait_until(lambda: pid_written(job / "task.pid"), 20, "the task to start")
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     assert proc.returncode == 143

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from tests.support.comparisons import record_invocation, sample_rows
+from tests.support.lm_eval_runs import gsm8k_run, humaneval_run, record_run
 
 runner = CliRunner(env={"COLUMNS": "200"})
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -114,6 +118,157 @@ def test_a_screenshot_shows_both_series(report: Path, tmp_path: Path):
     )
     colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
     assert BLUE in colours and ORANGE in colours
+
+
+# measures the laid-out page in the browser (added to a copy of the report: the report itself has no script)
+MEASURE = """<script>
+window.addEventListener("load", () => {
+  const boxes = [...document.querySelectorAll("table")].map((t) => {
+    const box = t.parentElement.getBoundingClientRect();
+    return {id: t.id, table: t.getBoundingClientRect().width, box_width: box.width, box_right: box.right};
+  });
+  const page = {inner: window.innerWidth, scroll: document.documentElement.scrollWidth, boxes: boxes};
+  document.body.setAttribute("data-layout", JSON.stringify(page));
+});
+</script>"""
+
+
+def _layout(page: Path, width: int) -> dict[str, Any]:
+    measured = page.with_name("measured.html")
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--window-size={width},900",
+            "--dump-dom",
+            measured.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    found = re.search(r'data-layout="([^"]*)"', dom)
+    assert found, dom[-2000:]
+    return dict(json.loads(html.unescape(found.group(1))))
+
+
+@needs_browser
+def test_the_tables_fit_a_1200_pixel_window(tmp_path: Path):
+    # long labels and HumanEval's long metric name: the comparison table once ran 220 px past the window and
+    # cut its verdict column off
+    code, mmlu = "adlr_humaneval_greedy", "adlr_mmlu_pro_5_shot_base"
+    for inv, lost, label in (("aaaa0001", 0, "step-1000-of-a-long-training-run"), ("bbbb0002", 40, "step-2000-x")):
+        scores = [0.0] * lost + [1.0] * (140 - lost) + [0.0] * 60
+        tasks = {
+            code: sample_rows(code, {"pass_at_1__n=1__evalplus_sanitize": scores}),
+            mmlu: sample_rows(mmlu, {"exact_match__custom-extract": scores}),
+        }
+        record_invocation(tmp_path / "jobs", inv, tasks, label=label)
+    out = tmp_path / "wide.html"
+    result = runner.invoke(app, ["report", "aaaa0001", "bbbb0002", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    layout = _layout(out, 1200)
+    assert layout["inner"] == 1200
+    assert layout["scroll"] <= layout["inner"]  # the page never scrolls sideways
+    boxes = {b["id"]: b for b in layout["boxes"]}
+    assert {"invocations", "scores", "comparison"} <= set(boxes)
+    for box in boxes.values():
+        assert box["box_right"] <= layout["inner"], box
+    # the comparison fits whole, its verdict column included (no scrolling needed to read it)
+    assert boxes["comparison"]["table"] <= boxes["comparison"]["box_width"], boxes["comparison"]
+
+
+@pytest.fixture
+def runs_with_answers(tmp_path: Path) -> Path:
+    """Two invocations laid out as real runs leave them (lm-eval's samples collected into samples.jsonl)."""
+    base, cand = [i < 8 for i in range(12)], [i < 5 or i == 10 for i in range(12)]
+    record_run(
+        tmp_path / "jobs",
+        "aaaa0001",
+        {"gsm8k": lambda d: gsm8k_run(d / "output", base), "adlr_humaneval_greedy": humaneval_run},
+    )
+    record_run(
+        tmp_path / "jobs",
+        "bbbb0002",
+        {
+            "gsm8k": lambda d: gsm8k_run(d / "output", cand),
+            "adlr_humaneval_greedy": lambda d: humaneval_run(d, {0: False, 1: True}),
+        },
+    )
+    out = tmp_path / "flips.html"
+    result = runner.invoke(app, ["report", "aaaa0001", "bbbb0002", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+class _Rows(HTMLParser):
+    """The cells of each table, by table id (a cell's text joined)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table = ""
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._table = dict(attrs).get("id") or ""
+            self.tables[self._table] = []
+        elif tag == "tr":
+            self.tables[self._table].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@needs_browser
+def test_the_per_sample_changes_show_both_answers_side_by_side(runs_with_answers: Path):
+    page = _Text()
+    page.feed(runs_with_answers.read_text())
+    assert page.loads == []  # still one self-contained file
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", runs_with_answers.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    shown = _Text()
+    shown.feed(dom)
+    text = " | ".join(shown.text)
+    assert "Per-sample changes" in text
+    assert "on exact_match__strict-match: | 3 right → wrong | , | 1 wrong → right" in text
+    assert "4 changed of 12 documents both scored" in text
+    tables = _Rows()
+    tables.feed(dom)
+    gsm8k = tables.tables["flips-gsm8k-bbbb0002"]
+    assert gsm8k[0] == ["document", "prompt", "aaaa0001 answered", "bbbb0002 answered", "target", "score"]
+    # worst first; the prompt collapsed (its summary, then the whole prompt inside <details>)
+    assert [r[0] for r in gsm8k[1:]] == ["gsm8k/5", "gsm8k/6", "gsm8k/7", "gsm8k/10"]
+    first = gsm8k[1]
+    assert first[1].startswith("Question: Question 5: how many apples? Answer:")
+    assert first[2:] == ["7", "8", "Some reasoning.\n#### 7", "1 → 0"]
+    assert gsm8k[4][5] == "0 → 1"
+    assert dom.count("<details>") == 4 + 2  # one per flipped document (gsm8k 4, HumanEval 2)
+    # HumanEval: the code each one wrote, side by side
+    code = tables.tables["flips-adlr_humaneval_greedy-bbbb0002"]
+    assert [r[0] for r in code[1:]] == ["adlr_humaneval_greedy/0", "adlr_humaneval_greedy/1"]
+    assert "def has_close_elements" in code[1][2] and code[1][5] == "1 → 0"
+    layout = _layout(runs_with_answers, 1200)
+    assert layout["scroll"] <= layout["inner"]
+    assert all(b["box_right"] <= layout["inner"] for b in layout["boxes"])
 
 
 def test_png_charts(report: Path, tmp_path: Path):

@@ -42,6 +42,11 @@ def _lm_eval_output(output: Path, subjects: dict[str, list[int]], *, stderr: obj
                 {
                     "doc_id": i,
                     "doc": doc,
+                    "target": "A",
+                    "arguments": {
+                        "gen_args_0": {"arg_0": f"{subject} question {i}\nAnswer:", "arg_1": {"until": ["\n"]}}
+                    },
+                    "resps": [[" A" if score else " B"]],
                     "filter": "none",
                     "filtered_resps": ["A" if score else "B"],
                     "metrics": ["exact_match"],
@@ -81,6 +86,10 @@ def test_collect_writes_samples_and_fills_the_missing_stderr(tmp_path: Path):
         "doc": hashlib.sha256(json.dumps(doc, indent=2).encode()).hexdigest(),
         "repeat": None,
         "scores": {"exact_match": 1.0},
+        "prompt": "mmlu_str_anatomy question 0\nAnswer:",
+        "response": " A",
+        "answer": "A",
+        "target": "A",
     }
 
 

