@@ -24,8 +24,8 @@ from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import CkptevalError, ConfigError, ExportError
 from ckpteval.execution.backend import InvocationStatus, Job, JobBackend
 from ckpteval.execution.events import Preview, Reporter, ResultsReady, Submitted, silent
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import InvocationRecord, list_records, load_record, new_invocation_id
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import InvocationRecord, list_records, load_record, new_invocation_id
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:

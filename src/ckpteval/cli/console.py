@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ckpteval.api import Outcome
     from ckpteval.cli.progress import Rates
     from ckpteval.cli.squash import SquashProgress
-    from ckpteval.execution.record import InvocationRecord
+    from ckpteval.invocation.record import InvocationRecord
 
 _NOTE_STYLES = {"info": "dim", "notice": "", "warning": "yellow", "change": "cyan"}
 

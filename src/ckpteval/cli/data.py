@@ -47,8 +47,8 @@ def fetch_command(
     """
     from rich.console import Console
 
+    from ckpteval.config.data_select import datasets_of
     from ckpteval.tasks.data_cache import fetch_datasets
-    from ckpteval.tasks.data_select import datasets_of
 
     console = Console(highlight=False, soft_wrap=True)
     refs, notes = datasets_of(config or [], task or [], env_file=env_file)
@@ -80,10 +80,10 @@ def push_command(
 
     from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.data_push import datasets_dir, push_datasets
+    from ckpteval.config.data_select import datasets_of
     from ckpteval.config.profiles import load_env_file
     from ckpteval.errors import ConfigError
     from ckpteval.tasks.data_cache import cached_datasets, default_cache_dir, is_cached
-    from ckpteval.tasks.data_select import datasets_of
 
     console = Console(highlight=False, soft_wrap=True)
     env_profile = load_env_file(env_file).profile(profile)

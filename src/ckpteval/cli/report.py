@@ -27,7 +27,7 @@ def report_command(
     """Write one HTML file (no network needed to open it): the score table with standard errors and 95 %
     intervals, a bar chart per task, for two or more invocations each one's comparison with the first, and
     for each `--watch RUN` its scores against iteration."""
-    from ckpteval.execution.record import now_iso, write_text_atomic
+    from ckpteval.invocation.record import now_iso, write_text_atomic
     from ckpteval.report.charts import bar_chart, write_png
     from ckpteval.report.html import render_report
     from ckpteval.results.compare import compare

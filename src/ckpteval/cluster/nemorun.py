@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.cluster.sbatch import EXPERIMENT_TITLE, SbatchSpec, executor_settings
 from ckpteval.errors import ClusterError
-from ckpteval.execution.record import state_dir
+from ckpteval.invocation.record import state_dir
 
 if TYPE_CHECKING:
     from ckpteval.cluster.slurm import ClusterFacts

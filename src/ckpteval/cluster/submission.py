@@ -18,7 +18,7 @@ from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.schema import SlurmExecution
 from ckpteval.errors import ConfigError
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import JobPlan, Step
 from ckpteval.job.script import render_job_script
 

@@ -124,7 +124,7 @@ class Delegate:
     def _evaluate(self, request: EvalRequest) -> dict[str, Any]:
         from ckpteval.api import run
         from ckpteval.config.compose import CompileRequest
-        from ckpteval.execution.jobdir import JobDir
+        from ckpteval.invocation.jobdir import JobDir
 
         rollout_dir = Path(self.settings.output_root).resolve() / f"{int(time.time())}-rollout-{request.rollout_id}"
         rollout_dir.mkdir(parents=True, exist_ok=True)

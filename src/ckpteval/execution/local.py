@@ -24,18 +24,18 @@ from ckpteval.errors import ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import (
+from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+from ckpteval.execution.state import end_state
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import (
     InvocationRecord,
     LocalProcess,
     new_record,
-    task_entries,
     write_text_atomic,
 )
-from ckpteval.execution.snapshot import LocalJobView, take_snapshot
-from ckpteval.execution.state import end_state
 from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
+from ckpteval.job.plan import task_entries
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 40

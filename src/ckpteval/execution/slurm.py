@@ -51,14 +51,6 @@ from ckpteval.errors import ClusterError, ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Note, Reporter
 from ckpteval.execution.follow import watch
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import (
-    InvocationRecord,
-    SlurmSubmission,
-    new_record,
-    task_entries,
-    write_text_atomic,
-)
 from ckpteval.execution.slurm_state import (
     combine_state,
     fetch_results,
@@ -75,9 +67,16 @@ from ckpteval.execution.slurm_state import (
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import (
+    InvocationRecord,
+    SlurmSubmission,
+    new_record,
+    write_text_atomic,
+)
 from ckpteval.job.build import build_plan, slurm_toolchain
 from ckpteval.job.files import job_files
-from ckpteval.job.plan import JobPlan
+from ckpteval.job.plan import JobPlan, task_entries
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 from ckpteval.tasks.data_status import TaskDataStatus

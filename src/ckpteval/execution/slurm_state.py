@@ -15,10 +15,10 @@ from ckpteval.cluster.slurm import SlurmJobState
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError
 from ckpteval.execution.backend import InvocationStatus
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
 from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
 from ckpteval.execution.state import State, end_state
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 30

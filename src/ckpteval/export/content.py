@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import ExportError
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.results.model import InvocationResults, flat_metrics
 from ckpteval.results.samples import SAMPLES_FILE
 

@@ -25,7 +25,7 @@ from ckpteval.config.schema import (
     VllmDeployment,
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]

@@ -65,8 +65,8 @@ def _data_source(offline: OfflineData | None) -> DataSource | None:
 
 def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, done: bool) -> TaskOutcome:
     """A task sampled `repeats` times: every evaluation mode from the runs' per-sample scores."""
-    from ckpteval.results.passk import repeated_scores
     from ckpteval.tasks.failure import explain_failure
+    from ckpteval.tasks.passk import repeated_scores
     from ckpteval.tasks.repeats import run_layouts
     from ckpteval.tasks.results import read_task_result
     from ckpteval.tasks.samples import read_run_samples

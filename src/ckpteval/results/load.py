@@ -11,7 +11,7 @@ def invocation_samples(invocation: str) -> InvocationSamples:
     """The results and per-sample scores of a recorded invocation (an id or a prefix). A Slurm
     invocation's files are fetched from the cluster first, as `evaluate results` does."""
     from ckpteval.api import results
-    from ckpteval.execution.record import load_record
+    from ckpteval.invocation.record import load_record
 
     record = load_record(invocation)
     found = results(record)  # a cluster invocation's files are fetched here, into local_results_dir

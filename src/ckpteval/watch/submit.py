@@ -23,7 +23,7 @@ from ckpteval.config.compile import CompiledConfig, compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.deploy.layout import TOKENIZER_DIR
 from ckpteval.errors import ConfigError
-from ckpteval.execution.record import WatchOrigin, load_record, new_invocation_id
+from ckpteval.invocation.record import WatchOrigin, load_record, new_invocation_id
 from ckpteval.results.model import InvocationResults
 from ckpteval.watch.state import WatchSpec
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ckpteval.api import cancel
 from ckpteval.execution.local import job_process_alive, process_start_time
-from ckpteval.execution.record import InvocationRecord, LocalProcess
+from ckpteval.invocation.record import InvocationRecord, LocalProcess
 
 
 def _record(job_dir: Path, pid: int | None, started: str | None = None) -> InvocationRecord:
