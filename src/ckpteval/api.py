@@ -13,13 +13,15 @@ the config runs: submit, follow, collect, export. Nothing here prints or asks: p
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ckpteval.config.compile import CompiledConfig
-from ckpteval.config.compile import compile_config as _compile
+from ckpteval.config.compile import compile_config as _compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import CkptevalError, ConfigError, ExportError
 from ckpteval.execution.backend import InvocationStatus, Job, JobBackend
@@ -31,6 +33,7 @@ from ckpteval.results.model import InvocationResults
 if TYPE_CHECKING:
     from ckpteval.config.schema import ExportSection
     from ckpteval.deploy.description import CheckpointDescription
+    from ckpteval.export.artifacts import ResolvedArtifact
     from ckpteval.export.outcome import Destination, ExportOutcome
 
 OutcomeState = Literal["dry-run", "submitted", "succeeded", "failed", "cancelled", "interrupted"]
@@ -62,6 +65,17 @@ class Outcome:
         if self.results is None:
             return {}
         return {name: {m: v.value for m, v in o.metrics.items()} for name, o in self.results.tasks.items()}
+
+
+def _compile(request: CompileRequest) -> CompiledConfig:
+    return _compile_config(request, resolve_artifact=_resolve_artifact)
+
+
+def _resolve_artifact(value: str, *, wandb_settings: object = None) -> ResolvedArtifact:
+    """`run.model` naming a W&B model artifact, resolved to its checkpoint path (wandb loads only here)."""
+    from ckpteval.export.artifacts import resolve_model_artifact
+
+    return resolve_model_artifact(value, wandb_settings=wandb_settings)
 
 
 def make_request(

@@ -13,6 +13,8 @@ each with at most `max_concurrent_requests` requests in flight toward the model 
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import logging
 import threading
 import time

@@ -9,6 +9,8 @@ it (and with it the deployment) and keeps finished tasks; `resume` runs it again
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 import signal
 import subprocess

@@ -22,6 +22,8 @@ directory, which skips finished tasks and replays cached responses of the interr
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import os
 import time
@@ -40,7 +42,6 @@ from ckpteval.cluster.submission import (
     remote_job_dir,
     sbatch_spec,
     upload_job_files,
-    with_export_step,
     with_images,
     with_staged_data,
 )
@@ -67,6 +68,7 @@ from ckpteval.execution.slurm_state import (
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
+from ckpteval.export.job import with_export_step
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import (
     InvocationRecord,

@@ -4,6 +4,8 @@ log, and its result files fetched back into `<record dir>/job/`."""
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import posixpath
 from collections.abc import Callable

@@ -8,6 +8,8 @@ exports. Exit 0 when every destination exported or was skipped, 1 when one faile
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import argparse
 import os
 import sys

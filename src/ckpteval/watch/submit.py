@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.config.compile import CompiledConfig, compile_config
+from ckpteval.api import compile_config  # resolves W&B model artifacts too
+from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.compose import CompileRequest
 from ckpteval.deploy.layout import TOKENIZER_DIR
 from ckpteval.errors import ConfigError
