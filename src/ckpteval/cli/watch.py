@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 import signal
 import time
@@ -91,15 +93,15 @@ def watch_command(
     if words[0] == "stop" and not Path("stop").is_dir():
         if len(words) != 2:
             raise ConfigError("`evaluate watch stop` takes one watch run.", hint="`evaluate watch status` lists them.")
-        from ckpteval.watch.run import request_stop
+        import ckpteval
 
-        typer.echo(request_stop(words[1]))
+        typer.echo(ckpteval.watch_stop(words[1]))
         return
     if max_pending is not None and max_pending < 1:
         raise ConfigError("--max-pending must be at least 1.")
     if policy not in ("all", "latest"):
         raise ConfigError(f"--policy is all or latest, not {policy!r}.")
-    from ckpteval.watch.state import WatchSpec
+    from ckpteval.types import WatchSpec
 
     spec = WatchSpec(
         save_dir=words[0],
@@ -129,9 +131,7 @@ def _console() -> Any:
 def _watch(spec: Any, *, once: bool) -> None:
     from rich.markup import escape
 
-    from ckpteval.execution.local import process_start_time
-    from ckpteval.watch.run import open_watch
-    from ckpteval.watch.state import RunLock, stop_file
+    import ckpteval
 
     console = _console()
 
@@ -140,36 +140,30 @@ def _watch(spec: Any, *, once: bool) -> None:
         stamp = time.strftime("%H:%M:%S")
         console.print(f"[dim]{stamp}[/] [{style}]{escape(event.message)}[/]" if style else escape(event.message))
 
-    watcher = open_watch(spec, on_event=on_event)
-    state = watcher.state
     stopping = {"asked": False}
 
     def on_term(_signum: int, _frame: Any) -> None:
         stopping["asked"] = True
 
+    def on_start(state: Any) -> None:
+        started["run"] = state.run
+        done = sum(1 for e in state.iterations.values() if e.state == "succeeded")
+        console.print(
+            f"watching [bold]{escape(spec.save_dir)}[/] as run [bold]{state.run}[/] "
+            f"(every {spec.every:g} s, policy {spec.policy}, at most {spec.max_pending} pending"
+            + (f"; {done} iteration(s) already evaluated" if done else "")
+            + ")"
+        )
+
+    started: dict[str, str] = {}
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        with RunLock(state.run):
-            stop_file(state.run).unlink(missing_ok=True)
-            import os
-
-            state.pid, state.pid_start = os.getpid(), process_start_time(os.getpid())
-            state.save()
-            done = sum(1 for e in state.iterations.values() if e.state == "succeeded")
-            console.print(
-                f"watching [bold]{escape(spec.save_dir)}[/] as run [bold]{state.run}[/] "
-                f"(every {spec.every:g} s, policy {spec.policy}, at most {spec.max_pending} pending"
-                + (f"; {done} iteration(s) already evaluated" if done else "")
-                + ")"
-            )
-            try:
-                watcher.run(once=once, should_stop=lambda: stopping["asked"])
-            except KeyboardInterrupt:
-                console.print(f"stopped; start the same command again to go on (run {state.run})")
-                raise typer.Exit(130) from None
-            finally:
-                state.pid = None
-                state.save()
+        state = ckpteval.watch(
+            spec, once=once, on_event=on_event, should_stop=lambda: stopping["asked"], on_start=on_start
+        )
+    except KeyboardInterrupt:
+        console.print(f"stopped; start the same command again to go on (run {started.get('run', '')})")
+        raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     failed = [e.iteration for e in state.iterations.values() if e.state == "failed"]
@@ -182,9 +176,9 @@ def _watch(spec: Any, *, once: bool) -> None:
 def _dry_run(spec: Any) -> None:
     from rich.markup import escape
 
-    from ckpteval.watch.run import dry_run
+    import ckpteval
 
-    result = dry_run(spec)
+    result = ckpteval.watch_dry_run(spec)
     console = _console()
     listing = result.listing
     console.print(f"watch run [bold]{result.run}[/]: {escape(listing.save_dir)}")
@@ -214,24 +208,20 @@ def _dry_run(spec: Any) -> None:
 
 
 def _status(run: str | None, *, json_output: bool) -> None:
-    from ckpteval.watch.state import find_run, list_runs, process_alive
+    import ckpteval
 
-    states = [find_run(run)] if run else list_runs()
+    runs = ckpteval.watch_runs(run)
     if json_output:
-        from ckpteval.watch.state import state_to_json
-
-        rows = [{**state_to_json(s), "watching": process_alive(s.pid, s.pid_start)} for s in states]
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_json() for r in runs], indent=2))
         return
     console = _console()
-    if not states:
+    if not runs:
         console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
         return
     from rich.table import Table
 
     if run:
-        state = states[0]
-        alive = process_alive(state.pid, state.pid_start)
+        state, alive = runs[0].state, runs[0].watching
         console.print(
             f"[bold]{state.run}[/]  {'watching' if alive else 'not running'}  {state.spec.save_dir}"
             f"  (profile {state.spec.profile or 'local'}, {state.polls} polls)"
@@ -247,14 +237,14 @@ def _status(run: str | None, *, json_output: bool) -> None:
     table = Table(header_style="bold")
     for col in ("run", "save dir", "watching", "evaluated", "in flight", "failed"):
         table.add_column(col)
-    for s in states:
+    for s, watching in ((r.state, r.watching) for r in runs):
         counts = {
             k: sum(1 for e in s.iterations.values() if e.state == k) for k in ("succeeded", "submitted", "failed")
         }
         table.add_row(
             s.run,
             s.spec.save_dir,
-            "yes" if process_alive(s.pid, s.pid_start) else "no",
+            "yes" if watching else "no",
             str(counts["succeeded"]),
             str(counts["submitted"]),
             str(counts["failed"]),
