@@ -36,7 +36,7 @@ from ckpteval.cluster.connect import connect_remote  # noqa: E402
 from ckpteval.cluster.data_push import push_datasets, staged_status  # noqa: E402
 from ckpteval.config.profiles import Profile  # noqa: E402
 from ckpteval.tasks.data_cache import fetch_datasets, manifest_rel  # noqa: E402
-from ckpteval.tasks.data_select import datasets_of  # noqa: E402
+from ckpteval.config.data_select import datasets_of  # noqa: E402
 
 INFRA = Path("/tmp/ci-infra/infra.json")
 FETCHABLE = ("adlr_mmlu", "adlr_arc_challenge_llama_25_shot", "piqa")

@@ -122,8 +122,8 @@ def wait(invocation: str, timeout: float = 1800) -> dict:
 
 
 def usage(invocation: str, tasks: tuple[str, ...], state: str) -> JobUsage:
-    from ckpteval.execution.jobdir import JobDir
-    from ckpteval.execution.record import load_record
+    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.invocation.record import load_record
 
     record = load_record(invocation)
     job = str(record.slurm_job_id)

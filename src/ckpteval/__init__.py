@@ -1,11 +1,16 @@
 """ckpteval: benchmark scores for a trained Megatron checkpoint.
 
-The command-line tool `evaluate` is a thin layer over the functions exported here (`ckpteval.api`):
+The command-line tool `evaluate` is a thin layer over the functions exported here (`ckpteval.api`,
+`ckpteval.library`): every command has its call.
 
     import ckpteval
     outcome = ckpteval.run(configs=["tiny"])          # compile, run, follow, collect: an Outcome
     outcome.scores                                     # task -> metric -> value
     ckpteval.status(outcome.invocation), ckpteval.results(...), ckpteval.logs(...), ckpteval.cancel(...)
+    ckpteval.compare([a, b]), ckpteval.report([a, b], "report.html"), ckpteval.tasks("mmlu"), ...
+
+The public API is this module, `ckpteval.errors`, `ckpteval.types` (the values returned and the events
+reported) and `ckpteval.views` (plain data for presenting them); the rest is internal (docs/architecture.md).
 
 Nothing is printed or asked: pass `reporter=` (any callable taking an event) to see progress.
 The functions load on first use, so `import ckpteval` stays light; heavy dependencies (torch, megatron,
@@ -14,8 +19,9 @@ nemo_run, wandb) are imported only where they are used.
 
 from __future__ import annotations
 
+import importlib
 import sys
-import types
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import (
@@ -44,6 +50,25 @@ if TYPE_CHECKING:
         submit,
     )
     from ckpteval.config.compose import CompileRequest
+    from ckpteval.library import (
+        compare,
+        fetch_data,
+        prepare,
+        push_data,
+        report,
+        sample_flips,
+        samples,
+        serve,
+        serve_delegate,
+        squash,
+        squash_plan,
+        tasks,
+        watch,
+        watch_curves,
+        watch_dry_run,
+        watch_runs,
+        watch_stop,
+    )
 
 _API = (
     "Outcome",
@@ -60,6 +85,25 @@ _API = (
     "statuses",
     "submit",
 )
+_LIBRARY = (
+    "compare",
+    "fetch_data",
+    "prepare",
+    "push_data",
+    "report",
+    "sample_flips",
+    "samples",
+    "serve",
+    "serve_delegate",
+    "squash",
+    "squash_plan",
+    "tasks",
+    "watch",
+    "watch_curves",
+    "watch_dry_run",
+    "watch_runs",
+    "watch_stop",
+)
 
 __all__ = [
     "CkptevalError",
@@ -71,39 +115,58 @@ __all__ = [
     "ExportError",
     "Outcome",
     "cancel",
+    "compare",
     "compile_config",
     "export",
+    "fetch_data",
     "inspect_checkpoint",
     "logs",
     "make_request",
+    "prepare",
+    "push_data",
+    "report",
     "results",
     "resume",
     "run",
+    "sample_flips",
+    "samples",
+    "serve",
+    "serve_delegate",
+    "squash",
+    "squash_plan",
     "status",
     "statuses",
     "submit",
+    "tasks",
+    "watch",
+    "watch_curves",
+    "watch_dry_run",
+    "watch_runs",
+    "watch_stop",
 ]
 __version__ = "0.1.0"
 
 
-def _api_function(name: str) -> property:
-    def get(_module: types.ModuleType) -> Any:
-        from ckpteval import api
+def _api_function(name: str, module: str = "api") -> property:
+    def get(_module: ModuleType) -> Any:
+        return getattr(importlib.import_module(f"ckpteval.{module}"), name)
 
-        return getattr(api, name)
-
-    def keep(_module: types.ModuleType, _value: object) -> None:
+    def keep(_module: ModuleType, _value: object) -> None:
         """The import system binding the subpackage of the same name: it stays in sys.modules."""
 
     return property(get, keep)
 
 
-class _Package(types.ModuleType):
-    """`ckpteval.results` and `ckpteval.export` are the API's functions, though subpackages share their
-    names (`import ckpteval.results.model` still works: imports go through sys.modules)."""
+class _Package(ModuleType):
+    """`ckpteval.results`, `export`, `report`, `tasks` and `watch` are the API's functions, though subpackages
+    share their names (`from ckpteval.tasks.catalog import ...` still works: imports go through sys.modules;
+    `import ckpteval.tasks.catalog as m` does not, and `from ckpteval.tasks import catalog` does)."""
 
     results = _api_function("results")
     export = _api_function("export")
+    report = _api_function("report", "library")
+    tasks = _api_function("tasks", "library")
+    watch = _api_function("watch", "library")
 
 
 sys.modules[__name__].__class__ = _Package
@@ -115,6 +178,10 @@ def __getattr__(name: str) -> Any:
         from ckpteval import api
 
         return getattr(api, name)
+    if name in _LIBRARY:
+        from ckpteval import library
+
+        return getattr(library, name)
     if name == "CompileRequest":
         from ckpteval.config.compose import CompileRequest
 

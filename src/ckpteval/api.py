@@ -13,25 +13,29 @@ the config runs: submit, follow, collect, export. Nothing here prints or asks: p
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ckpteval.config.compile import CompiledConfig
-from ckpteval.config.compile import compile_config as _compile
+from ckpteval.config.compile import compile_config as _compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import CkptevalError, ConfigError, ExportError
 from ckpteval.execution.backend import InvocationStatus, Job, JobBackend
 from ckpteval.execution.events import Preview, Reporter, ResultsReady, Submitted, silent
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import InvocationRecord, list_records, load_record, new_invocation_id
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import InvocationRecord, list_records, load_record, new_invocation_id
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
     from ckpteval.config.schema import ExportSection
     from ckpteval.deploy.description import CheckpointDescription
+    from ckpteval.export.artifacts import ResolvedArtifact
     from ckpteval.export.outcome import Destination, ExportOutcome
+    from ckpteval.results.compare import InvocationSamples
 
 OutcomeState = Literal["dry-run", "submitted", "succeeded", "failed", "cancelled", "interrupted"]
 INTERRUPTED_EXIT = 130
@@ -62,6 +66,17 @@ class Outcome:
         if self.results is None:
             return {}
         return {name: {m: v.value for m, v in o.metrics.items()} for name, o in self.results.tasks.items()}
+
+
+def _compile(request: CompileRequest) -> CompiledConfig:
+    return _compile_config(request, resolve_artifact=_resolve_artifact)
+
+
+def _resolve_artifact(value: str, *, wandb_settings: object = None) -> ResolvedArtifact:
+    """`run.model` naming a W&B model artifact, resolved to its checkpoint path (wandb loads only here)."""
+    from ckpteval.export.artifacts import resolve_model_artifact
+
+    return resolve_model_artifact(value, wandb_settings=wandb_settings)
 
 
 def make_request(
@@ -244,6 +259,17 @@ def results(invocation: str | InvocationRecord) -> InvocationResults:
     """An invocation's results (fetched from its cluster if needed; partial while it runs)."""
     record = _record(invocation)
     return backend_for(record.executor).results(record)
+
+
+def invocation_samples(invocation: str) -> InvocationSamples:
+    """The results and per-sample scores of a recorded invocation (an id or a prefix). A Slurm
+    invocation's files are fetched from the cluster first, as `ckpteval.results` does."""
+    from ckpteval.results.compare import InvocationSamples
+
+    record = load_record(invocation)
+    found = results(record)  # a cluster invocation's files are fetched here, into local_results_dir
+    job_dir = Path(record.local_results_dir or record.job_dir)
+    return InvocationSamples.load(job_dir, found, dict(record.task_dirs))
 
 
 def cancel(invocation: str | InvocationRecord) -> str:

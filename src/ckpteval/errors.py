@@ -6,6 +6,9 @@ Every message says what went wrong and, in `hint`, what to do about it.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class CkptevalError(Exception):
     """Base class: an error with a message for the user and an optional fix."""
@@ -41,3 +44,16 @@ class EvaluationError(CkptevalError):
 
 class ExportError(CkptevalError):
     """Results could not be exported (W&B, MLflow)."""
+
+
+def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The candidates that look like `word`, best first (for "did you mean" hints)."""
+    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """A " Did you mean X?" suffix, or "" when nothing is close."""
+    matches = close_matches(word, candidates)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"

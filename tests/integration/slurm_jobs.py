@@ -17,9 +17,9 @@ from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
 from ckpteval.cluster.submission import upload_job_files
 from ckpteval.config.profiles import Profile
 from ckpteval.execution.events import silent
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import InvocationRecord, SlurmSubmission, TaskEntry, new_invocation_id, now_iso
 from ckpteval.execution.slurm import submit_job
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, TaskEntry, new_invocation_id, now_iso
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 

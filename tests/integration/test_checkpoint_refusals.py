@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.execution.record import list_records
+from ckpteval.invocation.record import list_records
 from tests.integration.slurm_jobs import free_port
 from tests.support.corpus.edit import make_world_readable, with_args
 

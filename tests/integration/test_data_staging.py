@@ -20,7 +20,7 @@ from ckpteval.cli.main import app
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.data_push import push_archive, push_datasets, stage_script
 from ckpteval.errors import EvaluationError
-from ckpteval.execution.record import list_records
+from ckpteval.invocation.record import list_records
 from ckpteval.tasks.data_cache import fetch_datasets, is_cached, read_manifest
 from ckpteval.tasks.datasets import DatasetRef
 from tests.integration.conftest import REPO

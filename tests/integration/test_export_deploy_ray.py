@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.execution.record import list_records, load_record
+from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps
 

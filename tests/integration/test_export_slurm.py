@@ -34,9 +34,9 @@ from ckpteval.cluster.connect import connect_remote
 from ckpteval.config.compile import compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.config.preview import PreviewPanel, config_yaml
-from ckpteval.execution.record import InvocationRecord, TaskEntry, new_invocation_id
 from ckpteval.export.credentials import key_file_path
 from ckpteval.export.job import export_step_command, stage_wandb_key
+from ckpteval.invocation.record import InvocationRecord, TaskEntry, new_invocation_id
 from tests.integration.conftest import REPO, Infra, trust_infra_host
 from tests.support.jobdirs import make_job_dir
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run

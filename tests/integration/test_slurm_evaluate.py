@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.execution.record import list_records, load_record
+from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run

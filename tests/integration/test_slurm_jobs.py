@@ -18,9 +18,9 @@ import pytest
 
 from ckpteval import api
 from ckpteval.errors import ClusterError
-from ckpteval.execution.record import load_record
 from ckpteval.execution.slurm import SlurmBackend, SlurmJob
 from ckpteval.execution.slurm_state import open_session
+from ckpteval.invocation.record import load_record
 from tests.integration.slurm_jobs import (
     free_port,
     http_deployment,
@@ -253,7 +253,7 @@ def test_sbatch_rejection_is_one_clear_error_and_recorded(ci_profile):
     assert err.value.message.startswith("Slurm refused the job (sbatch):")
     assert "Requested node configuration is not available" in err.value.message
     assert err.value.hint and "gpus_per_node" in err.value.hint
-    from ckpteval.execution.record import list_records
+    from ckpteval.invocation.record import list_records
 
     (record,) = list_records()
     status = SlurmBackend().status(record)

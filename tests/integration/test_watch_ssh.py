@@ -109,7 +109,7 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
     their iterations; a restarted watcher submits nothing again; a cancelled one is retried (attempt 2)."""
     import subprocess
 
-    from ckpteval.execution.record import load_record
+    from ckpteval.invocation.record import load_record
     from ckpteval.watch.run import open_watch
     from ckpteval.watch.state import WatchSpec
 

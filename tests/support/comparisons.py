@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ckpteval.execution.record import InvocationRecord, TaskEntry
+from ckpteval.invocation.record import InvocationRecord, TaskEntry
 from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
 from ckpteval.results.samples import SAMPLES_FILE, SampleScore, write_samples
 from ckpteval.results.store import write_results

@@ -138,7 +138,7 @@ def humaneval_run(task_dir: Path, passed: dict[int, bool] | None = None) -> None
 def record_run(root: Path, invocation: str, tasks: dict[str, Callable[[Path], None]]) -> InvocationResults:
     """A finished local invocation under `root/<invocation>` whose tasks' harness output is written by `tasks`
     (task -> writer of its task dir), collected as the job collects it (results.json, samples.jsonl)."""
-    from ckpteval.execution.record import InvocationRecord, TaskEntry
+    from ckpteval.invocation.record import InvocationRecord, TaskEntry
     from ckpteval.results.collect import collect_results
     from ckpteval.results.store import write_results
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from typing import Annotated
 
 import typer
@@ -9,6 +11,6 @@ import typer
 
 def cancel_command(invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")]) -> None:
     """Cancel a running invocation; finished tasks keep their results."""
-    from ckpteval.api import cancel
+    from ckpteval import cancel
 
     print(cancel(invocation))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 from typing import TYPE_CHECKING, Annotated
 
@@ -10,7 +12,7 @@ import typer
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ckpteval.results.compare import Comparison, MetricComparison
+    from ckpteval.types import Comparison, MetricComparison
 
 
 def compare_command(
@@ -36,28 +38,12 @@ def compare_command(
     """Is B better than A? Per task and metric: the difference with its 95 % CI, a paired test on the
     documents both scored (exact McNemar for 0/1 scores, permutation otherwise), Holm-corrected p, the
     minimum detectable effect and a verdict. See docs/compare.md."""
-    from ckpteval.results.compare import REGRESSION_EXIT_CODE, compare
-    from ckpteval.results.load import invocation_samples
+    import ckpteval
+    from ckpteval.views import REGRESSION_EXIT_CODE
 
-    refs = list(invocations)
-    if baseline is not None and baseline not in refs:
-        refs.insert(0, baseline)
-    elif baseline is not None:
-        refs.remove(baseline)
-        refs.insert(0, baseline)
-    if len(refs) < 2:
-        raise ConfigError(
-            "compare needs at least two invocations: a baseline and a candidate.",
-            hint="evaluate compare BASELINE CANDIDATE [CANDIDATE ...]",
-        )
     if max_drop < 0:
         raise ConfigError(f"--max-drop must not be negative, not {max_drop}.")
-    if not 0 < alpha < 1:
-        raise ConfigError(f"--alpha must be between 0 and 1, not {alpha}.")
-    if resamples < 100:
-        raise ConfigError(f"--resamples must be at least 100, not {resamples}.")
-    loaded = [invocation_samples(r) for r in refs]
-    result = compare(loaded[0], loaded[1:], alpha=alpha, seed=seed, resamples=resamples)
+    result = ckpteval.compare(invocations, baseline=baseline, alpha=alpha, seed=seed, resamples=resamples)
     regressions = result.regressions(max_drop) if fail_on_regression else []
     if json_output:
         data = result.to_json()

@@ -1,23 +1,33 @@
-"""The CLI's reporter: draws the library's events (`ckpteval.execution.events`) on the terminal with rich,
+"""The CLI's reporter: draws the library's events (`ckpteval.types`) on the terminal with rich,
 and the questions that come after an outcome (cancel a followed Slurm job after Ctrl-C?)."""
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ckpteval.cluster.squash import SquashEvent
-from ckpteval.execution.events import FollowEnded, LogLines, Note, Preview, Progress, ResultsReady, Submitted
-from ckpteval.export.outcome import ExportOutcome
+from ckpteval.types import (
+    ExportOutcome,
+    FollowEnded,
+    LogLines,
+    Note,
+    Preview,
+    Progress,
+    ResultsReady,
+    SquashEvent,
+    Submitted,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
 
-    from ckpteval.api import Outcome
+    from ckpteval import Outcome
     from ckpteval.cli.progress import Rates
     from ckpteval.cli.squash import SquashProgress
-    from ckpteval.execution.record import InvocationRecord
+    from ckpteval.types import InvocationRecord
 
 _NOTE_STYLES = {"info": "dim", "notice": "", "warning": "yellow", "change": "cyan"}
 
@@ -168,7 +178,7 @@ def render_outcome(outcome: Outcome, console: Console) -> None:
 def _ask_cancel(record: InvocationRecord, console: Console) -> None:
     """Ctrl-C while following a job that runs on: cancel it, or leave it running (the default without a
     terminal to ask on)."""
-    from ckpteval.api import cancel
+    from ckpteval import cancel
 
     wants = False
     if sys.stdin.isatty():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from pathlib import Path
 from typing import Annotated
 
@@ -47,14 +49,17 @@ def fetch_command(
     """
     from rich.console import Console
 
-    from ckpteval.tasks.data_cache import fetch_datasets
-    from ckpteval.tasks.data_select import datasets_of
+    import ckpteval
 
     console = Console(highlight=False, soft_wrap=True)
-    refs, notes = datasets_of(config or [], task or [], env_file=env_file)
-    for note in notes:
-        console.print(f"[dim]{note}[/]")
-    result = fetch_datasets(refs, cache, on_progress=lambda ref, state: console.print(f"{state:>9} {ref.key}"))
+    result = ckpteval.fetch_data(
+        config or (),
+        task or (),
+        cache=cache,
+        env_file=env_file,
+        on_note=lambda note: console.print(f"[dim]{note}[/]"),
+        on_progress=lambda ref, state: console.print(f"{state:>9} {ref.key}"),
+    )
     console.print(f"[green]✓[/] {len(result.fetched)} fetched, {len(result.cached)} already cached, in {result.root}")
 
 
@@ -78,34 +83,18 @@ def push_command(
     """
     from rich.console import Console
 
-    from ckpteval.cluster.connect import connect_remote
-    from ckpteval.cluster.data_push import datasets_dir, push_datasets
-    from ckpteval.config.profiles import load_env_file
-    from ckpteval.errors import ConfigError
-    from ckpteval.tasks.data_cache import cached_datasets, default_cache_dir, is_cached
-    from ckpteval.tasks.data_select import datasets_of
+    import ckpteval
 
     console = Console(highlight=False, soft_wrap=True)
-    env_profile = load_env_file(env_file).profile(profile)
-    if env_profile.executor != "slurm":
-        raise ConfigError(f"Profile [{profile}] does not run on a Slurm cluster.", hint="Name a Slurm profile.")
-    remote_root = datasets_dir(env_profile)  # remote_job_dir set and absolute, before connecting
-    root = cache or default_cache_dir()
-    if config or task:
-        refs, _ = datasets_of(config or [], task or [], env_file=env_file)
-        missing = [ref for ref in refs if not is_cached(root, ref)]
-        if missing:
-            raise ConfigError(
-                f"{len(missing)} of these datasets are not fetched yet (first: {missing[0].key}).",
-                hint="Fetch them first: evaluate data fetch "
-                + " ".join([*(f"-c {c}" for c in config or []), *(f"-t {t}" for t in task or [])]),
-            )
-    else:
-        refs = cached_datasets(root)
-    with connect_remote(env_profile) as remote:
-        console.print(f"[dim]connected to {remote.description}[/]")
-        result = push_datasets(remote, remote_root, refs, root)
+    result = ckpteval.push_data(
+        profile,
+        config or (),
+        task or (),
+        cache=cache,
+        env_file=env_file,
+        on_connect=lambda remote: console.print(f"[dim]connected to {remote.description}[/]"),
+    )
     console.print(
-        f"[green]✓[/] {len(result.staged)} staged, {len(result.present)} already there, in {remote_root} "
+        f"[green]✓[/] {len(result.staged)} staged, {len(result.present)} already there, in {result.remote_root} "
         f"[dim]({result.bytes_sent} bytes sent, {result.round_trips} round trips)[/]"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from pathlib import Path
 from typing import Annotated
 
@@ -65,9 +67,10 @@ def deploy_command(
       evaluate deploy --checkpoint ckpts/smollm2 --port 8000
       curl localhost:8000/v1/completions -d '{"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}'
     """
-    from ckpteval.deploy.server import ServeOptions, serve
+    import ckpteval
+    from ckpteval.types import ServeOptions
 
-    serve(
+    ckpteval.serve(
         ServeOptions(
             checkpoint=checkpoint,
             port=port,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from pathlib import Path
 from typing import Annotated
 
@@ -69,9 +71,9 @@ def evaluate_command(
       evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
       evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
     """
-    from ckpteval.api import run as run_invocation
+    from ckpteval import CompileRequest
+    from ckpteval import run as run_invocation
     from ckpteval.cli.console import ConsoleReporter, render_outcome
-    from ckpteval.config.compose import CompileRequest
     from ckpteval.errors import ConfigError
 
     if run and batch:

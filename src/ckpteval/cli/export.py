@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from enum import StrEnum
 from typing import Annotated
 
@@ -28,7 +30,7 @@ def export_command(
       evaluate export 1a2b --to wandb           [dim]# W&B, even if the config did not enable it[/]
       WANDB_MODE=offline evaluate export 1a2b   [dim]# write the run locally; `wandb sync` it later[/]
     """
-    from ckpteval.api import export
+    from ckpteval import export
     from ckpteval.cli.console import ConsoleReporter
 
     with ConsoleReporter() as reporter:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +26,7 @@ def inspect_command(
 ) -> None:
     """Describe a checkpoint (layout, model, forward-pass settings, saved parallelism, size, tokenizer) and say,
     per backend, whether it can serve it and the memory that takes. Reads no weights."""
-    from ckpteval.api import inspect_checkpoint
+    from ckpteval import inspect_checkpoint
 
     description = inspect_checkpoint(path, profile=run, tokenizer=tokenizer, env_file=env_file)
     if json_output:
@@ -33,8 +35,8 @@ def inspect_command(
     from rich.console import Console
     from rich.markup import escape
 
-    from ckpteval.deploy.description import summary
+    from ckpteval.views import checkpoint_summary
 
     console = Console(highlight=False, soft_wrap=True)
-    for line in summary(description).splitlines():
+    for line in checkpoint_summary(description).splitlines():
         console.print(escape(line))

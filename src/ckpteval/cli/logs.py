@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from typing import Annotated
 
 import typer
@@ -18,7 +20,7 @@ def logs_command(
     ] = "job",
 ) -> None:
     """Print an invocation's log: the job's own, the deployment's, or one task client's."""
-    from ckpteval.api import logs
+    from ckpteval import logs
 
     for line in logs(invocation, follow=follow, source=source):
         print(line, flush=True)

@@ -10,6 +10,8 @@ Commands are imported lazily (by name) so `evaluate --help` loads no command's d
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import importlib
 from typing import Any
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from pathlib import Path
 from typing import Annotated
 
@@ -25,10 +27,6 @@ def prepare_command(
       evaluate prepare smollm2 --output ckpts/smollm2
       evaluate deploy --checkpoint ckpts/smollm2
     """
-    from ckpteval.deploy.prepare import PACKAGED_MODELS, default_checkpoint_dir, prepare_checkpoint
-    from ckpteval.errors import ConfigError
+    import ckpteval
 
-    if name not in PACKAGED_MODELS:
-        raise ConfigError(f"Unknown packaged model {name!r}.", hint=f"Choose one of: {', '.join(PACKAGED_MODELS)}.")
-    path = prepare_checkpoint(name, output or default_checkpoint_dir(name), force=force)  # type: ignore[arg-type]
-    typer.echo(path)
+    typer.echo(ckpteval.prepare(name, output, force=force))

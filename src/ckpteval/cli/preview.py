@@ -1,12 +1,14 @@
-"""Draw the preview (`ckpteval.config.preview`'s data) with rich: summary, compiled config, extra panels."""
+"""Draw the preview (`ckpteval.types.PreviewPanel`s) with rich: summary, compiled config, extra panels."""
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Sequence
 from typing import Any
 
-from ckpteval.config.compile import CompiledConfig
-from ckpteval.config.preview import PreviewPanel, config_yaml
+from ckpteval.types import CompiledConfig, PreviewPanel
+from ckpteval.views import config_yaml
 
 
 def render_preview(

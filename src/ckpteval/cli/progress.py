@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
+from ckpteval.types import JobSnapshot, TaskSnapshot
 
 
 class Rates:

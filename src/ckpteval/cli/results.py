@@ -6,6 +6,8 @@ and a PNG plot of each metric against iteration (with stderr bands).
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 from pathlib import Path
 from typing import Annotated
@@ -37,7 +39,7 @@ def results_command(
         return
     if not invocations:
         raise ConfigError("Name the invocation(s) to show.", hint="`evaluate status` lists them.")
-    from ckpteval.api import results as load_results
+    from ckpteval import results as load_results
     from ckpteval.cli.table import print_table
 
     results = [load_results(i) for i in invocations]
@@ -49,11 +51,10 @@ def results_command(
 
 
 def _watch_results(run: str, *, json_output: bool, plot: Path | None) -> None:
-    from ckpteval.watch.curves import curve_rows, plot_curves, score_columns
-    from ckpteval.watch.state import find_run, watch_dir
+    import ckpteval
 
-    state = find_run(run)
-    rows = curve_rows(state)
+    curves = ckpteval.watch_curves(run, draw=not json_output, plot=plot)
+    state, rows, columns = curves.state, curves.rows, curves.columns
     if json_output:
         print(json.dumps({"run": state.run, "save_dir": state.spec.save_dir, "iterations": rows}, indent=2))
         return
@@ -61,7 +62,6 @@ def _watch_results(run: str, *, json_output: bool, plot: Path | None) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
-    columns = score_columns(state)
     table = Table(title=f"watch run {state.run}: {state.spec.save_dir}", title_justify="left", header_style="bold")
     table.add_column("iteration", justify="right")
     for key in columns:
@@ -75,6 +75,5 @@ def _watch_results(run: str, *, json_output: bool, plot: Path | None) -> None:
             cells.append("" if value is None else f"{value:.4f}" + (f" ± {stderr:.4f}" if stderr is not None else ""))
         table.add_row(str(row["iteration"]), *cells, row["state"], row["invocation"] or "")
     console.print(table)
-    if columns:
-        path = plot_curves(state, plot or watch_dir() / state.run / "curves.png")
-        console.print(f"plot: {path}")
+    if curves.plot is not None:
+        console.print(f"plot: {curves.plot}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from typing import Annotated
 
 import typer
@@ -28,7 +30,7 @@ def resume_command(
       evaluate resume 1a2b3c4d            [dim]# resubmit and return[/]
       evaluate resume 1a2b3c4d --follow   [dim]# resubmit, follow, print the scores[/]
     """
-    from ckpteval.api import resume
+    from ckpteval import resume
     from ckpteval.cli.console import ConsoleReporter, render_outcome
 
     with ConsoleReporter() as reporter:

@@ -11,7 +11,7 @@ import typer
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ckpteval.results.answers import DocumentAnswer, Flip
+    from ckpteval.types import DocumentAnswer, Flip
 
 TERMINAL_LIMIT = 100
 T = TypeVar("T")
@@ -38,8 +38,7 @@ def samples_command(
     """Each document's prompt (shortened), the model's answer, the target and the score; a document is right
     when its score is above 0.5. With --vs OTHER_ID: the documents both scored whose score changed (right →
     wrong first), each one's two answers side by side."""
-    from ckpteval.results.answers import answer_tasks, document_answers, filter_answers, flips
-    from ckpteval.results.load import invocation_samples
+    import ckpteval
 
     if wrong and right:
         raise ConfigError("--wrong and --right exclude each other.")
@@ -48,41 +47,26 @@ def samples_command(
     if limit is not None and limit < 0:
         raise ConfigError(f"--limit must not be negative, not {limit}.")
     count = limit if limit is not None else (0 if json_output else TERMINAL_LIMIT)
-    baseline = invocation_samples(invocation)
     if vs is None:
-        tasks = answer_tasks(baseline, task)
-        if not tasks:
-            raise ConfigError(f"Invocation {baseline.name} has no task with per-sample answers.")
-        shown = {
-            t: filter_answers(document_answers(baseline, t, metric), right=True if right else False if wrong else None)
-            for t in tasks
-        }
+        answers = ckpteval.samples(
+            invocation, task=task, right=True if right else False if wrong else None, metric=metric
+        )
+        name, shown = answers.invocation, answers.tasks
         if json_output:
             data = {t: [a.to_json() for a in _first(rows, count)] for t, rows in shown.items()}
-            print(json.dumps({"invocation": baseline.name, "tasks": data}, indent=2, ensure_ascii=False))
+            print(json.dumps({"invocation": name, "tasks": data}, indent=2, ensure_ascii=False))
             return
         for t, rows in shown.items():
-            _print_answers(baseline.name, t, rows, count)
+            _print_answers(name, t, rows, count)
         return
-    candidate = invocation_samples(vs)
-    tasks = [t for t in answer_tasks(baseline, task) if task is not None or t in candidate.samples]
-    for t in tasks:
-        answer_tasks(candidate, t)  # the other invocation must have it too: one clear message otherwise
-    if not tasks:
-        raise ConfigError(f"Invocations {baseline.name} and {candidate.name} have no task with answers in common.")
-    changed = {t: flips(baseline, candidate, t, metric) for t in tasks}
+    changed = ckpteval.sample_flips(invocation, vs, task=task, metric=metric)
     if json_output:
-        data = {t: [f.to_json() for f in _first(changes, count)] for t, changes in changed.items()}
-        print(
-            json.dumps(
-                {"baseline": baseline.name, "candidate": candidate.name, "tasks": data}, indent=2, ensure_ascii=False
-            )
-        )
+        baseline, candidate = changed[0].baseline, changed[0].candidate
+        data = {tf.task: [f.to_json() for f in _first(tf.flips, count)] for tf in changed}
+        print(json.dumps({"baseline": baseline, "candidate": candidate, "tasks": data}, indent=2, ensure_ascii=False))
         return
-    from ckpteval.results.answers import common_documents
-
-    for t, changes in changed.items():
-        _print_flips(baseline.name, candidate.name, t, changes, common_documents(baseline, candidate, t), count)
+    for tf in changed:
+        _print_flips(tf.baseline, tf.candidate, tf.task, tf.flips, tf.common, count)
 
 
 def _first(rows: list[T], count: int) -> list[T]:
@@ -98,7 +82,7 @@ def _print_answers(invocation: str, task: str, rows: list[DocumentAnswer], count
     from rich.markup import escape
     from rich.table import Table
 
-    from ckpteval.results.answers import shorten
+    from ckpteval.views import shorten
 
     console = Console(highlight=False)
     metric = rows[0].metric if rows else ""
@@ -125,7 +109,7 @@ def _print_flips(baseline: str, candidate: str, task: str, rows: list[Flip], com
     from rich.markup import escape
     from rich.table import Table
 
-    from ckpteval.results.answers import shorten
+    from ckpteval.views import shorten
 
     console = Console(highlight=False)
     lost = sum(1 for f in rows if f.kind == "right → wrong")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from pathlib import Path
 from typing import Annotated
 
@@ -45,12 +47,9 @@ def serve_delegate_command(
     """
     import logging
 
-    from ckpteval.delegate.server import serve
-    from ckpteval.delegate.service import ROUTES, DelegateSettings
-    from ckpteval.errors import ConfigError
+    import ckpteval
+    from ckpteval.types import DelegateSettings
 
-    if endpoint_type not in ROUTES:
-        raise ConfigError(f"--endpoint-type must be completions or chat, not {endpoint_type!r}.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = DelegateSettings(
         output_root=output_root.expanduser().resolve(),
@@ -62,4 +61,4 @@ def serve_delegate_command(
         env_file=env_file,
     )
     typer.echo(f"eval delegate: http://{host}:{port}  (POST /evaluate, GET /health; results in {settings.output_root})")
-    serve(settings, host=host, port=port)
+    ckpteval.serve_delegate(settings, host=host, port=port)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Self
@@ -11,7 +13,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ckpteval.cluster.squash import SquashEvent
+    from ckpteval.types import SquashEvent
 
 
 def squash_command(
@@ -47,35 +49,28 @@ def squash_command(
     """
     from rich.console import Console
 
+    import ckpteval
     from ckpteval.cli.squash_view import squash_plan_panel
-    from ckpteval.cluster.connect import connect_remote
-    from ckpteval.cluster.images import ImageRef, validate_image
-    from ckpteval.cluster.squash import containers_dir, ensure_squashed, plan_squash, squash_applies
-    from ckpteval.config.profiles import load_env_file
     from ckpteval.errors import ConfigError
 
     console = Console(highlight=False, soft_wrap=True)
-    profile = load_env_file(env_file).profile(run)
-    if not squash_applies(profile):
-        raise ConfigError(
-            f'Profile [{profile.name}] does not run on a Slurm cluster (executor = "{profile.executor}").',
-            hint='Squashing is for Slurm profiles; pick one with executor = "slurm".',
-        )
-    containers_dir(profile)  # remote_job_dir set and absolute, before connecting
-    for image in images:
-        validate_image(image)  # before connecting: a bad reference never reaches the cluster
-    refs = [ImageRef(dotpath="command line", image=image) for image in images]
     if check and not dry_run:
+        ckpteval.squash_plan(images, run, env_file=env_file)  # a bad profile or image is said first
         raise ConfigError("--check goes with --dry-run.", hint="Add --dry-run, or drop --check.")
     if dry_run:
-        console.print(squash_plan_panel(plan_squash(refs, profile, check=check, force=force)))
+        console.print(squash_plan_panel(ckpteval.squash_plan(images, run, check=check, force=force, env_file=env_file)))
         return
 
     start = time.monotonic()
-    with connect_remote(profile) as remote:
-        console.print(f"[dim]connected to {remote.description}[/]")
-        with SquashProgress(console) as progress:
-            result = ensure_squashed(refs, profile, remote=remote, force=force, on_event=progress.on_event)
+    with SquashProgress(console) as progress:
+        result = ckpteval.squash(
+            images,
+            run,
+            force=force,
+            env_file=env_file,
+            on_event=progress.on_event,
+            on_connect=lambda remote: console.print(f"[dim]connected to {remote.description}[/]"),
+        )
     for item in result.plan.items:
         took = result.import_seconds.get(item.image)
         how = f"imported in {took:.1f} s" if took is not None else "cache hit"

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from ckpteval.cluster.squash import SquashPlan
+    from ckpteval.types import SquashPlan
 
 _STYLES = {"use": "green", "import": "yellow", "re-import": "yellow", "import if missing": "cyan"}
 

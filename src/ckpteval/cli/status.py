@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 from typing import Annotated
 
@@ -14,8 +16,8 @@ def status_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the state of an invocation and its tasks, or list recent invocations."""
-    from ckpteval.api import status
-    from ckpteval.api import statuses as recent
+    from ckpteval import status
+    from ckpteval import statuses as recent
 
     # one unreachable cluster must not hide the other invocations (`recent` says `unknown` for it)
     statuses = [status(invocation)] if invocation else recent(limit)

@@ -1,11 +1,11 @@
-"""The score table drawn with rich (its rows: `ckpteval.results.table.table_rows`)."""
+"""The score table drawn with rich (its rows: `ckpteval.views.table_rows`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckpteval.results.model import InvocationResults
-from ckpteval.results.table import FAILED_MARK, table_rows
+from ckpteval.types import InvocationResults
+from ckpteval.views import FAILED_MARK, table_rows
 
 
 def print_table(results: Sequence[InvocationResults]) -> None:

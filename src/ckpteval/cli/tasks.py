@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from typing import Annotated
 
 import typer
@@ -13,9 +15,8 @@ def tasks_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the tasks `-t` accepts: name, harness, endpoint type, whether it needs log-probs, offline data."""
+    import ckpteval
     from ckpteval.cli.render import print_catalog
-    from ckpteval.tasks.catalog import load_catalog
 
-    catalog = load_catalog()
-    entries = catalog.search(pattern, harness=harness)
-    print_catalog(entries, json_output=json_output)
+    # the JSON has the datasets each task loads (about a second to read lm-eval's task YAML)
+    print_catalog(ckpteval.tasks(pattern, harness=harness, datasets=json_output), json_output=json_output)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 import time
 from pathlib import Path
@@ -109,9 +111,9 @@ def watch_command(
     if words[0] == "stop" and not Path("stop").is_dir():
         if len(words) != 2:
             raise ConfigError("`evaluate watch stop` takes one watch run.", hint="`evaluate watch status` lists them.")
-        from ckpteval.watch.run import request_stop
+        import ckpteval
 
-        result = request_stop(words[1], timeout=stop_timeout)
+        result = ckpteval.watch_stop(words[1], timeout=stop_timeout)
         typer.echo(result.message)
         if not result.stopped:
             raise typer.Exit(1)
@@ -122,7 +124,7 @@ def watch_command(
         raise ConfigError(f"--policy is all or latest, not {policy!r}.")
     if (follow_every is not None and follow_every <= 0) or (eval_timeout is not None and eval_timeout <= 0):
         raise ConfigError("--follow-every and --eval-timeout must be above 0 seconds.")
-    from ckpteval.watch.state import WatchSpec
+    from ckpteval.types import WatchSpec
 
     spec = WatchSpec(
         save_dir=words[0],
@@ -154,7 +156,7 @@ def _console() -> Any:
 def _watch(spec: Any, *, once: bool) -> None:
     from rich.markup import escape
 
-    from ckpteval.watch.run import watch
+    import ckpteval
 
     console = _console()
 
@@ -175,7 +177,7 @@ def _watch(spec: Any, *, once: bool) -> None:
         )
 
     try:
-        outcome = watch(spec, once=once, on_event=on_event, on_start=on_start)
+        outcome = ckpteval.watch(spec, once=once, on_event=on_event, on_start=on_start)
     except KeyboardInterrupt:
         console.print("stopped; start the same command again to go on")
         raise typer.Exit(130) from None
@@ -194,9 +196,9 @@ def _watch(spec: Any, *, once: bool) -> None:
 def _dry_run(spec: Any) -> None:
     from rich.markup import escape
 
-    from ckpteval.watch.run import dry_run
+    import ckpteval
 
-    result = dry_run(spec)
+    result = ckpteval.watch_dry_run(spec)
     console = _console()
     listing = result.listing
     console.print(f"watch run [bold]{result.run}[/]: {escape(listing.save_dir)}")
@@ -226,41 +228,33 @@ def _dry_run(spec: Any) -> None:
 
 
 def _status(run: str | None, *, json_output: bool) -> None:
-    from ckpteval.watch.run import health
-    from ckpteval.watch.state import find_run, list_runs
+    import ckpteval
 
-    states = [find_run(run)] if run else list_runs()
+    runs = ckpteval.watch_runs(run)
     if json_output:
-        import dataclasses
-
-        from ckpteval.watch.state import state_to_json
-
-        rows = []
-        for s in states:
-            h = health(s)
-            rows.append({**state_to_json(s), "watching": h.alive, "health": dataclasses.asdict(h)})
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r.to_json() for r in runs], indent=2))
         return
     console = _console()
-    if not states:
+    if not runs:
         console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
         return
     from rich.table import Table
 
     if run:
-        _run_status(console, states[0], health(states[0]))
+        _run_status(console, runs[0].state, runs[0].health)
         return
     table = Table(header_style="bold")
     for col in ("run", "save dir", "watching", "evaluated", "in flight", "failed"):
         table.add_column(col)
-    for s in states:
+    for r in runs:
+        s = r.state
         counts = {
             k: sum(1 for e in s.iterations.values() if e.state == k) for k in ("succeeded", "submitted", "failed")
         }
         table.add_row(
             s.run,
             s.spec.save_dir,
-            "yes" if health(s).alive else "no",
+            "yes" if r.watching else "no",
             str(counts["succeeded"]),
             str(counts["submitted"]),
             str(counts["failed"]),
@@ -272,7 +266,7 @@ def _run_status(console: Any, state: Any, h: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from ckpteval.watch.verdicts import verdict_lines
+    from ckpteval.views import verdict_lines
 
     now = time.time()
     if h.alive:

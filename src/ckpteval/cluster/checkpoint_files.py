@@ -11,6 +11,8 @@ base64-encoded on stdout and is unpacked into a local directory with the same re
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import base64
 import binascii
 import io

@@ -6,6 +6,8 @@ builds on that interface, is not imported by it.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from typing import TYPE_CHECKING
 
 from ckpteval.cluster.remote import LocalRemote, Remote

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ckpteval.cluster.squash import containers_dir
 from ckpteval.errors import ClusterError
-from ckpteval.tasks.data_cache import is_cached, manifest_rel, read_manifest
+from ckpteval.tasks.data_cache import is_cached, manifest_rel, offline_env, read_manifest
 from ckpteval.tasks.datasets import DatasetRef
 
 if TYPE_CHECKING:
@@ -162,13 +162,3 @@ def job_data_setup(remote_root: str, task_dir: str) -> tuple[str, dict[str, str]
     env = offline_env(remote_root)
     env["HF_DATASETS_CACHE"] = writable
     return prefix, env
-
-
-def offline_env(root: str) -> dict[str, str]:
-    """The environment of a task that reads its datasets from the cache `root` with no network."""
-    return {
-        "HF_HOME": root,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "CKPTEVAL_OFFLINE_DATA": "off",  # the real datasets are there: packaged stand-ins must not shadow them
-    }

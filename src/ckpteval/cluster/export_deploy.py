@@ -11,6 +11,8 @@ dry run with `--check` does the same for an image already squashed; a plain dry 
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import hashlib
 import posixpath

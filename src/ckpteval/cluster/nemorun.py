@@ -14,6 +14,8 @@ handled here:
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import contextlib
 import io
 import os
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpteval.cluster.sbatch import EXPERIMENT_TITLE, SbatchSpec, executor_settings
 from ckpteval.errors import ClusterError
-from ckpteval.execution.record import state_dir
+from ckpteval.invocation.record import state_dir
 
 if TYPE_CHECKING:
     from ckpteval.cluster.slurm import ClusterFacts

@@ -8,6 +8,8 @@ Pure functions of the compiled config and plan, except `upload_job_files` (throu
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import posixpath
 from pathlib import Path
@@ -18,7 +20,7 @@ from ckpteval.cluster.sbatch import SbatchSpec, tunnel_dir_for
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.schema import SlurmExecution
 from ckpteval.errors import ConfigError
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import JobPlan, Step
 from ckpteval.job.script import render_job_script
 
@@ -79,27 +81,6 @@ def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
         for t in plan.tasks
     )
     return dataclasses.replace(plan, deployment=deployment, tasks=tasks)
-
-
-def with_export_step(plan: JobPlan, compiled: CompiledConfig, python: str, *, key_file: str | None) -> JobPlan:
-    """`plan` ending with the in-job export (W&B, MLflow) when the config enables one.
-
-    The job exports its own results as it ends, so a detached job needs no CLI waiting for it; the
-    submitting environment's WANDB_MODE/WANDB_BASE_URL travel as arguments and the key only as `key_file`.
-    """
-    from ckpteval.export.invocation import enabled_destinations
-    from ckpteval.export.job import export_step_command
-
-    if not enabled_destinations(compiled.config.export):
-        return dataclasses.replace(plan, after_tasks=())
-    step = export_step_command(
-        python,
-        plan.job_dir,
-        invocation=plan.invocation,
-        tasks=[(t.name, t.dir) for t in plan.tasks],
-        key_file=key_file,
-    )
-    return dataclasses.replace(plan, after_tasks=('say "exporting the results"', step))
 
 
 def check_no_secrets(compiled: CompiledConfig, plan: JobPlan) -> None:

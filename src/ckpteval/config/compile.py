@@ -6,11 +6,13 @@ compose (Hydra, profile, overrides, -t) -> type (dataclasses) -> check what type
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.compose import CompileRequest, Mode, compose
 from ckpteval.config.profiles import Profile
@@ -30,6 +32,9 @@ from ckpteval.merge import deep_merge
 from ckpteval.routes import BY_ENDPOINT_TYPE, COMPLETIONS
 from ckpteval.tasks.catalog import Catalog, TaskSpec, load_catalog
 from ckpteval.tasks.repeats import RunLayout, run_layouts
+
+if TYPE_CHECKING:
+    from ckpteval.config.resolvers import ArtifactResolver
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,17 @@ class CompiledConfig:
         return self.config.execution.type
 
 
-def compile_config(request: CompileRequest, *, catalog: Catalog | None = None) -> CompiledConfig:
-    """Compose, type and validate the config a request describes. Raises ConfigError on bad input."""
+def compile_config(
+    request: CompileRequest, *, catalog: Catalog | None = None, resolve_artifact: ArtifactResolver | None = None
+) -> CompiledConfig:
+    """Compose, type and validate the config a request describes. Raises ConfigError on bad input.
+
+    `resolve_artifact` resolves `run.model` naming a model artifact (`ckpteval.compile_config` passes
+    the W&B one); without it such a reference is a ConfigError."""
     catalog = catalog or load_catalog()
-    composed = compose(request, catalog=catalog)  # -t names are resolved against this catalog, once
+    composed = compose(
+        request, catalog=catalog, resolve_artifact=resolve_artifact
+    )  # -t names are resolved against this catalog, once
     data = composed.data
     notes: list[str] = [
         f"task '{n}' is not in the config's task list; -t added it with the global settings"

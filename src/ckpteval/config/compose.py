@@ -14,6 +14,8 @@ composed config before interpolations are resolved.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from ckpteval.config.secrets import SecretValues, collect_environment_secrets
 from ckpteval.errors import CkptevalError, ConfigError
 
 if TYPE_CHECKING:
+    from ckpteval.config.resolvers import ArtifactResolver
     from ckpteval.tasks.catalog import Catalog
 
 Mode = Literal["local", "run", "batch"]
@@ -128,7 +131,7 @@ def locate_config(ref: str, search_path: Sequence[Path], cwd: Path) -> tuple[str
             candidate = directory / f"{ref}{suffix}"
             if is_file(candidate):
                 return ref, candidate
-    from ckpteval.config.typed import did_you_mean
+    from ckpteval.errors import did_you_mean
 
     raise ConfigError(
         f"Unknown config '{ref}'.{did_you_mean(ref, names)}",
@@ -199,18 +202,21 @@ def _compose_unresolved(
     return cfg, profile, env, search_path, files, added
 
 
-def compose(request: CompileRequest, *, catalog: Catalog | None = None) -> ComposedConfig:
+def compose(
+    request: CompileRequest, *, catalog: Catalog | None = None, resolve_artifact: ArtifactResolver | None = None
+) -> ComposedConfig:
     """Compose and resolve the config a request describes (no typing or semantic checks yet).
 
     `-t` names are looked up in `catalog` (the one `compile_config` then resolves every task against;
-    loaded here only when none is given and `-t` is used)."""
+    loaded here only when none is given and `-t` is used). `${art:...}` naming a model artifact goes
+    through `resolve_artifact` (none given: such a reference is a ConfigError)."""
     cfg, profile, env, search_path, files, added = _compose_unresolved(request, catalog)
 
     from ckpteval.config.resolvers import collecting_secrets, register_resolvers, resolved_artifacts, stop_collecting
 
     register_resolvers()
     secrets = collect_environment_secrets()
-    token = collecting_secrets(secrets)
+    token = collecting_secrets(secrets, resolve_artifact)
     try:
         data = _resolve(cfg)
         artifacts = tuple(resolved_artifacts())

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckpteval.config.paths import is_dir, is_file
-from ckpteval.config.typed import did_you_mean, from_mapping
-from ckpteval.errors import ConfigError
+from ckpteval.config.typed import from_mapping
+from ckpteval.errors import ConfigError, did_you_mean
 from ckpteval.merge import deep_merge
 
 ENV_FILE_NAME = "env.toml"

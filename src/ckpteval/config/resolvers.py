@@ -1,7 +1,9 @@
 """OmegaConf resolvers our configs use.
 
 - `${art:model,path}`: the checkpoint path of the model named by `run.model` (a path, or a W&B model
-  artifact `name:latest` / `name:v3` resolved through `ckpteval.export.artifacts`).
+  artifact `name:latest` / `name:v3` resolved by the `ArtifactResolver` the caller passes in:
+  `ckpteval.compile_config` passes `ckpteval.export.artifacts.resolve_model_artifact`, which sits in a
+  higher layer than config/).
 - `${secret:NAME}`: the value of environment variable NAME, remembered as a secret (redacted in
   every preview, saved config and log).
 - `${ckpteval_cache:}`: this user's ckpteval cache directory.
@@ -13,13 +15,23 @@ import contextvars
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ckpteval.config.secrets import SecretValues
 from ckpteval.errors import ConfigError
 
-if TYPE_CHECKING:
-    from ckpteval.export.artifacts import ResolvedArtifact
+
+class ResolvedArtifact(Protocol):
+    """What an artifact resolver returns: at least the checkpoint path (the dry run's note reads more)."""
+
+    @property
+    def path(self) -> str: ...
+
+
+class ArtifactResolver(Protocol):
+    """Resolves `run.model` naming a model artifact; `wandb_settings` is `run.wandb` (entity, project)."""
+
+    def __call__(self, value: str, *, wandb_settings: Any = None) -> ResolvedArtifact: ...
 
 
 @dataclass
@@ -28,6 +40,7 @@ class _Scope:
     `${art:model,path}` may be reached from several keys, and each resolution is a network call)."""
 
     secrets: SecretValues
+    resolve_artifact: ArtifactResolver | None = None
     artifacts: dict[tuple[str, str | None, str | None], ResolvedArtifact] = field(default_factory=dict)
 
 
@@ -67,8 +80,6 @@ def _art(name: str, attribute: str, *, _root_: Any) -> str:
 
 
 def _model_artifact(value: str, wandb_node: Any) -> ResolvedArtifact:
-    from ckpteval.export.artifacts import resolve_model_artifact
-
     settings = {
         "entity": wandb_node.get("entity") if wandb_node is not None else None,
         "project": wandb_node.get("project") if wandb_node is not None else None,
@@ -77,7 +88,12 @@ def _model_artifact(value: str, wandb_node: Any) -> ResolvedArtifact:
     cache_key = (value, settings["entity"], settings["project"])
     if scope is not None and cache_key in scope.artifacts:
         return scope.artifacts[cache_key]
-    resolved = resolve_model_artifact(value, wandb_settings=settings)
+    if scope is None or scope.resolve_artifact is None:
+        raise ConfigError(
+            f"run.model={value} names a model artifact, and nothing here resolves artifacts.",
+            hint="Compile through ckpteval.compile_config (or pass resolve_artifact=), or give a checkpoint path.",
+        )
+    resolved = scope.resolve_artifact(value, wandb_settings=settings)
     if scope is not None:
         scope.artifacts[cache_key] = resolved
     return resolved
@@ -128,10 +144,12 @@ def register_resolvers() -> None:
     _registered = True
 
 
-def collecting_secrets(registry: SecretValues) -> contextvars.Token[_Scope | None]:
-    """Make `${secret:...}` resolutions add to `registry` (and artifact resolutions be remembered)
-    until the token is reset."""
-    return _scope.set(_Scope(secrets=registry))
+def collecting_secrets(
+    registry: SecretValues, resolve_artifact: ArtifactResolver | None = None
+) -> contextvars.Token[_Scope | None]:
+    """Make `${secret:...}` resolutions add to `registry`, and `${art:...}` go through `resolve_artifact`
+    (each resolution remembered), until the token is reset."""
+    return _scope.set(_Scope(secrets=registry, resolve_artifact=resolve_artifact))
 
 
 def resolved_artifacts() -> list[ResolvedArtifact]:

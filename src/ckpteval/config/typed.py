@@ -8,30 +8,16 @@ the first bad value, an unknown key with its closest valid names, or a missing r
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from ckpteval.errors import ConfigError
+from ckpteval.errors import ConfigError, did_you_mean
 
 T = TypeVar("T")
 
 _MISSING = dataclasses.MISSING
-
-
-def close_matches(word: str, candidates: typing.Iterable[str], n: int = 3) -> list[str]:
-    """The candidates that look like `word`, best first (for "did you mean" hints)."""
-    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
-
-
-def did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
-    """A " Did you mean X?" suffix, or "" when nothing is close."""
-    matches = close_matches(word, candidates)
-    if not matches:
-        return ""
-    return " Did you mean " + " or ".join(f"'{m}'" for m in matches) + "?"
 
 
 def from_mapping(cls: type[T], data: Any, *, where: str, path: str = "") -> T:

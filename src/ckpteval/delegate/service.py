@@ -13,6 +13,8 @@ each with at most `max_concurrent_requests` requests in flight toward the model 
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import logging
 import threading
 import time
@@ -124,7 +126,7 @@ class Delegate:
     def _evaluate(self, request: EvalRequest) -> dict[str, Any]:
         from ckpteval.api import run
         from ckpteval.config.compose import CompileRequest
-        from ckpteval.execution.jobdir import JobDir
+        from ckpteval.invocation.jobdir import JobDir
 
         rollout_dir = Path(self.settings.output_root).resolve() / f"{int(time.time())}-rollout-{request.rollout_id}"
         rollout_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ Errors are printed as one line (plus a hint) with a non-zero exit code, like the
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import argparse
 import sys
 from pathlib import Path

@@ -30,6 +30,8 @@ args of the same name (`core_transformer_config_from_args`); Bridge's own revers
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import argparse
 import re
 from pathlib import Path

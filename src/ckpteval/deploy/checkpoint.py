@@ -5,6 +5,8 @@ Needs torch (common.pt is a torch pickle) but not megatron, so validating a chec
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import importlib
 import pickle
 from dataclasses import dataclass
@@ -153,7 +155,8 @@ def load_checkpoint_info(path: str | Path, *, tokenizer: str | None = None) -> C
 def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | None, padded_vocab_size: int) -> Path:
     """The Hugging Face tokenizer directory to serve with: `override`, the checkpoint's, or what its args name
     (converted once and cached); its vocabulary must fit the model's."""
-    from ckpteval.deploy.tokenizer_source import check_vocab_fits, materialize_tokenizer, tokenizer_source
+    from ckpteval.deploy.tokenizer_convert import materialize_tokenizer
+    from ckpteval.deploy.tokenizer_source import check_vocab_fits, tokenizer_source
 
     directory = materialize_tokenizer(tokenizer_source(args, layout, override))
     check_vocab_fits(directory, padded_vocab_size, where=str(layout.iter_dir))

@@ -12,6 +12,8 @@ Imports neither torch nor megatron (`deploy.torchfiles` reads the torch files), 
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import json
 from dataclasses import dataclass, field

@@ -16,9 +16,13 @@ Everything here runs on the one model thread (see `scheduler`); nothing is threa
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from ckpteval.deploy.scores import ScoredRow
 
 if TYPE_CHECKING:
     import torch
@@ -37,20 +41,6 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top alternatives per generated token; None: no log-probs
-
-
-@dataclass
-class ScoredRow:
-    """Log-probabilities of one scored sequence of n tokens.
-
-    token_logprobs[i] is log p(token[i+1] | tokens[:i+1]) (n-1 values); top_ids[i] / top_logprobs[i]
-    are the k most likely next tokens after position i (n positions, the last one predicts the
-    token after the sequence).
-    """
-
-    token_logprobs: list[float]
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
 
 
 @dataclass

@@ -7,6 +7,8 @@ Callers run `runtime.init_runtime()` first.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -14,6 +14,8 @@ These builders write into an empty directory and must run in their own process u
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path

@@ -17,19 +17,34 @@ and top-k, as in `ModelRunner.launch_scores`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ckpteval.deploy.engine import ScoredRow
 from ckpteval.deploy.prefix_cache import Match, PrefixCache, common_prefix_length
-
-if TYPE_CHECKING:
-    from ckpteval.deploy.engine import ModelRunner
+from ckpteval.deploy.scores import ScoredRow
 
 # A row waits for another's prefix only when that saves at least this many tokens.
 MIN_SHARED_TOKENS = 8
 # Rows computing n and m tokens share a forward when max <= ratio x min + slack (padding stays bounded).
 LENGTH_RATIO = 1.5
 LENGTH_SLACK = 16
+
+
+class ModelRunner(Protocol):
+    """What the scorer reads of the engine's `ModelRunner` (which owns the scorer: the engine imports this
+    module, not the other way round)."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def device(self) -> Any: ...
+    @property
+    def max_context(self) -> int: ...
+    @property
+    def vocab_limit(self) -> int: ...
+    @property
+    def _shape(self) -> tuple[int, int, int]: ...
+    @property
+    def _kv_channels(self) -> int: ...
 
 
 @dataclass

@@ -10,6 +10,8 @@ starting together).
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import fcntl
 import json
 import os

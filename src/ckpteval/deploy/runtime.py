@@ -7,6 +7,8 @@ a server and a converter) on one machine never collide on a fixed MASTER_PORT.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 import socket
 from dataclasses import dataclass

@@ -7,6 +7,8 @@ is what a health check waits for.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import errno
 import logging
 import signal

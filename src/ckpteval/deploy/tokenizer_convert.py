@@ -3,14 +3,19 @@
 Each conversion reproduces the token ids of megatron.core.tokenizers' class for the same files
 (tests/unit/deploy/test_tokenizer_source.py): GPT-2 BPE (vocab.json + merges.txt), SentencePiece
 (.model: read with a small protobuf reader, BPE and Unigram), Nemotron's TikToken JSON vocabulary.
-Imports `tokenizers` and `transformers`; tokenizer_source imports this module only when it converts.
+Imports `tokenizers` and `transformers` where it converts; `materialize_tokenizer` is the entry point.
 """
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import base64
 import json
+import os
+import shutil
 import struct
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +23,18 @@ from typing import Any
 
 from ckpteval.deploy.tokenizer_source import (
     _SETTING_HINT,
+    _SOURCE_FILE,
     GPT2_BPE,
     GPT2_EOD,
     HF_TOKENIZER,
+    RECIPE_VERSION,
     SENTENCEPIECE_KINDS,
     TIKTOKEN,
     TIKTOKEN_PATTERNS,
     TokenizerSource,
+    cache_root,
+    is_hf_tokenizer_dir,
+    source_fingerprint,
 )
 from ckpteval.errors import DeploymentError
 
@@ -340,4 +350,86 @@ def _sentencepiece_tokenizer(path: Path, *, add_bos: bool) -> Any:
         pad_token=piece_at(sp.pad_id),
         split_special_tokens=True,
         add_bos_token=add_bos,
+    )
+
+
+def materialize_tokenizer(source: TokenizerSource, cache_dir: str | Path | None = None) -> Path:
+    """A Hugging Face tokenizer directory for `source` that AutoTokenizer loads offline.
+
+    A Hugging Face directory used as is is returned as is; anything else is converted once into
+    <cache>/<hash of files and options> (written to a temporary directory, then renamed, so concurrent
+    callers are safe). Raises DeploymentError when the source has a problem or cannot be converted.
+    """
+    source.require()
+    if source.kind == HF_TOKENIZER and not source.options and "directory" in source.files:
+        return source.files["directory"]
+    if source.kind == HF_TOKENIZER and "directory" not in source.files:
+        source = _download(source)
+        if not source.options:
+            return source.files["directory"]
+    root = cache_root(cache_dir)
+    target = root / source_fingerprint(source)
+    if is_hf_tokenizer_dir(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    try:
+        write_hf_tokenizer(source, scratch)
+        (scratch / _SOURCE_FILE).write_text(
+            json.dumps(
+                {
+                    "recipe": RECIPE_VERSION,
+                    "kind": source.kind,
+                    "origin": source.origin,
+                    "hub_id": source.hub_id,
+                    "files": {role: str(path) for role, path in source.files.items()},
+                    "options": dict(source.options),
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        try:
+            os.rename(scratch, target)
+        except OSError:
+            if not is_hf_tokenizer_dir(target):  # not another caller's finished copy: a real failure
+                raise
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _download(source: TokenizerSource) -> TokenizerSource:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    assert source.hub_id is not None
+    try:
+        snapshot = snapshot_download(
+            source.hub_id,
+            allow_patterns=[
+                "tokenizer*",
+                "*.model",
+                "*.tiktoken",
+                "vocab*",
+                "merges.txt",
+                "special_tokens_map.json",
+                "added_tokens.json",
+                "config.json",
+                "chat_template*",
+            ],
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise DeploymentError(
+            f"The tokenizer {source.hub_id!r} ({source.origin}) cannot be downloaded: {exc}",
+            hint=f"Set {_SETTING_HINT} to a local tokenizer directory, or put it in the Hugging Face cache.",
+        ) from None
+    return TokenizerSource(
+        kind=source.kind,
+        origin=source.origin,
+        files={"directory": Path(snapshot)},
+        hub_id=source.hub_id,
+        options=source.options,
+        args_kind=source.args_kind,
     )

@@ -3,7 +3,8 @@
 Megatron-LM records its tokenizer in the args (`tokenizer_type` and the files it read on the training
 machine); the builtin server and lm-eval's clients (`tokenizer_backend=huggingface`) both load a Hugging
 Face tokenizer directory. `tokenizer_source` says what the checkpoint names and whether it can be used
-here (stdlib only: the dry run and `evaluate inspect` call it); `materialize_tokenizer` turns it once into
+here (stdlib only: the dry run and `evaluate inspect` call it); `tokenizer_convert.materialize_tokenizer`
+turns it once into
 a Hugging Face directory, cached by content, whose token ids equal those of megatron.core.tokenizers'
 class for the same files (tests/unit/deploy/test_tokenizer_source.py proves it per kind).
 
@@ -22,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -463,90 +462,6 @@ def source_fingerprint(source: TokenizerSource) -> str:
     return digest.hexdigest()[:32]
 
 
-def materialize_tokenizer(source: TokenizerSource, cache_dir: str | Path | None = None) -> Path:
-    """A Hugging Face tokenizer directory for `source` that AutoTokenizer loads offline.
-
-    A Hugging Face directory used as is is returned as is; anything else is converted once into
-    <cache>/<hash of files and options> (written to a temporary directory, then renamed, so concurrent
-    callers are safe). Raises DeploymentError when the source has a problem or cannot be converted.
-    """
-    source.require()
-    if source.kind == HF_TOKENIZER and not source.options and "directory" in source.files:
-        return source.files["directory"]
-    if source.kind == HF_TOKENIZER and "directory" not in source.files:
-        source = _download(source)
-        if not source.options:
-            return source.files["directory"]
-    root = cache_root(cache_dir)
-    target = root / source_fingerprint(source)
-    if is_hf_tokenizer_dir(target):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        from ckpteval.deploy.tokenizer_convert import write_hf_tokenizer
-
-        write_hf_tokenizer(source, scratch)
-        (scratch / _SOURCE_FILE).write_text(
-            json.dumps(
-                {
-                    "recipe": RECIPE_VERSION,
-                    "kind": source.kind,
-                    "origin": source.origin,
-                    "hub_id": source.hub_id,
-                    "files": {role: str(path) for role, path in source.files.items()},
-                    "options": dict(source.options),
-                },
-                indent=2,
-                default=str,
-            )
-        )
-        try:
-            os.rename(scratch, target)
-        except OSError:
-            if not is_hf_tokenizer_dir(target):  # not another caller's finished copy: a real failure
-                raise
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch, ignore_errors=True)
-    return target
-
-
-def _download(source: TokenizerSource) -> TokenizerSource:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    assert source.hub_id is not None
-    try:
-        snapshot = snapshot_download(
-            source.hub_id,
-            allow_patterns=[
-                "tokenizer*",
-                "*.model",
-                "*.tiktoken",
-                "vocab*",
-                "merges.txt",
-                "special_tokens_map.json",
-                "added_tokens.json",
-                "config.json",
-                "chat_template*",
-            ],
-        )
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
-        raise DeploymentError(
-            f"The tokenizer {source.hub_id!r} ({source.origin}) cannot be downloaded: {exc}",
-            hint=f"Set {_SETTING_HINT} to a local tokenizer directory, or put it in the Hugging Face cache.",
-        ) from None
-    return TokenizerSource(
-        kind=source.kind,
-        origin=source.origin,
-        files={"directory": Path(snapshot)},
-        hub_id=source.hub_id,
-        options=source.options,
-        args_kind=source.args_kind,
-    )
-
-
 def tokenizer_vocab_size(directory: Path) -> int:
     """The number of ids a Hugging Face tokenizer directory can produce (its largest id + 1)."""
     tokenizer_json = directory / "tokenizer.json"
@@ -582,7 +497,6 @@ __all__ = [
     "check_vocab_fits",
     "is_hf_tokenizer_dir",
     "is_tokenizer_dir",
-    "materialize_tokenizer",
     "tokenizer_source",
     "tokenizer_vocab_size",
 ]

@@ -11,6 +11,8 @@ the record.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -19,9 +21,9 @@ if TYPE_CHECKING:
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import PreviewPanel
     from ckpteval.execution.events import Reporter
-    from ckpteval.execution.record import InvocationRecord
     from ckpteval.execution.snapshot import JobSnapshot
     from ckpteval.execution.state import State
+    from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.model import InvocationResults
 
 
@@ -123,7 +125,7 @@ def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], b
     """The log file (relative to the job dir) of `source`: job, deployment, or a task (the newest started
     repeat of a repeated task when `exists` (a predicate on the relative path) is given, else its first)."""
     from ckpteval.errors import EvaluationError
-    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.invocation.jobdir import JobDir
 
     if source == "job":
         return JobDir.JOB_LOG

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import PreviewPanel
-    from ckpteval.execution.record import InvocationRecord
     from ckpteval.execution.snapshot import JobSnapshot
+    from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.model import InvocationResults
 
 Reporter = Callable[[Any], None]

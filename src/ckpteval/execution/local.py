@@ -9,6 +9,8 @@ it (and with it the deployment) and keeps finished tasks; `resume` runs it again
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 import signal
 import subprocess
@@ -24,18 +26,18 @@ from ckpteval.errors import ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import (
+from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+from ckpteval.execution.state import end_state
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import (
     InvocationRecord,
     LocalProcess,
     new_record,
-    task_entries,
     write_text_atomic,
 )
-from ckpteval.execution.snapshot import LocalJobView, take_snapshot
-from ckpteval.execution.state import end_state
 from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
+from ckpteval.job.plan import task_entries
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 40

@@ -22,6 +22,8 @@ directory, which skips finished tasks and replays cached responses of the interr
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import os
 import time
@@ -40,7 +42,6 @@ from ckpteval.cluster.submission import (
     remote_job_dir,
     sbatch_spec,
     upload_job_files,
-    with_export_step,
     with_images,
     with_staged_data,
 )
@@ -51,14 +52,6 @@ from ckpteval.errors import ClusterError, ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Note, Reporter
 from ckpteval.execution.follow import watch
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import (
-    InvocationRecord,
-    SlurmSubmission,
-    new_record,
-    task_entries,
-    write_text_atomic,
-)
 from ckpteval.execution.slurm_state import (
     combine_state,
     fetch_results,
@@ -75,9 +68,17 @@ from ckpteval.execution.slurm_state import (
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
+from ckpteval.export.job import with_export_step
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import (
+    InvocationRecord,
+    SlurmSubmission,
+    new_record,
+    write_text_atomic,
+)
 from ckpteval.job.build import build_plan, slurm_toolchain
 from ckpteval.job.files import job_files
-from ckpteval.job.plan import JobPlan
+from ckpteval.job.plan import JobPlan, task_entries
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 from ckpteval.tasks.data_status import TaskDataStatus

@@ -4,6 +4,8 @@ log, and its result files fetched back into `<record dir>/job/`."""
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import posixpath
 from collections.abc import Callable
@@ -15,10 +17,10 @@ from ckpteval.cluster.slurm import SlurmJobState
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError
 from ckpteval.execution.backend import InvocationStatus
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
 from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
 from ckpteval.execution.state import State, end_state
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 30

@@ -7,12 +7,14 @@ its progress into each task's output dir.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 
 
 class JobView(Protocol):

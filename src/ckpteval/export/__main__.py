@@ -8,6 +8,8 @@ exports. Exit 0 when every destination exported or was skipped, 1 when one faile
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import argparse
 import os
 import sys
@@ -46,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ckpteval.execution.jobdir import JobDir
     from ckpteval.export.content import read_saved_config
     from ckpteval.export.credentials import read_key_file
     from ckpteval.export.invocation import export_invocation, export_section
+    from ckpteval.invocation.jobdir import JobDir
 
     job_dir: Path = args.job_dir.resolve()
     config = read_saved_config(job_dir / JobDir.CONFIG)
@@ -105,8 +107,8 @@ def _results(
 ) -> InvocationResults:
     """results.json when the job wrote it; otherwise collected from the task dirs now, and saved."""
     from ckpteval.errors import ConfigError
-    from ckpteval.execution.jobdir import JobDir
-    from ckpteval.execution.record import now_iso
+    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.invocation.record import now_iso
     from ckpteval.results.collect import collect_results
     from ckpteval.results.store import read_results, write_results
 
@@ -134,7 +136,7 @@ def _provenance(job_dir: Path) -> dict[str, Any]:
     """job.yaml (invocation id, creation time), or {} when it cannot be read."""
     import yaml
 
-    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.invocation.jobdir import JobDir
 
     try:
         data = yaml.safe_load((job_dir / JobDir.PROVENANCE).read_text(encoding="utf-8"))

@@ -18,6 +18,8 @@ References: `name:alias`, `project/name:alias` or `entity/project/name:alias` (a
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 import posixpath
 import re

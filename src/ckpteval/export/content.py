@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import ExportError
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.results.model import InvocationResults, flat_metrics
 from ckpteval.results.samples import SAMPLES_FILE
 

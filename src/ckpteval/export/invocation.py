@@ -8,6 +8,8 @@ says where the results went, or why not and how to retry) and returned.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import os
 import tempfile

@@ -12,6 +12,9 @@ Two pieces, wired into the Slurm submission:
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
+import dataclasses
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +32,9 @@ from ckpteval.export.credentials import (
 
 if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
+    from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.secrets import SecretValues
+    from ckpteval.job.plan import JobPlan
 
 
 def stage_wandb_key(
@@ -102,3 +107,23 @@ def export_step_command(
 
 
 __all__ = ["export_step_command", "key_file_path", "stage_wandb_key", "without_credentials"]
+
+
+def with_export_step(plan: JobPlan, compiled: CompiledConfig, python: str, *, key_file: str | None) -> JobPlan:
+    """`plan` ending with the in-job export (W&B, MLflow) when the config enables one.
+
+    The job exports its own results as it ends, so a detached job needs no CLI waiting for it; the
+    submitting environment's WANDB_MODE/WANDB_BASE_URL travel as arguments and the key only as `key_file`.
+    """
+    from ckpteval.export.invocation import enabled_destinations
+
+    if not enabled_destinations(compiled.config.export):
+        return dataclasses.replace(plan, after_tasks=())
+    step = export_step_command(
+        python,
+        plan.job_dir,
+        invocation=plan.invocation,
+        tasks=[(t.name, t.dir) for t in plan.tasks],
+        key_file=key_file,
+    )
+    return dataclasses.replace(plan, after_tasks=('say "exporting the results"', step))

@@ -8,6 +8,8 @@ Task clients are what the launcher runs in each eval-factory container: `nemo-ev
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import copy
 import os
 import socket
@@ -25,7 +27,7 @@ from ckpteval.config.schema import (
     VllmDeployment,
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]
@@ -272,9 +274,8 @@ def _local_cache_env(task: ResolvedTask) -> dict[str, str]:
     """On this machine, a task whose datasets are all in the dataset cache (`evaluate data fetch`) reads them
     there with the hub off; one with neither cached nor packaged data, when the hub is switched off, is
     flagged now rather than at the end of its client's start-up."""
-    from ckpteval.cluster.data_push import offline_env
     from ckpteval.notices import notice
-    from ckpteval.tasks.data_cache import default_cache_dir, is_cached
+    from ckpteval.tasks.data_cache import default_cache_dir, is_cached, offline_env
     from ckpteval.tasks.datasets import task_data
     from ckpteval.tasks.offline_data import offline_source_key
 

@@ -1,4 +1,4 @@
-"""The files of a job directory written before anything runs (their names: `ckpteval.execution.jobdir.JobDir`)."""
+"""The files of a job directory written before anything runs (their names: `ckpteval.invocation.jobdir.JobDir`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import config_yaml
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import now_iso, write_text_atomic
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import Launcher, render_job_script
 

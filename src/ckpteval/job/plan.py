@@ -11,7 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import TaskEntry
 from ckpteval.tasks.repeats import RunLayout, run_layouts
 
 # Task clients side by side when the config does not say (each is a few processes and ~1 GB of memory).
@@ -110,3 +111,8 @@ class JobPlan:
 def quote_argv(argv: list[str]) -> str:
     """A shell command line from an argv list, every argument quoted."""
     return shlex.join(argv)
+
+
+def task_entries(plan: JobPlan) -> list[TaskEntry]:
+    """The record's task entries of a job plan (name, task dir, repeats)."""
+    return [TaskEntry(name=t.name, dir=t.dir, repeats=t.repeats) for t in plan.tasks]

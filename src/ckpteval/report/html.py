@@ -5,6 +5,8 @@ iteration."""
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import html
 from collections.abc import Sequence
 

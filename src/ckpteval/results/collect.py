@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -65,8 +67,8 @@ def _data_source(offline: OfflineData | None) -> DataSource | None:
 
 def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, done: bool) -> TaskOutcome:
     """A task sampled `repeats` times: every evaluation mode from the runs' per-sample scores."""
-    from ckpteval.results.passk import repeated_scores
     from ckpteval.tasks.failure import explain_failure
+    from ckpteval.tasks.passk import repeated_scores
     from ckpteval.tasks.repeats import run_layouts
     from ckpteval.tasks.results import read_task_result
     from ckpteval.tasks.samples import read_run_samples

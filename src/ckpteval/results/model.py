@@ -16,7 +16,7 @@
 ```
 
 A task sampled k times (`repeats: k`) has `modes`: evaluation mode -> metric -> value (see
-`ckpteval.results.passk`), and its `metrics` are those of its first mode (pass@1[avg-of-k]), the
+`ckpteval.tasks.passk`), and its `metrics` are those of its first mode (pass@1[avg-of-k]), the
 expected score of one sample. A greedy task has `repeats: 0`, no `modes`, and its one evaluation mode
 is called `greedy` (`TaskOutcome.evaluation_modes`). results.json, the score table, W&B keys
 (`<task>/<mode>/<metric>`) and the eval delegate's keys (`eval/<task>/<mode>/<metric>`) all come from

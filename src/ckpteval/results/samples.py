@@ -24,6 +24,8 @@ none.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import json
 import math
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import EvaluationError
-from ckpteval.execution.jobdir import JobDir
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.results.model import TaskOutcome
 
 SAMPLES_FILE = JobDir.SAMPLES
@@ -121,7 +123,7 @@ def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> l
 
 def write_samples(path: Path, rows: Iterable[SampleScore]) -> Path:
     """Write a samples.jsonl (temp file + rename: never half-written)."""
-    from ckpteval.execution.record import write_text_atomic
+    from ckpteval.invocation.record import write_text_atomic
 
     write_text_atomic(path, "".join(json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rows))
     return path
@@ -192,7 +194,7 @@ def standard_error(values: Sequence[float]) -> float | None:
 def with_sample_stderr(outcome: TaskOutcome, rows: Sequence[SampleScore]) -> TaskOutcome:
     """The outcome with every greedy metric's missing stderr and n_samples taken from its per-sample scores.
 
-    A repeated task's metrics already carry theirs (see `ckpteval.results.passk`).
+    A repeated task's metrics already carry theirs (see `ckpteval.tasks.passk`).
     """
     if outcome.repeats or not rows:
         return outcome

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from ckpteval.errors import EvaluationError
-from ckpteval.execution.jobdir import JobDir
-from ckpteval.execution.record import write_text_atomic
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.invocation.record import write_text_atomic
 from ckpteval.results.model import InvocationResults
 
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckpteval.config.typed import close_matches
-from ckpteval.errors import ConfigError, EvaluationError
+from ckpteval.errors import ConfigError, EvaluationError, close_matches
 
 LAUNCHER_PACKAGE = "nemo_evaluator_launcher"
 CATALOG_FILE = "resources/all_tasks_irs.yaml"

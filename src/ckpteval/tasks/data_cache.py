@@ -255,3 +255,13 @@ def cached_datasets(root: Path) -> list[DatasetRef]:
         data = json.loads(path.read_text(encoding="utf-8"))
         out.append(DatasetRef(data["path"], data.get("name"), data.get("revision")))
     return out
+
+
+def offline_env(root: str) -> dict[str, str]:
+    """The environment of a task that reads its datasets from the cache `root` with no network."""
+    return {
+        "HF_HOME": root,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "CKPTEVAL_OFFLINE_DATA": "off",  # the real datasets are there: packaged stand-ins must not shadow them
+    }

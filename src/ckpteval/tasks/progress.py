@@ -11,6 +11,8 @@ yet (before the harness loaded its data) and for tasks this module has no sizes 
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import functools
 import json
 import math

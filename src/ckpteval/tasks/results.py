@@ -9,6 +9,8 @@ compare across tools): lm-eval reports `<metric>,<filter>`; with the filter `non
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 import math
 from dataclasses import dataclass, field

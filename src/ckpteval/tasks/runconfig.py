@@ -8,6 +8,8 @@ container). nemo-evaluator merges its own task defaults under it and renders the
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import copy
 import json
 import os

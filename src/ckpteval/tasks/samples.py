@@ -3,7 +3,7 @@
 lm-eval writes one line per (document, filter): `doc_id`, `filter`, `filtered_resps` (the answer the
 filter extracted from the response, e.g. "18" or "[invalid]"), `metrics` (the names of the per-sample
 metrics) and each metric's value for that sample. Repeated sampling scores every run from these lines
-(see `ckpteval.results.passk`), under the same metric names as the run's results (`exact_match,strict-match`
+(see `ckpteval.tasks.passk`), under the same metric names as the run's results (`exact_match,strict-match`
 -> `exact_match__strict-match`).
 
 A rerun of a task writes new files beside the old ones (lm-eval appends a date to each name); the
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import EvaluationError
-from ckpteval.results.passk import NO_ANSWER, Sample
+from ckpteval.tasks.passk import NO_ANSWER, Sample
 from ckpteval.tasks.results import leaf_tasks, metric_name
 
 # metric name -> problem -> sample; a problem is (lm-eval task, doc_id) so group tasks' subtasks stay apart

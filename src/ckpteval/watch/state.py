@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from ckpteval.errors import ConfigError
-from ckpteval.execution.record import state_dir, write_text_atomic
+from ckpteval.invocation.record import state_dir, write_text_atomic
 
 # waiting: ready, not submitted yet (no free slot); submitted: an evaluation is queued or running;
 # succeeded: its scores are in; retry: the last attempt failed, another one is due; failed: every attempt

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckpteval.api import make_request
-from ckpteval.config.compile import CompiledConfig, compile_config
+from ckpteval.api import compile_config, make_request  # api's compile_config resolves W&B model artifacts too
+from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.compose import CompileRequest
 from ckpteval.deploy.layout import TOKENIZER_DIR
 from ckpteval.errors import ConfigError
-from ckpteval.execution.record import WatchOrigin
+from ckpteval.invocation.record import WatchOrigin, new_invocation_id
 from ckpteval.results.model import InvocationResults
 from ckpteval.watch.state import WatchSpec
 
@@ -84,7 +84,6 @@ def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: s
 def preview(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tuple[CompiledConfig, str, list[Any]]:
     """What `--dry-run` shows for one iteration: the compiled config, an invocation id, the job's panels."""
     from ckpteval.api import backend_for
-    from ckpteval.execution.record import new_invocation_id
 
     compiled = compile_evaluation(spec, iteration, iter_dir, run=run)
     invocation = new_invocation_id()

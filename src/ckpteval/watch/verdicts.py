@@ -34,7 +34,7 @@ def judge(
     from ckpteval.results.compare import compare
 
     if load is None:
-        from ckpteval.results.load import invocation_samples
+        from ckpteval.api import invocation_samples
 
         load = invocation_samples
     reader = load

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.config.profiles import Profile
-from ckpteval.execution.record import InvocationRecord, SlurmSubmission, TaskEntry
+from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, TaskEntry
 
 
 def refused_port() -> int:

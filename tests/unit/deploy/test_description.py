@@ -129,7 +129,7 @@ def test_inspect_command_text_json_and_bad_paths(variants: dict[str, Path], tmp_
 
 
 def test_a_run_is_refused_before_any_side_effect(variants: dict[str, Path], isolated_user: Path) -> None:
-    from ckpteval.execution.record import list_records
+    from ckpteval.invocation.record import list_records
 
     result = runner.invoke(
         app,

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from ckpteval.deploy.layout import CheckpointLayout
+from ckpteval.deploy.tokenizer_convert import materialize_tokenizer
 from ckpteval.deploy.tokenizer_source import (
     TokenizerSource,
     check_vocab_fits,
     is_hf_tokenizer_dir,
-    materialize_tokenizer,
     tokenizer_source,
     tokenizer_vocab_size,
 )

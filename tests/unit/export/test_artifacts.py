@@ -255,9 +255,8 @@ def test_a_resolved_artifact_is_the_checkpoint_path_and_the_dry_run_says_so(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ):
+    from ckpteval import CompileRequest, compile_config
     from ckpteval.cli.preview import render_preview
-    from ckpteval.config.compile import compile_config
-    from ckpteval.config.compose import CompileRequest
     from ckpteval.notices import show_notices
 
     show_notices()  # as the CLI does: the library's notices as lines on stderr
@@ -282,3 +281,16 @@ def test_a_resolved_artifact_is_the_checkpoint_path_and_the_dry_run_says_so(
     assert "team/evals/my-model:v7" in out.out
     assert "Detected W&B login" in out.err
     assert fake_key("a") not in out.out + out.err
+
+
+def test_config_alone_refuses_an_artifact_reference_it_has_no_resolver_for(isolated_user: Path):
+    """config/ sits below export/: W&B resolution is passed in (ckpteval.compile_config does), never imported."""
+    from ckpteval.config.compile import compile_config
+    from ckpteval.config.compose import CompileRequest
+
+    env = _slurm_env_toml(isolated_user)
+    request = CompileRequest(
+        configs=("sft",), profile="CLUSTER", mode="batch", env_file=env, overrides=("run.model=my-model:latest",)
+    )
+    with pytest.raises(ConfigError, match="names a model artifact"):
+        compile_config(request)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.execution.record import InvocationRecord, TaskEntry
+from ckpteval.invocation.record import InvocationRecord, TaskEntry
 from tests.support.jobdirs import compiled_config_yaml, make_job_dir
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 

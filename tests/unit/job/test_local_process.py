@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ckpteval.api import cancel
 from ckpteval.execution.local import job_process_alive, process_start_time
-from ckpteval.execution.record import InvocationRecord, LocalProcess
+from ckpteval.invocation.record import InvocationRecord, LocalProcess
 
 
 def _record(job_dir: Path, pid: int | None, started: str | None = None) -> InvocationRecord:
@@ -53,7 +53,7 @@ def test_a_job_that_ends_while_its_status_is_read_is_not_taken_for_cancelled(tmp
     that ends in between looked 'not running, no exit code': cancelled, and `evaluate watch` evaluated that
     checkpoint again. Liveness is read first, so the exit code written before the exit is always seen."""
     from ckpteval.execution import local
-    from ckpteval.execution.jobdir import JobDir
+    from ckpteval.invocation.jobdir import JobDir
 
     (tmp_path / "state").mkdir()
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import ckpteval.config.compile as compile_module
-import ckpteval.tasks.catalog as catalog_module
 from ckpteval.config.compile import CompileRequest, compile_config
 from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.files import job_files
 from ckpteval.job.plan import Step, TaskPlan, TaskRun
+from ckpteval.tasks import catalog as catalog_module
 from ckpteval.tasks.catalog import load_catalog
 from ckpteval.tasks.repeats import RunLayout, current_log, run_layouts
 

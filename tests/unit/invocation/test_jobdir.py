@@ -6,8 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from ckpteval.execution.jobdir import JobDir
 from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 
@@ -39,7 +39,7 @@ def test_no_job_dir_path_is_spelled_outside_the_layout_and_the_script():
     spelled = re.compile(
         r"""["'/](logs/job\.log|logs/deployment\.log|state/finished|state/deployment|results\.json)["']"""
     )
-    allowed = {SRC / "execution" / "jobdir.py", SRC / "job" / "script.py"}
+    allowed = {SRC / "invocation" / "jobdir.py", SRC / "job" / "script.py"}
     offenders = [
         f"{path.relative_to(SRC)}:{n}"
         for path in SRC.rglob("*.py")

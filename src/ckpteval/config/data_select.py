@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Sequence
 from pathlib import Path
 

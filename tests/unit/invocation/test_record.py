@@ -10,7 +10,7 @@ import pytest
 from ckpteval.config.compose import CompileRequest
 from ckpteval.config.secrets import REDACTED, SecretValues
 from ckpteval.errors import ConfigError
-from ckpteval.execution.record import (
+from ckpteval.invocation.record import (
     InvocationRecord,
     LocalProcess,
     SlurmSubmission,

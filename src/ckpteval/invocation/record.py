@@ -27,7 +27,6 @@ from ckpteval.errors import ConfigError
 if TYPE_CHECKING:
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.compose import CompileRequest
-    from ckpteval.job.plan import JobPlan
 
 STATE_DIR_VAR = "CKPTEVAL_STATE_DIR"
 RECORD_FILE = "record.json"
@@ -190,11 +189,6 @@ def command_line(request: CompileRequest, redact: Any) -> list[str]:
         words += ["-t", task]
     words += list(request.overrides)
     return [redact(w) for w in words]
-
-
-def task_entries(plan: JobPlan) -> list[TaskEntry]:
-    """The record's task entries of a job plan (name, task dir, repeats)."""
-    return [TaskEntry(name=t.name, dir=t.dir, repeats=t.repeats) for t in plan.tasks]
 
 
 def new_record(

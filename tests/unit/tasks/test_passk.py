@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ckpteval.results.passk import Sample, majority_vote, mode_names, pass_at_k, repeated_scores
+from ckpteval.tasks.passk import Sample, majority_vote, mode_names, pass_at_k, repeated_scores
 
 
 @pytest.mark.parametrize(
