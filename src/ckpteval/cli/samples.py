@@ -3,6 +3,8 @@ target and score; with `--vs`, the documents whose score changed between two inv
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import json
 from typing import TYPE_CHECKING, Annotated, TypeVar
 

@@ -13,6 +13,8 @@ each metric logged at `step = iteration`.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import os
 import time
 from pathlib import Path

@@ -17,6 +17,8 @@ the scores that are in, in iteration order, go to the curves. Everything it does
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -10,6 +10,8 @@ profile's SSH: one round trip per poll), the pipeline seam (`submit`), the verdi
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import contextlib
 import os
 import posixpath

@@ -8,6 +8,8 @@ run from running at the same time; a `stop` file asks a running watcher to end.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import fcntl
 import hashlib

@@ -13,6 +13,8 @@ nothing here asks where the job runs.
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path

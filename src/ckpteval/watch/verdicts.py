@@ -9,6 +9,8 @@ the difference with its CI, the Holm-corrected paired test and the minimum detec
 
 from __future__ import annotations
 
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
