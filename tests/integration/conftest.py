@@ -129,7 +129,11 @@ def tiny_checkpoint(infra: Infra) -> Iterator[str]:
     read it: the modules that evaluate it on the cluster share it (writing it costs a megatron import)."""
     from ckpteval.deploy import prepare_checkpoint
 
-    path = Path(infra.user_home) / "ckpteval-tests" / f"tiny-{uuid.uuid4().hex[:8]}"
+    tests_dir = Path(infra.user_home) / "ckpteval-tests"
+    # the CI user's jobs make their own directories in it: if this (root) creates it first, it is the CI user's
+    tests_dir.mkdir(exist_ok=True)
+    shutil.chown(tests_dir, user=infra.ssh_user)
+    path = tests_dir / f"tiny-{uuid.uuid4().hex[:8]}"
     prepare_checkpoint("tiny", path)
     subprocess.run(["chmod", "-R", "a+rX", str(path.parent)], check=True)
     yield str(path)
