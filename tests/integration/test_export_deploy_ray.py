@@ -169,7 +169,8 @@ def test_cancel_stops_ray_on_every_node(infra, ray_profile, tiny_checkpoint, tmp
     record = load_record(invocation)
     state = Path(record.job_dir) / "state" / "deployment"
     deadline = time.monotonic() + 540  # room for a second `ray start` on a busy machine
-    while not (state.is_file() and state.read_text().strip() == "ready") and time.monotonic() < deadline:
+    # until it is ready, or has failed (then the assert below shows why, from the deployment's log)
+    while not (state.is_file() and state.read_text().strip() in ("ready", "failed")) and time.monotonic() < deadline:
         time.sleep(2)
     assert state.read_text().strip() == "ready", (Path(record.job_dir) / "logs" / "deployment.log").read_text()[-3000:]
     assert ray_processes(infra.ssh_user)  # Ray runs while the deployment does
