@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ckpteval import routes
+import ckpteval.routes as routes
 from ckpteval.deploy.engine import Generation, ScoredRow
 from ckpteval.deploy.protocol import (
     ApiError,
