@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ckpteval.config.compose import CompileRequest
     from ckpteval.library import (
         compare,
+        export_inspect,
         fetch_data,
         prepare,
         push_data,
@@ -87,6 +88,7 @@ _API = (
 )
 _LIBRARY = (
     "compare",
+    "export_inspect",
     "fetch_data",
     "prepare",
     "push_data",
@@ -118,6 +120,7 @@ __all__ = [
     "compare",
     "compile_config",
     "export",
+    "export_inspect",
     "fetch_data",
     "inspect_checkpoint",
     "logs",

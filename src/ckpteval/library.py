@@ -170,6 +170,22 @@ def sample_flips(invocation: str, other: str, *, task: str | None = None, metric
     return out
 
 
+def export_inspect(invocation: str, out_dir: str | Path = "logs") -> dict[str, Path]:
+    """Write an invocation as Inspect evaluation logs, one per task with per-sample answers, into `out_dir`
+    (default `logs`, the directory `inspect view` opens): task -> the log written. Each sample has the
+    prompt as input, the model's answer as output, the target and a score per metric; each log's results
+    hold the task's metrics from results.json. Needs the `inspect` extra (inspect-ai); exporting again
+    replaces the logs."""
+    from ckpteval.api import invocation_samples
+    from ckpteval.export.to_inspect import require_inspect_ai, write_inspect_logs
+
+    require_inspect_ai()  # before a Slurm invocation's files are fetched for nothing
+    loaded = invocation_samples(invocation)
+    if not loaded.samples:
+        raise ConfigError(f"Invocation {loaded.name} has no task with per-sample answers to export.")
+    return write_inspect_logs(loaded, Path(out_dir))
+
+
 # -- the task catalog and packaged checkpoints ----------------------------------------------------------
 
 

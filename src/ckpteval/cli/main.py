@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Each document's prompt, answer, target and score; --vs OTHER: the flips between two invocations.",
     ),
     "report": ("report", "report_command", "One self-contained HTML report: scores, CIs, charts, verdicts."),
-    "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again)."),
+    "export": ("export", "export_command", "Export an invocation's results to W&B or MLflow (again), or Inspect logs."),
     "watch": ("watch", "watch_command", "Evaluate each new checkpoint of a running training; watch status|stop RUN."),
     "data": ("data", "data_command", "Tasks' datasets: fetch where the hub is reachable, push to an offline cluster."),
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),

@@ -78,7 +78,7 @@ def test_an_unknown_destination_is_refused():
     assert "tensorboard" in result.output
 
 
-def test_the_command_line_starts_without_wandb_or_mlflow():
+def test_the_command_line_starts_without_wandb_mlflow_or_inspect_ai():
     import subprocess
     import sys
 
@@ -86,7 +86,7 @@ def test_the_command_line_starts_without_wandb_or_mlflow():
         "import sys\n"
         "from ckpteval.cli.main import main\n"
         "try:\n    main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('wandb', 'mlflow', 'torch', 'nemo_run') if m in sys.modules))"
+        "print(sorted(m for m in ('wandb', 'mlflow', 'torch', 'nemo_run', 'inspect_ai') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,209 @@
+"""`evaluate export ID --to inspect`: Inspect evaluation logs of a recorded invocation (harness output in lm-eval's
+real format; HumanEval a recorded run), read back with inspect-ai's own reader and opened in `inspect view` in
+Debian's headless chromium."""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ckpteval.cli.main import app
+from ckpteval.results.model import InvocationResults
+from ckpteval.results.samples import read_samples
+from tests.deploy_support import free_port
+from tests.support.lm_eval_runs import gsm8k_run, hellaswag_run, humaneval_run, record_run, repeated_gsm8k_run
+
+runner = CliRunner(env={"COLUMNS": "200"})
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+# not installed: skipped; installed but broken: the tests fail (CI installs it: uv sync --extra inspect)
+needs_inspect = pytest.mark.skipif(
+    importlib.util.find_spec("inspect_ai") is None, reason="needs the inspect extra: uv sync --extra inspect"
+)
+# the tasks we ship, by kind: multiple choice by log-likelihood, generation with two answer filters,
+# code (a recorded HumanEval run), and repeated sampling (3 repeats: the epochs of each document)
+TASKS = {
+    "hellaswag": lambda d: hellaswag_run(d, [i < 7 for i in range(10)]),
+    "gsm8k": lambda d: gsm8k_run(d / "output", [i < 5 for i in range(8)]),
+    "adlr_humaneval_greedy": humaneval_run,
+    "gsm8k_x3": lambda d: repeated_gsm8k_run(d, [[i < k for i in range(6)] for k in (2, 3, 4)]),
+}
+
+
+@needs_inspect
+def test_every_task_round_trips_through_inspects_reader(tmp_path: Path):
+    from inspect_ai.log import read_eval_log
+
+    record_run(tmp_path / "jobs", "aaaa0001", TASKS)
+    result = runner.invoke(app, ["export", "aaaa", "--to", "inspect", "--out", str(tmp_path / "logs")])
+    assert result.exit_code == 0, result.output
+    *written, last = result.output.strip().splitlines()
+    assert last == f"Open them with: inspect view --log-dir {tmp_path / 'logs'}"
+    logs = dict(line.split(": ", 1) for line in written)  # task -> its log
+    assert sorted(logs) == sorted(TASKS)
+    assert sorted(logs.values()) == sorted(str(p) for p in (tmp_path / "logs").glob("*.eval"))
+    job = tmp_path / "jobs" / "aaaa0001"
+    ours = InvocationResults.from_json(json.loads((job / "results.json").read_text()))
+    for task, outcome in ours.tasks.items():
+        log = read_eval_log(logs[task])
+        assert (log.status, log.eval.task, log.eval.run_id) == ("success", task, "aaaa0001")
+        rows = read_samples(job / "tasks" / task / "samples.jsonl")
+        assert log.samples is not None and len(log.samples) == len(rows)
+        repeats = sorted({r.repeat for r in rows if r.repeat is not None})
+        assert log.eval.config.epochs == max(len(repeats), 1)
+        for sample, row in zip(log.samples, rows, strict=True):
+            assert (sample.id, sample.input, sample.target) == (row.sample, row.prompt, row.target)
+            assert row.prompt and row.target and row.response  # the harness logged them: compared, not ""
+            assert sample.output.completion == row.response
+            assert sample.epoch == (repeats.index(row.repeat) + 1 if row.repeat is not None else 1)
+            assert {m: s.value for m, s in (sample.scores or {}).items()} == row.scores
+            answer = row.answer if row.answer is not None else row.response
+            assert {s.answer for s in (sample.scores or {}).values()} == {answer}
+        # the aggregate: each metric of results.json in each evaluation mode, with its standard error
+        assert log.results is not None and log.results.completed_samples == len({r.sample for r in rows})
+        scores = {s.name: s.metrics for s in log.results.scores}
+        assert set(scores) == set(outcome.metrics)
+        for metric, aggregate in outcome.metrics.items():
+            for mode, values in outcome.evaluation_modes().items():
+                assert scores[metric][mode].value == values[metric].value
+            assert scores[metric]["stderr"].value == aggregate.stderr
+    # the kinds are all there: a code answer, a repeated task's epochs
+    humaneval = read_eval_log(logs["adlr_humaneval_greedy"])
+    assert "for idx, elem in enumerate(numbers):" in (humaneval.samples or [])[0].output.completion
+    assert set(ours.tasks["gsm8k_x3"].modes) == {"pass@1[avg-of-3]", "majority@3", "pass@3"}
+
+
+@needs_inspect
+def test_exporting_again_replaces_the_logs(tmp_path: Path):
+    record_run(tmp_path / "jobs", "aaaa0001", {"gsm8k": TASKS["gsm8k"]})
+    out = tmp_path / "logs"
+    for _ in range(2):
+        result = runner.invoke(app, ["export", "aaaa0001", "--to", "inspect", "-o", str(out)])
+        assert result.exit_code == 0, result.output
+    assert [p.name for p in out.iterdir()] == ["2026-11-27T10-00-00Z_gsm8k_aaaa0001.eval"]
+
+
+def test_without_inspect_ai_one_line_says_how_to_install_it(tmp_path: Path):
+    # inspect_ai made unimportable in a fresh interpreter, as in an environment without the extra
+    code = (
+        "import sys; sys.modules['inspect_ai'] = None\n"
+        "from ckpteval.cli.main import main\n"
+        "main(['export', 'aaaa0001', '--to', 'inspect'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: Exporting to Inspect needs inspect-ai, not installed here: "
+        "uv sync --extra inspect (or pip install 'ckpteval[inspect]')."
+    ]
+    assert not (Path.cwd() / "logs").exists()
+
+
+@needs_inspect
+def test_an_unknown_invocation_is_one_message(tmp_path: Path):
+    result = runner.invoke(app, ["export", "ffff0000", "--to", "inspect", "-o", str(tmp_path / "logs")])
+    assert result.exit_code == 2 and "No invocation 'ffff0000'" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "logs").exists()
+
+
+def test_out_without_inspect_is_refused(tmp_path: Path):
+    result = runner.invoke(app, ["export", "aaaa0001", "--to", "wandb", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--out is where Inspect logs go" in result.output
+
+
+# -- `inspect view` in a browser ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`inspect view` serving the logs of a recorded HumanEval run (one server for the module)."""
+    from ckpteval.export.to_inspect import write_inspect_logs
+    from ckpteval.results.compare import InvocationSamples
+
+    root = tmp_path_factory.mktemp("inspect-view")
+    task = "adlr_humaneval_greedy"
+    with pytest.MonkeyPatch.context() as patch:  # record_run saves an invocation record: keep it in this module's dir
+        patch.setenv("XDG_STATE_HOME", str(root / "state"))
+        results = record_run(root / "jobs", "bbbb0002", {task: humaneval_run})
+    write_inspect_logs(
+        InvocationSamples.load(root / "jobs" / "bbbb0002", results, {task: f"tasks/{task}"}), root / "logs"
+    )
+    port = free_port()
+    inspect = Path(sys.executable).with_name("inspect")
+    log = (root / "view.log").open("w")
+    server = subprocess.Popen(
+        [str(inspect), "view", "start", "--log-dir", str(root / "logs"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "api/logs", timeout=5) as response:
+                    if "adlr-humaneval-greedy" in response.read().decode():
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, (root / "view.log").read_text()
+            assert time.monotonic() < deadline, "inspect view did not answer in 120 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def _visible_text(dom: str) -> str:
+    dom = re.sub(r"<(script|style)\b.*?</\1>", "", dom, flags=re.S)
+    return html.unescape(" | ".join(t.strip() for t in re.split(r"<[^>]+>", dom) if t.strip()))
+
+
+@needs_inspect
+@needs_browser
+def test_inspect_view_shows_the_task_and_the_models_answers(viewer: str):
+    # the viewer is a JS app that fetches the logs: the page is read again until it has rendered, up to a deadline
+    deadline, text, tries = time.monotonic() + 120, "", 0
+    while "adlr_humaneval_greedy/0" not in text and time.monotonic() < deadline:
+        dom = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--virtual-time-budget=20000",
+                "--dump-dom",
+                viewer,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        text, tries = _visible_text(dom), tries + 1
+    assert "adlr_humaneval_greedy/0" in text, f"no sample shown after {tries} tries: {text[:2000]}"
+    assert " | adlr_humaneval_greedy | " in text  # the task's name, on its own
+    # the scorer with the task's value and stderr (results.json: 0.5, 0.2887), then the samples' table
+    assert "pass_at_1__n=1__evalplus_sanitize" in text
+    assert "greedy | 0.5 | stderr | 0.289" in text
+    assert "Id | Input | Target | Answer | Score" in text
+    # problem 0's answer: the code the model wrote (only in its response, not in the prompt)
+    assert "for idx, elem in enumerate(numbers):" in text
