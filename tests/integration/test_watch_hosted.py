@@ -61,7 +61,11 @@ def test_the_watcher_on_the_cluster_chains_itself_and_evaluates_each_checkpoint_
         "CI",
         python=str(venv_bin / "python"),
         nodes=1,
-        env_vars={"PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        env_vars={
+            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+        },
         watch_time="00:02:00",
         watch_signal_lead=60,
     )

@@ -39,7 +39,7 @@ PROFILE = Profile(
 
 
 def _env(tmp_path: Path, **keys: object) -> Path:
-    lines = ["[CL]"] + [f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}" for k, v in keys.items()]
+    lines = ["[CL]"] + [f"{k} = {str(v).lower() if isinstance(v, bool) else json.dumps(v)}" for k, v in keys.items()]
     path = tmp_path / "env.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -168,7 +168,7 @@ def _watch_until_stopped(spec: WatchSpec, **_kw: object) -> WatchOutcome:
 
 
 def test_on_the_signal_a_link_submits_the_next_and_ends_cleanly(link, monkeypatch):
-    home, _spec_, calls = link
+    home, _, calls = link
     monkeypatch.setattr(watch_run, "watch", _watch_until_stopped)
     assert hosted.main([str(home)]) == 0
     (call,) = calls.read_text().splitlines()
@@ -177,7 +177,7 @@ def test_on_the_signal_a_link_submits_the_next_and_ends_cleanly(link, monkeypatc
 
 
 def test_after_a_stop_the_signal_submits_no_next_link(link, monkeypatch):
-    home, _spec_, calls = link
+    home, _, calls = link
     (home / "stopped").write_text("1\n")
     monkeypatch.setattr(watch_run, "watch", _watch_until_stopped)
     assert hosted.main([str(home)]) == 0
