@@ -277,8 +277,14 @@ def _status(run: str | None, *, json_output: bool) -> None:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return
     console = _console()
+    from ckpteval.watch.hosted import hosted_runs
+
+    on_cluster = hosted_runs() if not run else []
+    if on_cluster:
+        console.print(f"on a cluster (--detach; `evaluate watch status RUN` asks it): {', '.join(on_cluster)}")
     if not runs:
-        console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
+        if not on_cluster:
+            console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
         return
     from rich.table import Table
 

@@ -206,10 +206,15 @@ def remember(hosted: HostedWatch, env_file: str | None) -> None:
     write_text_atomic(path, json.dumps(dataclasses.asdict(ref), indent=2) + "\n")
 
 
+def hosted_runs() -> list[str]:
+    """The runs whose watcher was put on a cluster from here (`--detach`), by name."""
+    base = _pointer("x").parent
+    return sorted(p.stem for p in base.glob("*.json")) if base.is_dir() else []
+
+
 def find_hosted(ref: str) -> HostedRef | None:
     """The cluster-hosted run named `ref` (or the only one starting with it); None when there is none."""
-    base = _pointer("x").parent
-    names = sorted(p.stem for p in base.glob("*.json")) if base.is_dir() else []
+    names = hosted_runs()
     matches = [n for n in names if n == ref] or [n for n in names if n.startswith(ref)]
     if len(matches) != 1:
         return None

@@ -190,3 +190,71 @@ def test_a_link_stopped_without_the_signal_submits_nothing(link, monkeypatch):
     monkeypatch.setattr(watch_run, "watch", lambda s, **_kw: WatchOutcome(run, "stopped", [], [], []))
     assert hosted.main([str(home)]) == 0  # scancel (SIGTERM) or `watch stop`: the loop ended, no chain
     assert not calls.exists()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A "cluster" on this machine: its files under tmp_path, squeue/scancel stand-ins over a jobs file
+    (a running watcher ends when it gets SIGTERM), reached through LocalRemote instead of SSH."""
+    from ckpteval.cluster import connect
+    from ckpteval.cluster.remote import LocalRemote
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    jobs, calls = tmp_path / "jobs", tmp_path / "scancel-calls"
+    jobs.write_text("")
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {jobs}\n")
+    (bin_dir / "scancel").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n'
+        f'for id in "$@"; do case "$id" in -*) ;; *) grep -v "^$id|" {jobs} > {jobs}.new; mv {jobs}.new {jobs};; '
+        "esac; done\n"
+    )
+    for tool in ("squeue", "scancel"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(connect, "connect_remote", lambda _profile, **_kw: LocalRemote())
+    env = _env(tmp_path, host="h", remote_job_dir=str(tmp_path / "r"))
+    h = hosted.plan_hosted(_spec(env))
+    hosted.remember(h, str(env))
+    ref = hosted.find_hosted(h.run[:6])
+    assert ref is not None and ref.home == h.home
+    return ref, jobs, calls
+
+
+def test_status_reads_the_state_and_the_watcher_job_on_the_cluster(cluster):
+    ref, jobs, _calls = cluster
+    jobs.write_text("71|RUNNING|node3|None\n")
+    state_dir = Path(ref.home, "state", "watch", ref.run)
+    state_dir.mkdir(parents=True)
+    spec = WatchSpec(save_dir=ref.save_dir, configs=["tiny"], profile="CL", tasks=[], overrides=[])
+    from ckpteval.watch.state import WatchState, state_to_json
+
+    (state_dir / "state.json").write_text(json.dumps(state_to_json(WatchState(ref.run, spec, 1.0, polls=7))))
+    Path(ref.home, "links.log").write_text("1 70 submitted by the user\n2 71 chained by 70\n")
+    status = hosted.hosted_status(ref)
+    assert status.jobs == [hosted.WatcherJob("71", "RUNNING", "node3")]
+    assert status.state is not None and status.state.polls == 7 and len(status.links) == 2
+    shown = runner.invoke(app, ["watch", "status", ref.run], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert "watching (Slurm job 71 RUNNING on node3)" in shown.output and "2 link(s)" in shown.output
+    listed = runner.invoke(app, ["watch", "status"])
+    assert f"on a cluster (--detach; `evaluate watch status RUN` asks it): {ref.run}" in listed.output
+
+
+def test_stop_marks_the_run_stopped_terms_the_running_link_and_cancels_a_queued_one(cluster):
+    ref, jobs, calls = cluster
+    jobs.write_text("71|RUNNING|node3|None\n72|PENDING||Dependency\n")
+    result = runner.invoke(app, ["watch", "stop", ref.run, "--timeout", "5"])
+    assert result.exit_code == 0 and "stopped the watcher" in result.output, result.output
+    assert calls.read_text().splitlines() == ["72", "--batch --signal=TERM 71"]
+    assert Path(ref.home, "stopped").is_file()  # a link signalled now submits no next one
+    assert Path(ref.home, "state", "watch", ref.run, "stop").is_file()
+
+
+def test_stop_says_so_when_the_watcher_does_not_end(cluster, monkeypatch):
+    ref, jobs, calls = cluster
+    jobs.write_text("71|RUNNING|node3|None\n")
+    (Path(calls.parent, "bin", "scancel")).write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')  # ignored by it
+    message, stopped = hosted.stop_hosted(ref, timeout=1)
+    assert not stopped and "did not end within 1 s: cancelled" in message
+    assert calls.read_text().splitlines()[-1] == f"--name {hosted.job_name(ref.run)}"
