@@ -50,6 +50,7 @@ def _save_next(save_dir: Path, iteration: int, like: Path, infra: Infra) -> None
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.timeout(1500)
 def test_the_watcher_on_the_cluster_chains_itself_and_evaluates_each_checkpoint_once(
     write_env_toml, infra: Infra, remote_job_dir: str, tiny_checkpoint: str, monkeypatch
 ):
@@ -124,7 +125,7 @@ def test_the_watcher_on_the_cluster_chains_itself_and_evaluates_each_checkpoint_
             its = (state or {}).get("iterations", {})
             return len(links()) >= 3 and all(its.get(k, {}).get("state") == "succeeded" for k in ("100", "200"))
 
-        wait_for(done, timeout=540, interval=5, what="two chains and both checkpoints evaluated")
+        wait_for(done, timeout=1200, interval=5, what="two chains and both checkpoints evaluated")
         shown = status()
         chained = [line for line in links() if "chained by" in line]
         assert len(chained) >= 2, links()
@@ -147,5 +148,11 @@ def test_the_watcher_on_the_cluster_chains_itself_and_evaluates_each_checkpoint_
         assert {k: len(v["attempts"]) for k, v in final.items()} == {"100": 1, "200": 1}
     finally:
         subprocess.run(["scancel", "--name", name], check=False)
+        state_file = home / "state" / "watch" / run / "state.json"
+        recorded = json.loads(state_file.read_text())["iterations"] if state_file.is_file() else {}
+        for entry in recorded.values():  # the evaluations go on without their watcher: ours end with the test
+            for attempt in entry["attempts"]:
+                if attempt.get("invocation"):
+                    subprocess.run(["scancel", "--name", f"ckpteval-{attempt['invocation']}"], check=False)
         log = "\n".join(p.read_text()[-3000:] for p in sorted(home.glob("watcher-*.out"))) if home.is_dir() else ""
         print(log)
