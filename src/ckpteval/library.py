@@ -437,6 +437,13 @@ def watch_hosted(run: str) -> HostedRef | None:
     return find_hosted(run)
 
 
+def watch_hosted_runs() -> list[str]:
+    """The watch runs whose watcher was put on a cluster from here (`--detach`), by name."""
+    from ckpteval.watch.hosted import hosted_runs
+
+    return hosted_runs()
+
+
 def watch_hosted_status(ref: HostedRef) -> HostedStatus:
     """A cluster-hosted run's state and its watcher's Slurm jobs, read over SSH."""
     from ckpteval.watch.hosted import hosted_status

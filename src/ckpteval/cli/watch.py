@@ -168,14 +168,12 @@ def _detach(spec: Any, *, dry_run: bool) -> None:
     if dry_run:
         from rich.syntax import Syntax
 
-        from ckpteval.watch.hosted import ENV_FILE, SCRIPT_FILE
-
         hosted = ckpteval.watch_detach_dry_run(spec)
         console.print(f"watch run [bold]{hosted.run}[/]: the watcher would live in {hosted.home} on the cluster")
-        console.print(f"[bold]{SCRIPT_FILE}[/] (submitted with sbatch; nothing submitted now):")
-        console.print(Syntax(hosted.uploads[SCRIPT_FILE], "bash", word_wrap=True))
-        console.print(f"[bold]{ENV_FILE}[/] there (the profile, reached locally on the cluster):")
-        console.print(Syntax(hosted.uploads[ENV_FILE], "toml", word_wrap=True))
+        console.print("[bold]watcher.sbatch[/] (submitted with sbatch; nothing submitted now):")
+        console.print(Syntax(hosted.script, "bash", word_wrap=True))
+        console.print("[bold]env.toml[/] there (the profile, reached locally on the cluster):")
+        console.print(Syntax(hosted.env_toml, "toml", word_wrap=True))
         return
     submitted = ckpteval.watch_detach(spec)
     console.print(
@@ -277,9 +275,7 @@ def _status(run: str | None, *, json_output: bool) -> None:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return
     console = _console()
-    from ckpteval.watch.hosted import hosted_runs
-
-    on_cluster = hosted_runs() if not run else []
+    on_cluster = ckpteval.watch_hosted_runs() if not run else []
     if on_cluster:
         console.print(f"on a cluster (--detach; `evaluate watch status RUN` asks it): {', '.join(on_cluster)}")
     if not runs:
@@ -311,22 +307,10 @@ def _status(run: str | None, *, json_output: bool) -> None:
 
 
 def _hosted_status(status: Any, *, json_output: bool) -> None:
-    import dataclasses
-
     from rich.markup import escape
 
-    from ckpteval.watch.run import health
-    from ckpteval.watch.state import state_to_json
-
     if json_output:
-        data = {
-            "run": status.ref.run,
-            "hosted": dataclasses.asdict(status.ref),
-            "watcher_jobs": [dataclasses.asdict(j) for j in status.jobs],
-            "links": status.links,
-            "state": state_to_json(status.state) if status.state else None,
-        }
-        print(json.dumps(data, indent=2))
+        print(json.dumps(status.to_json(), indent=2))
         return
     console = _console()
     running = [j for j in status.jobs if j.state == "RUNNING"]
@@ -343,7 +327,7 @@ def _hosted_status(status: Any, *, json_output: bool) -> None:
     if status.state is None:
         console.print("it has not written its state yet")
         return
-    _run_status(console, status.state, health(status.state), watcher_line=False)
+    _run_status(console, status.state, status.health, watcher_line=False)
 
 
 def _run_status(console: Any, state: Any, h: Any, *, watcher_line: bool = True) -> None:

@@ -41,6 +41,7 @@ from ckpteval.watch.state import WatchSpec, WatchState, run_name
 
 if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
+    from ckpteval.watch.run import Health
 
 SPEC_FILE = "spec.json"
 ENV_FILE = "env.toml"
@@ -70,6 +71,16 @@ class HostedWatch:
 
     def path(self, name: str) -> str:
         return posixpath.join(self.home, name)
+
+    @property
+    def script(self) -> str:
+        """The watcher's sbatch script (what `--dry-run` shows)."""
+        return self.uploads[SCRIPT_FILE]
+
+    @property
+    def env_toml(self) -> str:
+        """The env.toml the watcher reads on the cluster."""
+        return self.uploads[ENV_FILE]
 
 
 def hosted_home(profile: Profile, run: str) -> str:
@@ -335,6 +346,25 @@ class HostedStatus:
     jobs: list[WatcherJob]
     links: list[str]  # "<epoch> <job id> <what>", oldest first
     where: str
+
+    @property
+    def health(self) -> Health | None:
+        """The run's polls, evaluations in flight and errors, from its state (its liveness is `jobs`)."""
+        from ckpteval.watch.run import health
+
+        return health(self.state) if self.state else None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping: where it is, its watcher jobs, its links and its state."""
+        from ckpteval.watch.state import state_to_json
+
+        return {
+            "run": self.ref.run,
+            "hosted": dataclasses.asdict(self.ref),
+            "watcher_jobs": [dataclasses.asdict(j) for j in self.jobs],
+            "links": self.links,
+            "state": state_to_json(self.state) if self.state else None,
+        }
 
 
 def hosted_status(ref: HostedRef) -> HostedStatus:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -258,3 +259,17 @@ def test_stop_says_so_when_the_watcher_does_not_end(cluster, monkeypatch):
     message, stopped = hosted.stop_hosted(ref, timeout=1)
     assert not stopped and "did not end within 1 s: cancelled" in message
     assert calls.read_text().splitlines()[-1] == f"--name {hosted.job_name(ref.run)}"
+
+
+def test_a_cluster_python_without_this_ckpteval_is_named_in_one_message(tmp_path: Path):
+    import ckpteval
+    from ckpteval.cluster.remote import LocalRemote
+
+    other = tmp_path / "other-python"
+    other.write_text("#!/bin/sh\nprintf 0.0.1\n")
+    other.chmod(0o755)
+    remote = LocalRemote()
+    assert hosted.python_problem(remote, sys.executable) is None
+    assert hosted.python_problem(remote, str(other)) == f"it has ckpteval 0.0.1, this machine {ckpteval.__version__}"
+    missing = hosted.python_problem(remote, "/usr/bin/false")
+    assert missing is not None and missing.startswith("it cannot import ckpteval")
