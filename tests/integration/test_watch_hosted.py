@@ -156,3 +156,17 @@ def test_the_watcher_on_the_cluster_chains_itself_and_evaluates_each_checkpoint_
                     subprocess.run(["scancel", "--name", f"ckpteval-{attempt['invocation']}"], check=False)
         log = "\n".join(p.read_text()[-3000:] for p in sorted(home.glob("watcher-*.out"))) if home.is_dir() else ""
         print(log)
+
+
+def test_a_cluster_python_without_ckpteval_is_refused_before_anything_is_submitted(
+    write_env_toml, infra: Infra, remote_job_dir: str
+):
+    env = write_env_toml("CI", watch_python="/usr/bin/python3")  # the system's: no ckpteval there
+    save_dir = f"{remote_job_dir}/run42/checkpoints"
+    result = cli("watch", save_dir, "-c", "tiny", "--run", "CI", "--env-file", str(env), "--detach")
+    assert result.exit_code == 2, result.output
+    assert "watch_python = /usr/bin/python3" in result.output and "cannot import ckpteval" in result.output
+    from ckpteval.watch.state import run_name
+
+    assert _jobs(job_name(run_name(save_dir, "CI"))) == []
+    assert not (Path(remote_job_dir) / "watch").exists()
