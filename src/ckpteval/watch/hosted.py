@@ -439,8 +439,8 @@ def _say(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """One link of a cluster-hosted watcher (what watcher.sbatch runs): the watcher loop until a stop, the
-    chain's signal or scancel; on the signal the next link is submitted first."""
-    from ckpteval.watch.run import watch
+    chain's signal or scancel; on the signal the next link is submitted first. The handler is installed
+    before the heavy imports (USR1's default action ends the process)."""
     from ckpteval.watch.state import stop_file
 
     args = sys.argv[1:] if argv is None else argv
@@ -484,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(f"{time.time()}\n")  # the loop checks it several times a second
 
     signal.signal(signal.SIGUSR1, on_time_limit)
+    from ckpteval.watch.run import watch
+
     _say(f"watcher link {job_id} on {os.uname().nodename}: watching {spec.save_dir} as run {run}")
     status = 0
     try:
