@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ckpteval.results.answers import DocumentAnswer, TaskFlips
     from ckpteval.results.compare import Comparison
     from ckpteval.tasks.data_cache import FetchResult
+    from ckpteval.watch.hosted import HostedRef, HostedStatus, HostedSubmission, HostedWatch
     from ckpteval.watch.loop import WatchEvent
     from ckpteval.watch.run import DryRun, Health, StopResult, WatchOutcome
     from ckpteval.watch.state import WatchSpec, WatchState
@@ -417,10 +418,53 @@ def watch_dry_run(spec: WatchSpec) -> DryRun:
 
 def watch_stop(run: str, *, timeout: float = 60.0) -> StopResult:
     """Ask a watch run's process to stop after its current step and wait up to `timeout` seconds for it to
-    exit; the result says whether it did, in words too."""
-    from ckpteval.watch.run import request_stop
+    exit; the result says whether it did, in words too. A run whose watcher lives on the cluster is
+    stopped there, over SSH (its Slurm job ends)."""
+    from ckpteval.watch.hosted import find_hosted, stop_hosted
+    from ckpteval.watch.run import StopResult, request_stop
+
+    hosted = find_hosted(run)
+    if hosted is not None:
+        message, stopped = stop_hosted(hosted, timeout=timeout)
+        return StopResult(message, stopped)
 
     return request_stop(run, timeout=timeout)
+
+
+def watch_detach(spec: WatchSpec) -> HostedSubmission:
+    """Put the watcher of `spec` on its Slurm cluster as a self-chaining CPU-only job (docs/watch.md,
+    "A watcher on the cluster"); returns its first job. `watch_status`/`watch_stop` reach it over SSH."""
+    from ckpteval.watch.hosted import submit_hosted
+
+    return submit_hosted(spec)
+
+
+def watch_detach_dry_run(spec: WatchSpec) -> HostedWatch:
+    """The cluster-hosted watcher `watch_detach` would submit (its sbatch script and files); contacts nothing."""
+    from ckpteval.watch.hosted import plan_hosted
+
+    return plan_hosted(spec)
+
+
+def watch_hosted(run: str) -> HostedRef | None:
+    """The cluster-hosted watch run named `run` (an id or a prefix) submitted from here, or None."""
+    from ckpteval.watch.hosted import find_hosted
+
+    return find_hosted(run)
+
+
+def watch_hosted_runs() -> list[str]:
+    """The watch runs whose watcher was put on a cluster from here (`--detach`), by name."""
+    from ckpteval.watch.hosted import hosted_runs
+
+    return hosted_runs()
+
+
+def watch_hosted_status(ref: HostedRef) -> HostedStatus:
+    """A cluster-hosted run's state and its watcher's Slurm jobs, read over SSH."""
+    from ckpteval.watch.hosted import hosted_status
+
+    return hosted_status(ref)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,14 @@ def watch_command(
     ] = 60.0,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="`status`: print JSON.")] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="Run the watcher on the cluster (--run's Slurm profile) as a CPU-only job that resubmits itself "
+            "before its time limit; this command returns once it is submitted.",
+        ),
+    ] = False,
 ) -> None:
     """Evaluate each checkpoint of a running Megatron training as soon as it is completely written.
 
@@ -99,6 +107,7 @@ def watch_command(
 
       evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER -t adlr_mmlu -t hellaswag
       evaluate watch ./checkpoints -c tiny --every 60 --once  [dim]# here: what is there, then exit[/]
+      evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER --detach  [dim]# on the cluster[/]
       evaluate watch status run42-3fa2c1                      [dim]# from any shell[/]
       evaluate watch stop run42-3fa2c1
     """
@@ -141,10 +150,37 @@ def watch_command(
         follow_every=follow_every or 0.0,
         eval_timeout=eval_timeout,
     )
+    if detach:
+        if once:
+            raise ConfigError("--detach and --once do not go together: a watcher on the cluster runs until stopped.")
+        _detach(spec, dry_run=dry_run)
+        return
     if dry_run:
         _dry_run(spec)
         return
     _watch(spec, once=once)
+
+
+def _detach(spec: Any, *, dry_run: bool) -> None:
+    import ckpteval
+
+    console = _console()
+    if dry_run:
+        from rich.syntax import Syntax
+
+        hosted = ckpteval.watch_detach_dry_run(spec)
+        console.print(f"watch run [bold]{hosted.run}[/]: the watcher would live in {hosted.home} on the cluster")
+        console.print("[bold]watcher.sbatch[/] (submitted with sbatch; nothing submitted now):")
+        console.print(Syntax(hosted.script, "bash", word_wrap=True))
+        console.print("[bold]env.toml[/] there (the profile, reached locally on the cluster):")
+        console.print(Syntax(hosted.env_toml, "toml", word_wrap=True))
+        return
+    submitted = ckpteval.watch_detach(spec)
+    console.print(
+        f"watch run [bold]{submitted.run}[/]: its watcher is Slurm job {submitted.job_id} on {submitted.where} "
+        f"(files and state in {submitted.home}); it resubmits itself before its time limit.\n"
+        f"`evaluate watch status {submitted.run}` shows it, `evaluate watch stop {submitted.run}` ends it."
+    )
 
 
 def _console() -> Any:
@@ -230,13 +266,21 @@ def _dry_run(spec: Any) -> None:
 def _status(run: str | None, *, json_output: bool) -> None:
     import ckpteval
 
+    hosted = ckpteval.watch_hosted(run) if run else None
+    if hosted is not None:
+        _hosted_status(ckpteval.watch_hosted_status(hosted), json_output=json_output)
+        return
     runs = ckpteval.watch_runs(run)
     if json_output:
         print(json.dumps([r.to_json() for r in runs], indent=2))
         return
     console = _console()
+    on_cluster = ckpteval.watch_hosted_runs() if not run else []
+    if on_cluster:
+        console.print(f"on a cluster (--detach; `evaluate watch status RUN` asks it): {', '.join(on_cluster)}")
     if not runs:
-        console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
+        if not on_cluster:
+            console.print("No watch runs recorded yet. Start one with `evaluate watch DIR -c CONFIG`.")
         return
     from rich.table import Table
 
@@ -262,21 +306,39 @@ def _status(run: str | None, *, json_output: bool) -> None:
     console.print(table)
 
 
-def _run_status(console: Any, state: Any, h: Any) -> None:
+def _hosted_status(status: Any, *, json_output: bool) -> None:
+    from rich.markup import escape
+
+    if json_output:
+        print(json.dumps(status.to_json(), indent=2))
+        return
+    console = _console()
+    running = [j for j in status.jobs if j.state == "RUNNING"]
+    if running:
+        j = running[-1]
+        watcher = f"[green]watching[/] (Slurm job {j.job_id} RUNNING on {j.node})"
+    elif status.jobs:
+        j = status.jobs[-1]
+        watcher = f"[yellow]queued[/] (Slurm job {j.job_id} {j.state}{f', {j.reason}' if j.reason else ''})"
+    else:
+        watcher = "[yellow]not running[/] (no watcher job on the cluster)"
+    links = f"{len(status.links)} link(s) of the chain so far" if status.links else "no link submitted"
+    console.print(f"[bold]{status.ref.run}[/]  {watcher}  on {status.where}:{escape(status.ref.home)}; {links}")
+    if status.state is None:
+        console.print("it has not written its state yet")
+        return
+    _run_status(console, status.state, status.health, watcher_line=False)
+
+
+def _run_status(console: Any, state: Any, h: Any, *, watcher_line: bool = True) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     from ckpteval.views import verdict_lines
 
     now = time.time()
-    if h.alive:
-        where = f" on {h.host}" if h.host else ""
-        watcher = f"[green]watching[/] (process {h.pid}{where}, since {_clock(h.since)})"
-        if h.overdue:
-            watcher += f" [bold red]but its poll is overdue since {_ago(h.next_poll, now)}[/]"
-    else:
-        watcher = "[yellow]not running[/]" + (f" (last watcher on {h.host})" if h.host else "")
-    console.print(f"[bold]{state.run}[/]  {watcher}  {escape(state.spec.save_dir)}")
+    if watcher_line:
+        console.print(f"[bold]{state.run}[/]  {_watcher_words(h, now)}  {escape(state.spec.save_dir)}")
     polls = f"profile {state.spec.profile or 'local'}; {state.polls} polls, last {_ago(h.last_poll, now)}"
     if h.next_poll:
         polls += f", next in {max(0.0, h.next_poll - now):.0f} s"
@@ -303,6 +365,16 @@ def _run_status(console: Any, state: Any, h: Any) -> None:
     for e in judged:
         for line in verdict_lines(e):
             console.print(f"  iteration {e.iteration} {escape(line)}")
+
+
+def _watcher_words(h: Any, now: float) -> str:
+    if not h.alive:
+        return "[yellow]not running[/]" + (f" (last watcher on {h.host})" if h.host else "")
+    where = f" on {h.host}" if h.host else ""
+    watcher = f"[green]watching[/] (process {h.pid}{where}, since {_clock(h.since)})"
+    if h.overdue:
+        watcher += f" [bold red]but its poll is overdue since {_ago(h.next_poll, now)}[/]"
+    return watcher
 
 
 def _clock(t: float | None) -> str:

@@ -77,6 +77,13 @@ class Profile:
     # ${remote_job_dir}/datasets (pushed at submission from the local dataset cache), and a task whose
     # data is neither staged nor fetched is refused before anything is submitted.
     compute_internet: bool = True
+    # The cluster-hosted watcher (`evaluate watch ... --detach`): a small CPU-only job (one CPU, no GPU)
+    # that chains itself before its time limit. None falls back to partition / account / python.
+    watch_partition: str | None = None
+    watch_account: str | None = None
+    watch_time: str = "04:00:00"
+    watch_signal_lead: int = 300  # seconds before the time limit when it resubmits itself and exits
+    watch_python: str | None = None  # the Python on the cluster with this version of ckpteval installed
 
     def to_config(self) -> dict[str, Any]:
         """The profile as the `run.env` node of the composed config (every key present)."""
@@ -160,6 +167,7 @@ def _check_numbers(profile: Profile, *, where: str) -> None:
         ("port", profile.port, 1, 65535),
         ("nodes", profile.nodes, 1, None),
         ("gpus_per_node", profile.gpus_per_node, 0, None),
+        ("watch_signal_lead", profile.watch_signal_lead, 10, None),
     ):
         if value is not None and (value < low or (high is not None and value > high)):
             allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
