@@ -234,15 +234,16 @@ def find_hosted(ref: str) -> HostedRef | None:
 
 def python_problem(remote: Remote, python: str) -> str | None:
     """None when `python` on the cluster imports this version of ckpteval; else what is wrong, in words."""
-    import ckpteval
+    from importlib.metadata import version  # the installed distribution's: what `import ckpteval` reports
 
-    probe = "import ckpteval, sys; sys.stdout.write(ckpteval.__version__)"
+    probe = "import ckpteval, importlib.metadata as m, sys; sys.stdout.write(m.version('ckpteval'))"
     result = remote.run([python, "-c", probe], check=False, timeout=60)
     if not result.ok:
         lines = [ln.strip() for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
         return f"it cannot import ckpteval ({lines[-1] if lines else f'exit status {result.returncode}'})"
-    if result.stdout.strip() != ckpteval.__version__:
-        return f"it has ckpteval {result.stdout.strip()}, this machine {ckpteval.__version__}"
+    here = version("ckpteval")
+    if result.stdout.strip() != here:
+        return f"it has ckpteval {result.stdout.strip()}, this machine {here}"
     return None
 
 

@@ -262,8 +262,12 @@ def test_stop_says_so_when_the_watcher_does_not_end(cluster, monkeypatch):
 
 
 def test_a_cluster_python_without_this_ckpteval_is_named_in_one_message(tmp_path: Path):
+    from importlib.metadata import version
+
     import ckpteval
     from ckpteval.cluster.remote import LocalRemote
+
+    assert ckpteval.__version__ == version("ckpteval")  # what `--version` prints is what the check compares
 
     other = tmp_path / "other-python"
     other.write_text("#!/bin/sh\nprintf 0.0.1\n")
