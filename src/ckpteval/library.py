@@ -399,12 +399,13 @@ def watch_dry_run(spec: WatchSpec) -> DryRun:
     return dry_run(spec)
 
 
-def watch_stop(run: str, *, timeout: float = 60.0) -> StopResult:
+def watch_stop(run: str, *, timeout: float = 60.0, cancel: bool = False) -> StopResult:
     """Ask a watch run's process to stop after its current step and wait up to `timeout` seconds for it to
-    exit; the result says whether it did, in words too."""
+    exit; with `cancel`, also cancel its evaluations in flight and wait for them to end. The result says
+    whether all of it happened in time, in words too."""
     from ckpteval.watch.run import request_stop
 
-    return request_stop(run, timeout=timeout)
+    return request_stop(run, timeout=timeout, cancel=cancel)
 
 
 @dataclass(frozen=True)
