@@ -354,7 +354,7 @@ class Watcher:
         attempt.state = "submitted"
         report.submitted.append(entry.iteration)
         self.state.save()  # the evaluation is known before anything else can go wrong
-        latency = attempt.submitted_at - entry.first_seen_ready
+        latency = self.clock() - entry.first_seen_ready  # ready -> submitted
         self._emit(
             "submitted",
             f"iteration {entry.iteration}: evaluation {attempt.invocation} submitted"

@@ -347,7 +347,7 @@ def request_stop(run: str, *, timeout: float = 60.0, cancel: bool = False, pipel
     stop_file(state.run).write_text(f"{time.time()}\n")
     state = find_run(state.run)  # the pid, if the watcher recorded it since
     pid, pid_start = state.pid, state.pid_start
-    if process_alive(pid, pid_start):
+    if process_alive(pid, pid_start) and pid != os.getpid():  # in the watcher's own process: its stop file
         assert pid is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
