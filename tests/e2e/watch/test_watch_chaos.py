@@ -116,7 +116,7 @@ def test_a_watcher_killed_three_times_on_a_loaded_machine_evaluates_each_complet
         _wait_for("the trainer's iteration 10", lambda: "SAVED 10" in trainer_log.read_text(), 600, context())
         # 1. three watchers, each SIGKILLed at a random moment of its life (starting, polling, evaluating)
         for k in range(KILLS):
-            delay = rng.uniform(1.0, 45.0)
+            delay = rng.uniform(1.0, 120.0)  # start-up, polls, submissions, evaluations
             with open(tmp_path / f"watch{k}.log", "w") as out:
                 watcher = subprocess.Popen(watch, cwd=isolated_user, env=env, stdout=out, stderr=out)
             try:

@@ -16,11 +16,12 @@ then moved into `SAVE_DIR/iter_NNNNNNN` in the order the writer produces them: `
 
 Prints "SAVED N" when iteration N is complete, "DONE" at the end.
 
-    python trainer.py --chaos SAVE_DIR GAP_S
+    python trainer.py --chaos SAVE_DIR GAP_S [LAST]
 
 The chaos test's training: six saves, GAP_S seconds apart, on its own (no GO_FILE): 10 complete; 20
 half-written first (complete GAP_S/3 later); 30 complete; 40 crashed half-way (never completed); 50
-half-written first; 60 complete.
+half-written first; 60 complete. With LAST, it ends after iteration LAST. Let it end by itself: the
+checkpoint writer's helper processes outlive a trainer that is killed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _move(staging: Path, iter_dir: Path, names: list[str]) -> None:
         shutil.move(str(staging / name), str(iter_dir / name))
 
 
-def main(save_dir: Path, go_file: Path | None, gap: float = 0.0) -> None:
+def main(save_dir: Path, go_file: Path | None, gap: float = 0.0, last: int = 60) -> None:
     import torch
 
     from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
@@ -77,7 +78,7 @@ def main(save_dir: Path, go_file: Path | None, gap: float = 0.0) -> None:
         print(f"SAVED {iteration}", flush=True)
 
     if go_file is None:  # --chaos: six saves on a timer
-        for iteration in (10, 20, 30, 40, 50, 60):
+        for iteration in (i for i in (10, 20, 30, 40, 50, 60) if i <= last):
             if iteration > 10:
                 time.sleep(gap)
             train_a_bit()
@@ -118,6 +119,6 @@ def main(save_dir: Path, go_file: Path | None, gap: float = 0.0) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--chaos":
-        main(Path(sys.argv[2]), None, float(sys.argv[3]))
+        main(Path(sys.argv[2]), None, float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 60)
     else:
         main(Path(sys.argv[1]), Path(sys.argv[2]))
