@@ -7,8 +7,10 @@ sample), 40 never; the last watcher ends by itself; the W&B offline run holds ex
 iterations at step = iteration; nothing they started still runs.
 
 The kill moments come from a seeded RNG (`CKPTEVAL_CHAOS_SEED` to replay one), printed in every failure
-message with the kills and the load average. Five evaluations: about 6-8 minutes on 2 loaded cores, so
-it is `long` (3 runs in a row: `pytest -m long tests/e2e/watch/test_watch_chaos.py`).
+message with the kills and the load average. Five evaluations, one at a time: 17-20 minutes a run on 2
+shared cores at load average 9-15 (an evaluation of one hellaswag sample took 2.5-3 minutes there, most
+of it the server's and the harness's start-up), so it is `long` (3 runs in a row: `pytest -m long
+tests/e2e/watch/test_watch_chaos.py`).
 """
 
 from __future__ import annotations
