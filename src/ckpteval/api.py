@@ -27,7 +27,7 @@ from ckpteval.errors import CkptevalError, ConfigError, ExportError
 from ckpteval.execution.backend import InvocationStatus, Job, JobBackend
 from ckpteval.execution.events import Preview, Reporter, ResultsReady, Submitted, silent
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import InvocationRecord, list_records, load_record, new_invocation_id
+from ckpteval.invocation.record import InvocationRecord, list_records, load_record, new_invocation_id, records_dir
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
@@ -159,13 +159,19 @@ def submit(
     *,
     reporter: Reporter | None = None,
     force_squash: bool = False,
+    invocation: str | None = None,
 ) -> Outcome:
     """Submit an invocation's job and return without following it, wherever it runs: on a cluster it is
     queued; on this machine it runs on in its own session (a caller that ends leaves it running). Follow it
-    with `status`, read it with `results`, stop it with `cancel` (what `evaluate watch` does)."""
+    with `status`, read it with `results`, stop it with `cancel` (what `evaluate watch` does).
+
+    `invocation`: the id to give it (from `new_invocation_id`), for a caller that records it before
+    submitting, so that after a crash it can tell whether the submission was made (its record exists)."""
     report = reporter or silent
     compiled = request if isinstance(request, CompiledConfig) else _compile(request)
-    invocation = new_invocation_id()
+    if invocation is not None and (records_dir() / invocation).exists():
+        raise ConfigError(f"Invocation {invocation} is already recorded; submit it under a new id.")
+    invocation = invocation or new_invocation_id()
     prepared = backend_for(compiled.execution_type).prepare(compiled, invocation, force_squash=force_squash)
     prepared.check_checkpoint()
     job = prepared.submit(report)

@@ -416,19 +416,26 @@ def watch_dry_run(spec: WatchSpec) -> DryRun:
     return dry_run(spec)
 
 
-def watch_stop(run: str, *, timeout: float = 60.0) -> StopResult:
+def watch_stop(run: str, *, timeout: float = 60.0, cancel: bool = False) -> StopResult:
     """Ask a watch run's process to stop after its current step and wait up to `timeout` seconds for it to
-    exit; the result says whether it did, in words too. A run whose watcher lives on the cluster is
-    stopped there, over SSH (its Slurm job ends)."""
+    exit; with `cancel`, also cancel its evaluations in flight and wait for them to end. The result says
+    whether all of it happened in time, in words too. A run whose watcher lives on the cluster is stopped
+    there, over SSH (its Slurm job ends); `cancel` is not offered for it (ConfigError)."""
     from ckpteval.watch.hosted import find_hosted, stop_hosted
     from ckpteval.watch.run import StopResult, request_stop
 
     hosted = find_hosted(run)
     if hosted is not None:
+        if cancel:
+            raise ConfigError(
+                f"Watch run {hosted.run} lives on the cluster: stopping it with --cancel is not supported there. "
+                f"Stop it with `evaluate watch stop {hosted.run}`, then cancel its evaluations with "
+                "`evaluate cancel ID` (their ids: `evaluate watch status` on the cluster)."
+            )
         message, stopped = stop_hosted(hosted, timeout=timeout)
         return StopResult(message, stopped)
 
-    return request_stop(run, timeout=timeout)
+    return request_stop(run, timeout=timeout, cancel=cancel)
 
 
 def watch_detach(spec: WatchSpec) -> HostedSubmission:

@@ -38,6 +38,8 @@ def raw_records(path: Path) -> list[bytes]:
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += left
             continue
+        if pos + _RECORD.size + length > len(data):
+            break  # a record cut short: its writer was killed while writing it (what follows is lost)
         chunk = data[pos + _RECORD.size : pos + _RECORD.size + length]
         assert zlib.crc32(chunk, _SEED[kind]) & 0xFFFFFFFF == checksum, f"bad checksum at {pos} in {path}"
         pos += _RECORD.size + length

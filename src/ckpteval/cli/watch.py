@@ -86,6 +86,10 @@ def watch_command(
     stop_timeout: Annotated[
         float, typer.Option("--timeout", metavar="S", help="`stop`: seconds to wait for the watcher to end.")
     ] = 60.0,
+    cancel: Annotated[
+        bool,
+        typer.Option("--cancel", help="`stop`: also cancel the evaluations in flight and wait until they have ended."),
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="`status`: print JSON.")] = False,
     detach: Annotated[
@@ -109,7 +113,7 @@ def watch_command(
       evaluate watch ./checkpoints -c tiny --every 60 --once  [dim]# here: what is there, then exit[/]
       evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER --detach  [dim]# on the cluster[/]
       evaluate watch status run42-3fa2c1                      [dim]# from any shell[/]
-      evaluate watch stop run42-3fa2c1
+      evaluate watch stop run42-3fa2c1 [--cancel]              [dim]# --cancel: its evaluations too[/]
     """
     words = list(args or [])
     if not words:
@@ -122,7 +126,7 @@ def watch_command(
             raise ConfigError("`evaluate watch stop` takes one watch run.", hint="`evaluate watch status` lists them.")
         import ckpteval
 
-        result = ckpteval.watch_stop(words[1], timeout=stop_timeout)
+        result = ckpteval.watch_stop(words[1], timeout=stop_timeout, cancel=cancel)
         typer.echo(result.message)
         if not result.stopped:
             raise typer.Exit(1)

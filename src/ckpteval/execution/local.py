@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
+import contextlib
 import os
 import signal
 import subprocess
@@ -241,6 +242,18 @@ class LocalBackend:
             if not job_process_alive(record):
                 break
             time.sleep(0.2)
+        # the job's script has ended; what it started in its process group may still be shutting down (the
+        # harness's adapter server runs its post-evaluation hooks on SIGTERM): wait for it, then end it
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while process_group_members(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process_group_members(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            for _ in range(25):
+                if not process_group_members(pid):
+                    break
+                time.sleep(0.2)
         return f"cancelled invocation {record.id} (process group {pid})"
 
     def results(self, record: InvocationRecord) -> InvocationResults:
@@ -291,6 +304,25 @@ def collect_here(record: InvocationRecord) -> InvocationResults:
     )
     write_results(job_dir, results)
     return results
+
+
+CANCEL_GRACE_S = 20.0  # seconds a cancelled job's processes get to end on SIGTERM before SIGKILL
+
+
+def process_group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (a job's: its script and every task it started)."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(proc.name))
+    return members
 
 
 def process_start_time(pid: int) -> str | None:

@@ -37,7 +37,8 @@ OPEN_STATES = ("waiting", "submitted", "retry")
 class WatchEvent:
     """Something the watcher did or saw."""
 
-    kind: str  # ready | incomplete | submitted | succeeded | verdict | retry | failed | skipped | exported | error
+    # ready | incomplete | submitted | adopted | succeeded | verdict | retry | failed | skipped | exported | error
+    kind: str
     message: str
     iteration: int | None = None
     invocation: str | None = None
@@ -46,7 +47,12 @@ class WatchEvent:
 class Pipeline(Protocol):
     """What the watcher needs from the evaluation pipeline (`ckpteval.watch.submit` in production)."""
 
-    def submit(self, iteration: int, iter_dir: str) -> str: ...
+    def submit(self, iteration: int, iter_dir: str, invocation: str) -> str: ...
+
+    def adopt(self, iteration: int, iter_dir: str, invocation: str) -> bool:
+        """Whether the submission of `invocation` (its id chosen by the watcher) got far enough to be recorded:
+        then it is this iteration's evaluation, to be followed (not submitted again)."""
+        ...
 
     def state(self, invocation: str) -> EvaluationState: ...
 
@@ -86,12 +92,47 @@ class Watcher:
         self.only: set[int] | None = None  # --once: the iterations ready at the first poll
         self.started = clock()  # a stop file written before this is not for this watcher
         self._told_incomplete: set[int] = set()
+        self._reconciled = False
+
+    def reconcile(self) -> None:
+        """Settle the submissions a killed watcher left half-done (once, before the first poll).
+
+        A submission is recorded as an intent first (an attempt in state `submitting`, with the invocation
+        id it will get), then made, then marked `submitted`. An intent whose invocation was recorded is
+        adopted: followed like any evaluation in flight. One whose invocation was never recorded did not
+        happen: it is dropped, and the checkpoint is submitted again."""
+        self._reconciled = True
+        changed = False
+        for entry in sorted(self.state.iterations.values(), key=lambda e: e.iteration):
+            attempt = entry.current
+            if attempt is None or attempt.state != "submitting":
+                continue
+            changed = True
+            if self.pipeline.adopt(entry.iteration, entry.path, attempt.invocation):
+                attempt.state, entry.state = "submitted", "submitted"
+                self._emit(
+                    "adopted",
+                    f"iteration {entry.iteration}: following evaluation {attempt.invocation}, submitted by a "
+                    "watcher that stopped before it recorded it",
+                    entry,
+                    attempt.invocation,
+                )
+                continue
+            entry.attempts.pop()
+            entry.state = "retry" if entry.attempts else "waiting"
+            self._emit(
+                "ready", f"iteration {entry.iteration}: its submission was interrupted before it was made", entry
+            )
+        if changed:
+            self.state.save()
 
     def poll(self) -> PollReport:
         """One poll (see the module docstring); the state is saved when anything changed.
 
         The first listing's error is raised (a wrong path or profile fails at once); a later one is reported
         and the poll goes on with the evaluations in flight."""
+        if not self._reconciled:
+            self.reconcile()
         try:
             listing: SaveDirListing | None = self.lister()
         except (CkptevalError, OSError) as exc:
@@ -178,6 +219,8 @@ class Watcher:
         for entry in sorted(self.state.in_flight(), key=lambda e: e.iteration):
             attempt = entry.current
             assert attempt is not None
+            if attempt.state == "submitting":
+                continue  # an intent: settled by `reconcile`
             try:
                 now = self.pipeline.state(attempt.invocation)
             except (CkptevalError, OSError) as exc:
@@ -239,11 +282,12 @@ class Watcher:
 
     def _failed_attempt(self, entry: IterationEntry, attempt: Attempt) -> None:
         limit = self.state.spec.max_attempts
-        if len(entry.attempts) < limit:
+        made = attempts_made(entry)
+        if made < limit:
             entry.state = "retry"
             self._emit(
                 "retry",
-                f"iteration {entry.iteration}: attempt {len(entry.attempts)}/{limit} failed "
+                f"iteration {entry.iteration}: attempt {made}/{limit} failed "
                 f"({_last_line(attempt.error)}); it will be evaluated again",
                 entry,
                 attempt.invocation or None,
@@ -292,25 +336,31 @@ class Watcher:
             self._submit(entry, report)
 
     def _submit(self, entry: IterationEntry, report: PollReport) -> None:
-        try:
-            invocation = self.pipeline.submit(entry.iteration, entry.path)
-        except (CkptevalError, OSError) as exc:
-            attempt = Attempt(invocation="", submitted_at=self.clock(), state="failed", error=_message(exc))
-            attempt.ended_at = attempt.submitted_at
-            entry.attempts.append(attempt)
-            self._failed_attempt(entry, attempt)
-            return
-        entry.attempts.append(Attempt(invocation=invocation, submitted_at=self.clock()))
+        from ckpteval.invocation.record import new_invocation_id
+
+        # the intent first: a watcher killed from here on finds this invocation id at its restart and
+        # adopts the evaluation if it was submitted (`reconcile`), so nothing is evaluated twice
+        attempt = Attempt(invocation=new_invocation_id(), submitted_at=self.clock(), state="submitting")
+        entry.attempts.append(attempt)
         entry.state = "submitted"
+        self.state.save()
+        try:
+            attempt.invocation = self.pipeline.submit(entry.iteration, entry.path, attempt.invocation)
+        except (CkptevalError, OSError) as exc:
+            attempt.state, attempt.error, attempt.ended_at = "failed", _message(exc), self.clock()
+            self._failed_attempt(entry, attempt)
+            self.state.save()
+            return
+        attempt.state = "submitted"
         report.submitted.append(entry.iteration)
-        self.state.save()  # the invocation is known before anything else can go wrong
-        latency = entry.attempts[-1].submitted_at - entry.first_seen_ready
+        self.state.save()  # the evaluation is known before anything else can go wrong
+        latency = self.clock() - entry.first_seen_ready  # ready -> submitted
         self._emit(
             "submitted",
-            f"iteration {entry.iteration}: evaluation {invocation} submitted"
-            + (f" (attempt {len(entry.attempts)})" if len(entry.attempts) > 1 else f" ({latency:.1f} s after ready)"),
+            f"iteration {entry.iteration}: evaluation {attempt.invocation} submitted"
+            + (f" (attempt {attempts_made(entry)})" if attempts_made(entry) > 1 else f" ({latency:.1f} s after ready)"),
             entry,
-            invocation,
+            attempt.invocation,
         )
 
     def _export(self) -> None:
@@ -338,6 +388,11 @@ class Watcher:
         self.state.save()
         if message:
             self._emit("exported", message)
+
+
+def attempts_made(entry: IterationEntry) -> int:
+    """The attempts that count towards `max_attempts` (an evaluation withdrawn by `watch stop --cancel` does not)."""
+    return sum(1 for a in entry.attempts if a.state != "withdrawn")
 
 
 def _is_score(key: str) -> bool:

@@ -51,8 +51,11 @@ class SubmitPipeline:
     def __init__(self, spec: WatchSpec, run: str) -> None:
         self.spec, self.run = spec, run
 
-    def submit(self, iteration: int, iter_dir: str) -> str:
-        return submit.submit(self.spec, iteration, iter_dir, run=self.run)
+    def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:
+        return submit.submit(self.spec, iteration, iter_dir, run=self.run, invocation=invocation)
+
+    def adopt(self, iteration: int, iter_dir: str, invocation: str) -> bool:
+        return submit.adopt(invocation, run=self.run, iteration=iteration, iter_dir=iter_dir)
 
     def state(self, invocation: str) -> EvaluationState:
         return submit.evaluation_state(invocation)
@@ -325,34 +328,99 @@ class StopResult:
     stopped: bool
 
 
-def request_stop(run: str, *, timeout: float = 60.0) -> StopResult:
+def request_stop(run: str, *, timeout: float = 60.0, cancel: bool = False, pipeline: Any = None) -> StopResult:
     """Ask the run's watcher to stop (a stop file it checks, and SIGTERM to its process) and wait up to
-    `timeout` seconds for it to end (its lock released). Evaluations in flight go on.
+    `timeout` seconds for it to end (its lock released). Evaluations in flight go on, unless `cancel`: then,
+    once the watcher has ended, each is cancelled (`ckpteval.cancel`) and waited for until it has ended,
+    within the same `timeout`.
 
     A watcher still starting (its lock taken, its pid not yet recorded) reads the stop file when it starts
     polling; a stop file is only written while a watcher holds the lock, so none is left for the next one."""
     state = find_run(run)
+    deadline = time.monotonic() + timeout
     if not lock_held(state.run):
         stop_file(state.run).unlink(missing_ok=True)
-        return StopResult(f"no watcher of {state.run} is running (nothing to stop)", stopped=True)
+        message = f"no watcher of {state.run} is running"
+        if not cancel:
+            return StopResult(message + " (nothing to stop)", stopped=True)
+        return _withdraw(state, message, deadline=deadline, timeout=timeout, pipeline=pipeline)
     stop_file(state.run).write_text(f"{time.time()}\n")
     state = find_run(state.run)  # the pid, if the watcher recorded it since
     pid, pid_start = state.pid, state.pid_start
-    if process_alive(pid, pid_start):
+    if process_alive(pid, pid_start) and pid != os.getpid():  # in the watcher's own process: its stop file
         assert pid is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     who = f"process {pid}" if pid else "a watcher starting"
-    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         # ended: its lock released and, where its process is known, that process gone
         if not lock_held(state.run) and not (pid and pid != os.getpid() and process_alive(pid, pid_start)):
-            return StopResult(
-                f"stopped the watcher of {state.run} ({who}); evaluations already submitted go on", stopped=True
-            )
+            message = f"stopped the watcher of {state.run} ({who})"
+            if not cancel:
+                return StopResult(message + "; evaluations already submitted go on", stopped=True)
+            return _withdraw(state, message, deadline=deadline, timeout=timeout, pipeline=pipeline)
         time.sleep(0.1)
     return StopResult(
         f"asked the watcher of {state.run} ({who}) to stop, but it still runs after {timeout:g} s; "
         f"it stops at its next check (`evaluate watch status {state.run}` shows it)",
         stopped=False,
     )
+
+
+def _withdraw(state: WatchState, stopped: str, *, deadline: float, timeout: float, pipeline: Any) -> StopResult:
+    """`watch stop --cancel` once no watcher runs: cancel every evaluation the run has in flight and wait
+    until each has ended (its job, server and clients gone: its status final), holding the run's lock so
+    no watcher starts meanwhile. A withdrawn evaluation is not a failed attempt: the next watcher evaluates
+    its checkpoint again. One that ended on its own meanwhile stays, for the next watcher to collect."""
+    from ckpteval.errors import CkptevalError
+    from ckpteval.watch.loop import attempts_made
+
+    with RunLock(state.run):
+        current = load_state(state.run)
+        assert current is not None
+        pipeline = pipeline or SubmitPipeline(current.spec, current.run)
+        cancelled: list[tuple[IterationEntry, str]] = []
+        problems: list[str] = []
+        for entry in sorted(current.in_flight(), key=lambda e: e.iteration):
+            attempt = entry.current
+            assert attempt is not None
+            if attempt.state == "submitting" and not pipeline.adopt(entry.iteration, entry.path, attempt.invocation):
+                entry.attempts.pop()  # an intent never submitted: nothing runs
+                entry.state = "retry" if entry.attempts else "waiting"
+                continue
+            try:
+                pipeline.cancel(attempt.invocation)
+            except (CkptevalError, OSError) as exc:
+                problems.append(f"iteration {entry.iteration}: cancelling {attempt.invocation} failed ({exc})")
+                continue
+            cancelled.append((entry, attempt.invocation))
+        waiting = list(cancelled)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for entry, invocation in waiting:
+                try:
+                    now = pipeline.state(invocation)
+                except (CkptevalError, OSError):
+                    still.append((entry, invocation))
+                    continue
+                if not now.finished:
+                    still.append((entry, invocation))
+                elif now.state != "succeeded":
+                    attempt = entry.current
+                    assert attempt is not None
+                    attempt.state, attempt.ended_at = "withdrawn", time.time()
+                    attempt.error = "cancelled by `evaluate watch stop --cancel`"
+                    entry.state = "retry" if attempts_made(entry) else "waiting"
+                # else: it finished first; the next watcher collects its scores
+            waiting = still
+            if waiting:
+                time.sleep(0.2)
+        current.save()
+    if waiting:
+        problems.append(
+            f"still running after {timeout:g} s: " + ", ".join(f"{inv} (iteration {e.iteration})" for e, inv in waiting)
+        )
+    names = ", ".join(f"{inv} (iteration {e.iteration})" for e, inv in cancelled) or "none in flight"
+    if problems:
+        return StopResult(f"{stopped}; cancelled: {names}; but " + "; ".join(problems), stopped=False)
+    return StopResult(f"{stopped}; cancelled its evaluations: {names}", stopped=True)

@@ -37,9 +37,12 @@ KEPT_ERRORS = 20
 class Attempt:
     """One evaluation of a checkpoint."""
 
-    invocation: str
+    invocation: str  # chosen before the submission, so a restarted watcher can find what it submitted
     submitted_at: float
-    state: str = "submitted"  # then the invocation's final state: succeeded | failed | cancelled
+    # submitting: the intent, saved before the submission is made (a restart adopts or drops it);
+    # submitted; then the invocation's final state: succeeded | failed | cancelled; withdrawn: cancelled
+    # by `watch stop --cancel` (not a failed attempt: the checkpoint is evaluated again by the next watcher)
+    state: str = "submitted"
     ended_at: float | None = None
     error: str | None = None
     status_errors: int = 0  # status queries in a row that got no answer (reset by an answer)

@@ -92,16 +92,31 @@ def preview(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tupl
     return compiled, invocation, backend_for(compiled.execution_type).prepare(compiled, invocation).preview()
 
 
-def submit(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> str:
-    """Submit the evaluation of one iteration, detached, through `ckpteval.submit`; returns its invocation id
-    (recorded as usual, with the watch run and iteration it evaluates)."""
+def submit(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, invocation: str | None = None) -> str:
+    """Submit the evaluation of one iteration, detached, through `ckpteval.submit`, as `invocation` (an id the
+    watcher recorded first; a fresh one when None); returns its invocation id (recorded as usual, with the
+    watch run and iteration it evaluates)."""
     from ckpteval.api import submit as submit_invocation
 
-    outcome = submit_invocation(compile_evaluation(spec, iteration, iter_dir, run=run))
+    outcome = submit_invocation(compile_evaluation(spec, iteration, iter_dir, run=run), invocation=invocation)
     assert outcome.record is not None
     outcome.record.watch = WatchOrigin(run=run, iteration=iteration, iter_dir=iter_dir)
     outcome.record.save()
     return outcome.invocation
+
+
+def adopt(invocation: str, *, run: str, iteration: int, iter_dir: str) -> bool:
+    """Whether `invocation` was recorded (its submission got that far before the watcher was killed); if so
+    it is tagged with the watch run and iteration, where the kill came before `submit` could do it."""
+    from ckpteval.invocation.record import RECORD_FILE, load_record, records_dir
+
+    if not (records_dir() / invocation / RECORD_FILE).is_file():
+        return False
+    record = load_record(invocation)
+    if record.watch is None:
+        record.watch = WatchOrigin(run=run, iteration=iteration, iter_dir=iter_dir)
+        record.save()
+    return True
 
 
 def evaluation_state(invocation: str) -> EvaluationState:

@@ -15,6 +15,13 @@ then moved into `SAVE_DIR/iter_NNNNNNN` in the order the writer produces them: `
 - iter 40: saved in place, complete (the training restarted and went on).
 
 Prints "SAVED N" when iteration N is complete, "DONE" at the end.
+
+    python trainer.py --chaos SAVE_DIR GAP_S [LAST]
+
+The chaos test's training: six saves, GAP_S seconds apart, on its own (no GO_FILE): 10 complete; 20
+half-written first (complete GAP_S/3 later); 30 complete; 40 crashed half-way (never completed); 50
+half-written first; 60 complete. With LAST, it ends after iteration LAST. Let it end by itself: the
+checkpoint writer's helper processes outlive a trainer that is killed.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ def _move(staging: Path, iter_dir: Path, names: list[str]) -> None:
         shutil.move(str(staging / name), str(iter_dir / name))
 
 
-def main(save_dir: Path, go_file: Path) -> None:
+def main(save_dir: Path, go_file: Path | None, gap: float = 0.0, last: int = 60) -> None:
     import torch
 
     from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
@@ -63,6 +70,32 @@ def main(save_dir: Path, go_file: Path) -> None:
         _move(src, dst, ["common.pt", *shards])
         return src, dst, shards
 
+    def complete(src: Path, dst: Path, iteration: int) -> None:
+        _move(src, dst, [".metadata"])
+        time.sleep(0.3)
+        _move(src, dst, ["metadata.json"])
+        (save_dir / TRACKER_FILE).write_text(str(iteration))
+        print(f"SAVED {iteration}", flush=True)
+
+    if go_file is None:  # --chaos: six saves on a timer
+        for iteration in (i for i in (10, 20, 30, 40, 50, 60) if i <= last):
+            if iteration > 10:
+                time.sleep(gap)
+            train_a_bit()
+            if iteration in (10, 30, 60):
+                save_checkpoint(model, save_dir, args=args(), iteration=iteration)
+                print(f"SAVED {iteration}", flush=True)
+                continue
+            src, dst, _ = staged(iteration)
+            if iteration == 40:
+                print("CRASHED 40", flush=True)  # never completed; the training goes on from a restart
+                continue
+            print(f"HALF {iteration}", flush=True)
+            time.sleep(gap / 3)
+            complete(src, dst, iteration)
+        print("DONE", flush=True)
+        return
+
     train_a_bit()
     save_checkpoint(model, save_dir, args=args(), iteration=10)
     print("SAVED 10", flush=True)
@@ -72,11 +105,7 @@ def main(save_dir: Path, go_file: Path) -> None:
     print("HALF 20", flush=True)
     while not go_file.exists():
         time.sleep(0.1)
-    _move(src, dst, [".metadata"])
-    time.sleep(0.3)
-    _move(src, dst, ["metadata.json"])
-    (save_dir / TRACKER_FILE).write_text("20")
-    print("SAVED 20", flush=True)
+    complete(src, dst, 20)
 
     train_a_bit()
     staged(30)  # ... and the training dies here: no .metadata, no metadata.json, no tracker update
@@ -89,4 +118,7 @@ def main(save_dir: Path, go_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1] == "--chaos":
+        main(Path(sys.argv[2]), None, float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 60)
+    else:
+        main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from ckpteval.api import cancel
@@ -36,6 +37,28 @@ def test_the_jobs_own_process_is_alive_and_cancel_stops_it(tmp_path: Path):
         assert not job_process_alive(record)
     finally:
         proc.kill()
+
+
+def test_cancel_returns_once_every_process_of_the_job_has_ended(tmp_path: Path, monkeypatch):
+    """What a job started outlives its script on SIGTERM (the harness's adapter server runs its hooks first):
+    cancel waits for the job's whole process group, and ends what is still there after its grace."""
+    from ckpteval.execution import local
+
+    monkeypatch.setattr(local, "CANCEL_GRACE_S", 1.0)
+    # the child ignores SIGTERM and outlives the script, as a slow shutdown would
+    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\n(trap '' TERM; sleep 60) &\nwait\nexit 0\n")
+    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
+    try:
+        record = _record(tmp_path, proc.pid)
+        deadline = time.monotonic() + 10
+        while len(local.process_group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(local.process_group_members(proc.pid)) >= 2
+        assert "cancelled" in cancel(record)
+        assert local.process_group_members(proc.pid) == []  # nothing of the job runs when cancel returns
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_reused_pid_is_not_the_job(tmp_path: Path):

@@ -277,3 +277,14 @@ def test_a_cluster_python_without_this_ckpteval_is_named_in_one_message(tmp_path
     assert hosted.python_problem(remote, str(other)) == f"it has ckpteval 0.0.1, this machine {ckpteval.__version__}"
     missing = hosted.python_problem(remote, "/usr/bin/false")
     assert missing is not None and missing.startswith("it cannot import ckpteval")
+
+
+def test_stop_cancel_of_a_watcher_on_the_cluster_is_refused_before_anything_is_stopped(cluster):
+    import ckpteval
+    from ckpteval.errors import ConfigError
+
+    ref, jobs, calls = cluster
+    jobs.write_text("71|RUNNING|node3|None\n")
+    with pytest.raises(ConfigError, match="lives on the cluster: stopping it with --cancel is not supported"):
+        ckpteval.watch_stop(ref.run, timeout=1, cancel=True)
+    assert not calls.exists() and jobs.read_text() == "71|RUNNING|node3|None\n"  # nothing was cancelled

@@ -6,7 +6,6 @@ submitted and answers states the way `ckpteval.watch.submit` does (the e2e test 
 
 from __future__ import annotations
 
-import itertools
 import time
 from pathlib import Path
 
@@ -37,16 +36,15 @@ class Pipeline:
         self.submitted: list[tuple[int, str]] = []
         self.running: dict[str, int] = {}
         self.ended: dict[str, EvaluationState] = {}
-        self.ids = (f"inv{n:05d}" for n in itertools.count())
         self.refuse = refuse  # the first N submissions fail (the cluster said no)
         self.cancelled: list[str] = []
 
-    def submit(self, iteration: int, iter_dir: str) -> str:
+    def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:
         assert iter_dir.endswith(f"iter_{iteration:07d}")
+        assert invocation not in self.running and invocation not in self.ended  # a fresh id each time
         if self.refuse:
             self.refuse -= 1
             raise ClusterError("sbatch: error: QOSMaxSubmitJobPerUserLimit")
-        invocation = next(self.ids)
         self.submitted.append((iteration, invocation))
         self.running[invocation] = iteration
         return invocation
@@ -63,6 +61,9 @@ class Pipeline:
             )
             self.ended[invocation] = EvaluationState(invocation, state, results=results, detail="task client died")
             del self.running[invocation]
+
+    def adopt(self, iteration: int, iter_dir: str, invocation: str) -> bool:
+        return (iteration, invocation) in self.submitted  # the stand-in of its invocation record
 
     def state(self, invocation: str) -> EvaluationState:
         return self.ended.get(invocation) or EvaluationState(invocation, "running")
@@ -104,7 +105,7 @@ def test_each_complete_checkpoint_once_and_a_half_written_one_when_complete(tmp_
     pipeline = Pipeline()
     watcher, events = make(tmp_path, pipeline, max_pending=4)
     watcher.poll()
-    assert pipeline.submitted == [(10, "inv00000")]
+    assert [i for i, _ in pipeline.submitted] == [10]
     assert any(e.kind == "incomplete" and e.iteration == 20 for e in events)
     watcher.poll()
     assert len(pipeline.submitted) == 1  # still running: not submitted again
@@ -141,6 +142,62 @@ def test_a_restarted_watcher_resubmits_nothing_and_misses_nothing(tmp_path: Path
     assert all(e.state == "succeeded" for e in load_state("run-000000").iterations.values())  # type: ignore[union-attr]
 
 
+class Killed(BaseException):
+    """SIGKILL, simulated: nothing after it runs (not even `finally` blocks that save the state)."""
+
+
+KILL_POINTS = [
+    "before the intent is saved",
+    "after the intent, before the submission",
+    "after the submission, before its id is saved",
+    "after its id is saved",
+]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_a_watcher_killed_at_any_point_of_a_submission_evaluates_the_checkpoint_once(tmp_path: Path, point: str):
+    """The intent (the invocation id the submission will get) is saved before the submission; a restarted
+    watcher adopts an intent whose invocation was recorded and submits again only one that never was."""
+    save(tmp_path, 10)
+
+    class Killing(Pipeline):
+        def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:
+            if point == KILL_POINTS[1]:
+                raise Killed
+            super().submit(iteration, iter_dir, invocation)
+            if point == KILL_POINTS[2]:
+                raise Killed  # the job runs; the watcher's state still says "submitting"
+            return invocation
+
+    pipeline = Killing()
+    first, _ = make(tmp_path, pipeline)
+
+    def save_then_maybe_kill(original=first.state.save) -> None:  # type: ignore[no-untyped-def]
+        attempts = [a.state for e in first.state.iterations.values() for a in e.attempts]
+        if point == KILL_POINTS[0] and "submitting" in attempts:
+            raise Killed  # before the intent reaches the disk
+        original()
+        if point == KILL_POINTS[3] and "submitted" in attempts:
+            raise Killed
+
+    first.state.save = save_then_maybe_kill  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        first.poll()
+    on_disk = load_state("run-000000")
+    recorded = [a.state for e in (on_disk.iterations.values() if on_disk else []) for a in e.attempts]
+    assert recorded == {0: [], 1: ["submitting"], 2: ["submitting"], 3: ["submitted"]}[KILL_POINTS.index(point)]
+
+    pipeline.__class__ = Pipeline  # the restarted watcher is not killed
+    second, events = make(tmp_path, pipeline)
+    second.poll()
+    pipeline.finish()
+    second.poll()
+    assert [i for i, _ in pipeline.submitted] == [10]  # once, whatever the point of the kill
+    entry = load_state("run-000000").iterations[10]  # type: ignore[union-attr]
+    assert entry.state == "succeeded" and [a.invocation for a in entry.attempts] == [pipeline.submitted[0][1]]
+    assert any(e.kind == "adopted" for e in events) == (point == KILL_POINTS[2])
+
+
 def test_failures_are_retried_a_bounded_number_of_times_then_reported(tmp_path: Path):
     save(tmp_path, 10)
     save(tmp_path, 20)
@@ -166,7 +223,7 @@ def test_a_refused_submission_counts_as_an_attempt(tmp_path: Path):
     assert watcher.state.iterations[10].state == "retry"
     assert "QOSMaxSubmitJobPerUserLimit" in next(e.message for e in events if e.kind == "retry")
     watcher.poll()
-    assert pipeline.submitted == [(10, "inv00000")]
+    assert [i for i, _ in pipeline.submitted] == [10]
 
 
 def test_max_pending_bounds_what_is_in_flight(tmp_path: Path):
@@ -253,7 +310,7 @@ def test_a_stop_asked_during_start_up_is_honoured_and_an_old_one_is_not(tmp_path
         return pipeline_finishes_at_once(self, invocation)
 
     pipeline.state = state.__get__(pipeline)  # type: ignore[method-assign]
-    assert watcher.run(once=True) == "done" and pipeline.submitted == [(10, "inv00000")]
+    assert watcher.run(once=True) == "done" and [i for i, _ in pipeline.submitted] == [10]
 
     again, _ = make(tmp_path, Pipeline(), every=0.05)
     stop_file("run-000000").write_text(f"{again.started + 0.001}\n")  # asked while it was starting
@@ -295,7 +352,7 @@ def test_an_evaluation_past_its_deadline_is_cancelled_and_counts_as_a_failed_att
     now[0] += 2
     watcher.follow()  # past its deadline: cancelled, counted, and the second attempt submitted at once
     first = watcher.state.iterations[10].attempts[0]
-    assert pipeline.cancelled == ["inv00000"] and first.state == "cancelled"
+    assert pipeline.cancelled == [pipeline.submitted[0][1]] and first.state == "cancelled"
     assert "did not finish within 10 min" in (first.error or "")
     assert [i for i, _ in pipeline.submitted] == [10, 10]
     assert any(e.kind == "error" and "given up" in e.message for e in events)
@@ -324,7 +381,7 @@ def test_status_errors_become_a_reported_failure_after_a_bounded_number_of_queri
         "iteration 10: status unknown (ssh: connect to host login port 22: Connection refused); query 1 of 3 in a row",
         "iteration 10: status unknown (ssh: connect to host login port 22: Connection refused); query 2 of 3 in a row",
     ]
-    assert pipeline.cancelled == ["inv00000"]
+    assert pipeline.cancelled == [pipeline.submitted[0][1]]
     assert "Connection refused" in (watcher.state.last_error or "") and watcher.state.errors
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,3 +115,154 @@ def test_health_flags_a_live_watcher_whose_poll_is_overdue():
     assert health(state, now=now + 10 + 61).overdue  # a minute past its next poll
     state.pid_start = "1"  # the pid now belongs to another process: no watcher
     assert not health(state, now=now).alive and not health(state, now=now + 1000).overdue
+
+
+class FakeEvaluations:
+    """The evaluations of the `watch stop --cancel` tests: in place of `SubmitPipeline` (the watcher's and
+    the stopper's instances share them); an evaluation runs until it is cancelled. The real pipeline's
+    cancel is covered by tests/e2e/watch/test_watch_stop.py."""
+
+    def __init__(self, on_submit=lambda: None) -> None:  # type: ignore[no-untyped-def]
+        self.running: dict[str, int] = {}
+        self.cancelled: list[str] = []
+        self.on_submit = on_submit
+        outer = self
+
+        class Pipeline:
+            def __init__(self, spec: WatchSpec, run: str) -> None:
+                pass
+
+            def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:
+                outer.running[invocation] = iteration
+                outer.on_submit()
+                return invocation
+
+            def adopt(self, iteration: int, iter_dir: str, invocation: str) -> bool:
+                return invocation in outer.running or invocation in outer.cancelled
+
+            def state(self, invocation: str):  # type: ignore[no-untyped-def]
+                from ckpteval.watch.submit import EvaluationState
+
+                return EvaluationState(invocation, "cancelled" if invocation in outer.cancelled else "running")
+
+            def cancel(self, invocation: str) -> str:
+                outer.running.pop(invocation, None)
+                outer.cancelled.append(invocation)
+                return "cancelled"
+
+        self.pipeline = Pipeline
+
+
+def _ready(save_dir: Path, iteration: int) -> None:
+    path = save_dir / f"iter_{iteration:07d}"
+    path.mkdir(parents=True)
+    for name in ("common.pt", ".metadata", "metadata.json"):
+        (path / name).write_bytes(b"x")
+
+
+def _stop_in_thread(run: str, results: list) -> threading.Thread:  # type: ignore[type-arg]
+    thread = threading.Thread(target=lambda: results.append(request_stop(run, timeout=30, cancel=True)))
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("when", ["start-up", "poll", "evaluation"])
+def test_watch_stop_cancel_is_honoured_at_any_moment_and_withdraws_what_is_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+):
+    """Asked during start-up (before the first poll), during a poll (while the watcher submits) or during an
+    evaluation (the watcher following it): the watcher stops, its evaluation in flight is cancelled and
+    waited for, and is withdrawn, not a failed attempt (the next watcher evaluates the checkpoint again)."""
+    save_dir = tmp_path / "checkpoints"
+    _ready(save_dir, 10)
+    stops: list = []  # type: ignore[type-arg]
+    threads: list[threading.Thread] = []
+    run_of = lambda: load_state_run(save_dir)  # noqa: E731
+
+    def stop_now() -> None:
+        threads.append(_stop_in_thread(run_of(), stops))
+        deadline = time.monotonic() + 10
+        while not stop_file(run_of()).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the stop is asked (its file written) while this poll is still going on
+
+    evaluations = FakeEvaluations(on_submit=stop_now if when == "poll" else lambda: None)
+    monkeypatch.setattr(sys.modules["ckpteval.watch.run"], "SubmitPipeline", evaluations.pipeline)
+
+    def on_start(watcher) -> None:  # type: ignore[no-untyped-def]
+        if when == "start-up":
+            stop_now()
+        elif when == "evaluation":
+
+            def when_running() -> None:
+                deadline = time.monotonic() + 30
+                while not evaluations.running and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                stops.append(request_stop(watcher.state.run, timeout=30, cancel=True))
+
+            threads.append(threading.Thread(target=when_running))
+            threads[-1].start()
+
+    outcome = watch(_spec(save_dir, every=1, follow_every=0.5), on_start=on_start)
+    for thread in threads:
+        thread.join(60)
+    [result] = stops
+    assert outcome.ended == "stopped" and result.stopped, result.message
+    assert not evaluations.running  # nothing left running
+    state = load_state(outcome.run)
+    assert state is not None and not lock_held(outcome.run)
+    if when == "start-up":
+        assert state.polls == 0 and not evaluations.cancelled and "none in flight" in result.message
+        return
+    [invocation] = evaluations.cancelled
+    assert f"cancelled its evaluations: {invocation} (iteration 10)" in result.message
+    entry = state.iterations[10]
+    assert entry.state == "waiting" and [a.state for a in entry.attempts] == ["withdrawn"]
+
+    # the next watcher evaluates 10 again, as its first attempt
+    again = FakeEvaluations()
+    monkeypatch.setattr(sys.modules["ckpteval.watch.run"], "SubmitPipeline", again.pipeline)
+    watcher = open_watch(_spec(save_dir, every=1))
+    try:
+        watcher.poll()
+    finally:
+        watcher.close()
+    assert list(again.running.values()) == [10]
+    assert watcher.state.iterations[10].state == "submitted"
+
+
+def test_watch_stop_cancel_with_no_watcher_running_withdraws_what_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A watcher killed mid-submission leaves an intent: one never submitted is dropped, one submitted is
+    cancelled like any evaluation in flight."""
+    from ckpteval.watch.state import Attempt, IterationEntry
+
+    save_dir = tmp_path / "checkpoints"
+    evaluations = FakeEvaluations()
+    monkeypatch.setattr(sys.modules["ckpteval.watch.run"], "SubmitPipeline", evaluations.pipeline)
+    watcher = open_watch(_spec(save_dir, max_pending=3))
+    state = watcher.state
+    for iteration, invocation, recorded in ((10, "a0", True), (20, "b0", False), (30, "c0", True)):
+        attempt = Attempt(invocation, time.time(), state="submitting" if iteration < 30 else "submitted")
+        state.iterations[iteration] = IterationEntry(iteration, f"/x/{iteration}", "submitted", 0.0, [attempt])
+        if recorded:
+            evaluations.running[invocation] = iteration
+    state.save()
+    watcher.close()
+
+    result = request_stop(state.run, timeout=10, cancel=True)
+    assert result.stopped and "no watcher" in result.message, result.message
+    assert sorted(evaluations.cancelled) == ["a0", "c0"] and not evaluations.running
+    after = load_state(state.run)
+    assert after is not None
+    assert {i: (e.state, [a.state for a in e.attempts]) for i, e in after.iterations.items()} == {
+        10: ("waiting", ["withdrawn"]),
+        20: ("waiting", []),
+        30: ("waiting", ["withdrawn"]),
+    }
+
+
+def load_state_run(save_dir: Path) -> str:
+    from ckpteval.watch.state import run_name
+
+    return run_name(str(save_dir), None)
