@@ -89,6 +89,30 @@ def test_results_and_status_commands_find_it_later(tiny_run: TinyRun):
     assert entry["tasks"] == [{"name": "adlr_mmlu", "state": "succeeded", "done": 57, "total": 57}]
 
 
+def test_the_harness_ran_mmlu_offline_on_the_packaged_data(tiny_run: TinyRun):
+    """The client's own record of the run: mmlu_str on all 57 subjects from the packaged MMLU (no hub), every
+    question answered, with lm-eval's own 5-shot prompt built from each subject's held-out dev questions."""
+    from ckpteval.tasks.harness_hook import ckpteval_offline_data as od
+    from ckpteval.tasks.progress import Progress, read_progress
+    from ckpteval.tasks.results import read_task_result
+
+    output_dir = tiny_run.job_dir / "tasks" / "adlr_mmlu" / "output"
+    result = read_task_result(output_dir)
+    assert result.harness_task == "mmlu_str" and set(result.metrics) == {"exact_match"}
+    assert result.n_samples == 57 and result.metrics["exact_match"].n_samples == 57  # --limit 1 per subject
+    assert len(result.subtasks) == 57
+    offline = result.offline
+    assert offline is not None and offline.datasets == 57 and offline.n_available == 13757
+    assert offline.sources == (od.SOURCES["mmlu"].source(),) and offline.eval_split == "test"
+    assert read_progress(output_dir) == Progress(57, 57)
+    assert result.timings.runtime_s and result.timings.inference_s
+    samples = next(output_dir.rglob("samples_mmlu_str_anatomy_*.jsonl"))
+    prompt = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]
+    dev = od.build_splits(od.SOURCES["mmlu"], "anatomy")["dev"]
+    assert prompt.startswith("The following are multiple choice questions (with answers) about anatomy.\n\n")
+    assert all(row["question"].strip() in prompt for row in dev) and prompt.endswith("\nAnswer:")
+
+
 def _samples(job_dir: Path) -> list[dict]:
     rows = []
     for path in sorted((job_dir / "tasks" / "adlr_mmlu" / "output").rglob("samples_mmlu_str_*.jsonl")):
