@@ -435,7 +435,18 @@ def _clean_slurm_env() -> None:
 
 
 def _say(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
+    """A line of the link's own story on its stdout (its `watcher-<job>.out`), as the builtin server tells its
+    own on its log (deploy/server.py): through a logger, not print."""
+    import logging
+
+    story = logging.getLogger("ckpteval.watch.link")
+    if not story.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+        story.addHandler(handler)
+        story.setLevel(logging.INFO)
+        story.propagate = False
+    story.info(message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m ckpteval.watch.hosted HOME", file=sys.stderr)
+        sys.stderr.write("usage: python -m ckpteval.watch.hosted HOME\n")
         return 2
     home = args[0]
     spec = WatchSpec(**json.loads(Path(home, SPEC_FILE).read_text(encoding="utf-8")))
