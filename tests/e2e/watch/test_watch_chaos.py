@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.watch.support import wait_for, watch_state
 from tests.support.leftovers import MARK, marked_processes
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
@@ -40,24 +41,9 @@ KILLS = 3
 LOAD_S = 1800  # the busy process ends by itself after this, whatever happens to the test
 
 
-def _wait_for(what: str, check, timeout: float, context: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what} ({context})")
-
-
-def _state(state_dir: Path) -> dict | None:
-    files = list((state_dir / "watch").glob("*/state.json"))
-    return json.loads(files[0].read_text()) if files else None
-
-
 def _where(state_dir: Path) -> str:
     """What the watch state says now, in a few words (for the kill log)."""
-    state = _state(state_dir)
+    state = watch_state(state_dir)
     if state is None:
         return "no state yet"
     return ", ".join(
@@ -115,7 +101,7 @@ def test_a_watcher_killed_three_times_on_a_loaded_machine_evaluates_each_complet
     watcher: subprocess.Popen[bytes] | None = None
     started = time.monotonic()
     try:
-        _wait_for("the trainer's iteration 10", lambda: "SAVED 10" in trainer_log.read_text(), 600, context())
+        wait_for("the trainer's iteration 10", lambda: "SAVED 10" in trainer_log.read_text(), 600, context())
         # 1. three watchers, each SIGKILLed at a random moment of its life (starting, polling, evaluating)
         for k in range(KILLS):
             delay = rng.uniform(1.0, 120.0)  # start-up, polls, submissions, evaluations
@@ -132,7 +118,7 @@ def test_a_watcher_killed_three_times_on_a_loaded_machine_evaluates_each_complet
             kills.append(f"{k + 1} at {delay:.1f} s ({_where(state_dir)})")
 
         # 2. the training ends; the same command, --once: it follows what was in flight, evaluates the rest
-        _wait_for("the trainer", lambda: trainer.poll() is not None, 900, context())
+        wait_for("the trainer", lambda: trainer.poll() is not None, 900, context())
         assert trainer.returncode == 0, trainer_log.read_text()[-3000:]
         final = subprocess.run(
             [*watch, "--once"], cwd=isolated_user, env=env, capture_output=True, text=True, timeout=2400
@@ -147,7 +133,7 @@ def test_a_watcher_killed_three_times_on_a_loaded_machine_evaluates_each_complet
     took = time.monotonic() - started
     print(f"chaos {context()}; {took:.0f} s")
 
-    state = _state(state_dir)
+    state = watch_state(state_dir)
     assert state is not None, context()
     iterations = {int(k): e for k, e in state["iterations"].items()}
     assert sorted(iterations) == COMPLETE, context()  # 40 never completed: never evaluated
@@ -177,4 +163,4 @@ def test_a_watcher_killed_three_times_on_a_loaded_machine_evaluates_each_complet
 
     # the last watcher ended, and so did every job, server and client the watchers started
     mark = os.environ[MARK]
-    _wait_for("every process to end", lambda: not marked_processes(mark), 60, context())
+    wait_for("every process to end", lambda: not marked_processes(mark), 60, context())

@@ -15,11 +15,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.watch.support import wait_for, watch_state
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
 # three evaluations: ~3 min on 2 idle cores, but the harness start-up alone takes minutes on a loaded machine
@@ -28,21 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 EVALUATE = [sys.executable, "-m", "ckpteval.cli"]
 TRAINER = Path(__file__).with_name("trainer.py")
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
-
-
-def _wait_for(what: str, check, timeout: float = 600.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _state(state_dir: Path) -> dict | None:
-    files = list((state_dir / "watch").glob("*/state.json"))
-    return json.loads(files[0].read_text()) if files else None
 
 
 def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated_user: Path, tmp_path: Path):
@@ -76,25 +61,25 @@ def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated
         "export.wandb.project=watch-test",
     ]
     try:
-        _wait_for("the trainer's half-written iteration 20", lambda: "HALF 20" in trainer_log.read_text(), 600)
+        wait_for("the trainer's half-written iteration 20", lambda: "HALF 20" in trainer_log.read_text(), 600)
 
         # 1. a watcher sees 10 complete and 20 half-written; it is killed while it evaluates 10
         first_log = tmp_path / "watch1.log"
         with open(first_log, "w") as out:
             first = subprocess.Popen(watch, cwd=isolated_user, env=env, stdout=out, stderr=out)
-        state = _wait_for(
+        state = wait_for(
             "iteration 10 submitted",
-            lambda: (s := _state(state_dir)) and s["iterations"].get("10", {}).get("state") == "submitted" and s,
+            lambda: (s := watch_state(state_dir)) and s["iterations"].get("10", {}).get("state") == "submitted" and s,
             300,
         )
-        _wait_for("the listing of 20", lambda: "iteration 20: not completely written yet" in first_log.read_text())
+        wait_for("the listing of 20", lambda: "iteration 20: not completely written yet" in first_log.read_text())
         assert set(state["iterations"]) == {"10"}
         first.send_signal(signal.SIGKILL)
         first.wait()
 
         # 2. the training finishes 20, crashes during 30, goes on to 40
         go.write_text("go")
-        _wait_for("the trainer", lambda: trainer.poll() is not None, 600)
+        wait_for("the trainer", lambda: trainer.poll() is not None, 600)
         assert trainer.returncode == 0, trainer_log.read_text()[-3000:]
 
         # 3. the same command again, --once: follows 10 (still running or done), evaluates 20 and 40, exits
@@ -107,7 +92,7 @@ def test_watch_evaluates_each_complete_checkpoint_once_across_a_restart(isolated
             if proc.poll() is None:
                 proc.kill()
 
-    final = _state(state_dir)
+    final = watch_state(state_dir)
     assert final is not None
     iterations = final["iterations"]
     assert sorted(iterations, key=int) == ["10", "20", "40"]  # 30 never completed: never evaluated

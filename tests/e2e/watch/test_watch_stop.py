@@ -5,15 +5,14 @@ poll are covered in tests/unit/watch/test_run.py (with stand-in evaluations)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.watch.support import wait_for, watch_state
 from tests.support.leftovers import MARK, marked_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -21,21 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 EVALUATE = [sys.executable, "-m", "ckpteval.cli"]
 TRAINER = Path(__file__).with_name("trainer.py")
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
-
-
-def _wait_for(what: str, check, timeout: float):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _state(state_dir: Path) -> dict | None:
-    files = list((state_dir / "watch").glob("*/state.json"))
-    return json.loads(files[0].read_text()) if files else None
 
 
 def test_watch_stop_cancel_during_an_evaluation_leaves_nothing_running(isolated_user: Path, tmp_path: Path):
@@ -49,7 +33,7 @@ def test_watch_stop_cancel_during_an_evaluation_leaves_nothing_running(isolated_
         )
     watcher = None
     try:
-        _wait_for("the trainer", lambda: trainer.poll() is not None, 600)
+        wait_for("the trainer", lambda: trainer.poll() is not None, 600)
         assert trainer.returncode == 0 and "SAVED 10" in trainer_log.read_text(), trainer_log.read_text()[-3000:]
         log = tmp_path / "watch.log"
         with open(log, "w") as out:
@@ -63,11 +47,11 @@ def test_watch_stop_cancel_during_an_evaluation_leaves_nothing_running(isolated_
             )
 
         def running() -> dict | None:
-            state = _state(state_dir)
+            state = watch_state(state_dir)
             entry = (state or {}).get("iterations", {}).get("10")
             return state if entry and entry["attempts"] and entry["attempts"][-1]["state"] == "running" else None
 
-        state = _wait_for("iteration 10's evaluation running", running, 600)
+        state = wait_for("iteration 10's evaluation running", running, 600)
         stop = subprocess.run(
             [*EVALUATE, "watch", "stop", state["run"], "--cancel", "--timeout", "120"],
             cwd=isolated_user,
@@ -86,5 +70,5 @@ def test_watch_stop_cancel_during_an_evaluation_leaves_nothing_running(isolated_
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    entry = _state(state_dir)["iterations"]["10"]  # type: ignore[index]
+    entry = watch_state(state_dir)["iterations"]["10"]  # type: ignore[index]
     assert entry["state"] == "waiting" and [a["state"] for a in entry["attempts"]] == ["withdrawn"], entry
