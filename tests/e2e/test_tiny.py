@@ -14,13 +14,14 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.browser import CHROMIUM, dump_dom
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -214,9 +215,6 @@ def _doc_scores(job_dir: Path) -> dict[tuple[str, str], float]:
     return {(x["sample"].rpartition("/")[0], x["doc"]): x["scores"]["exact_match"] for x in lines}
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def test_zero_shot_against_five_shot_compared_question_by_question(tiny_run: TinyRun, tmp_path: Path):
     """A second `evaluate -c tiny` with other settings: MMLU zero-shot instead of its 5 examples, on the same 57
     questions. `compare` pairs them by document and tests the difference; `samples --vs` lists exactly the
@@ -267,13 +265,7 @@ def test_zero_shot_against_five_shot_compared_question_by_question(tiny_run: Tin
     assert made.returncode == 0, made.stderr
     if CHROMIUM is None:
         pytest.skip("the browser check needs Debian's chromium (apt-get install chromium)")
-    dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", report.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(report.as_uri())
     text = " ".join(re.sub(r"<[^>]+>", " ", dom).split())
     assert f"{len(changed)} changed of 57 documents both scored" in text
     first = rows[0]

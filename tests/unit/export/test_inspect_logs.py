@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,11 +23,10 @@ from ckpteval.cli.main import app
 from ckpteval.results.model import InvocationResults
 from ckpteval.results.samples import read_samples
 from tests.deploy_support import free_port
+from tests.support.browser import CHROMIUM, needs_browser
 from tests.support.lm_eval_runs import gsm8k_run, hellaswag_run, humaneval_run, record_run, repeated_gsm8k_run
 
 runner = CliRunner(env={"COLUMNS": "200"})
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 # not installed: skipped; installed but broken: the tests fail (CI installs it: uv sync --extra inspect)
 needs_inspect = pytest.mark.skipif(
     importlib.util.find_spec("inspect_ai") is None, reason="needs the inspect extra: uv sync --extra inspect"

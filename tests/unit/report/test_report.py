@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -15,12 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from tests.support.browser import CHROMIUM, dump_dom, needs_browser
 from tests.support.comparisons import record_invocation, sample_rows
 from tests.support.lm_eval_runs import gsm8k_run, humaneval_run, record_run
 
 runner = CliRunner(env={"COLUMNS": "200"})
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 BLUE, ORANGE = (0x00, 0x72, 0xB2), (0xE6, 0x9F, 0x00)  # the first two series' colours
 
 
@@ -70,13 +68,7 @@ def test_the_page_is_self_contained(report: Path):
 
 @needs_browser
 def test_the_browser_shows_the_numbers_charts_and_verdict(report: Path, tmp_path: Path):
-    dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", report.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(report.as_uri())
     page = _Text()
     page.feed(dom)
     text = " | ".join(page.text)
@@ -238,13 +230,7 @@ def test_the_per_sample_changes_show_both_answers_side_by_side(runs_with_answers
     page = _Text()
     page.feed(runs_with_answers.read_text())
     assert page.loads == []  # still one self-contained file
-    dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", runs_with_answers.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(runs_with_answers.as_uri())
     shown = _Text()
     shown.feed(dom)
     text = " | ".join(shown.text)
@@ -312,13 +298,7 @@ def test_a_watched_run_shows_its_scores_against_iteration(tmp_path: Path):
     page = _Text()
     page.feed(out.read_text())
     assert page.loads == []
-    dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", out.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    dom = dump_dom(out.as_uri())
     shown = _Text()
     shown.feed(dom)
     text = " | ".join(shown.text)
