@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from ckpteval.config.profiles import toml_value
+
 REPO = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = REPO / "tests" / "infra" / "setup.sh"
 INFRA_DIR = Path(os.environ.get("CI_INFRA_DIR", "/tmp/ci-infra"))
@@ -165,20 +167,6 @@ def ci_profile_values(infra: Infra, remote_job_dir: str) -> dict[str, Any]:
     }
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
 @pytest.fixture
 def write_env_toml(tmp_path: Path, ci_profile_values: dict[str, Any]) -> Callable[..., Path]:
     """Write an env.toml with one profile (the CI cluster's values, then `overrides`) and return its path.
@@ -188,7 +176,7 @@ def write_env_toml(tmp_path: Path, ci_profile_values: dict[str, Any]) -> Callabl
 
     def write(name: str = "CI", **overrides: Any) -> Path:
         values = {**ci_profile_values, **overrides}
-        lines = [f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+        lines = [f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in values.items() if v is not None]
         path = tmp_path / f"env-{uuid.uuid4().hex[:6]}.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -24,6 +24,7 @@ and no env.toml is needed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -242,3 +243,18 @@ def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> E
             )
         profiles[key] = value
     return EnvFile(path=path, raw_profiles=profiles, wandb=wandb, config_dirs=config_dirs)
+
+
+def toml_value(value: Any) -> str:
+    """`value` written as a TOML value (what an env.toml profile key holds)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"The profile value {value!r} cannot be written to an env.toml.")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import Profile, toml_value
 from ckpteval.errors import ClusterError, ConfigError
 from ckpteval.watch.state import WatchSpec, WatchState, run_name
 
@@ -93,20 +93,6 @@ def hosted_home(profile: Profile, run: str) -> str:
     return posixpath.join(profile.remote_job_dir, "watch", run)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"The profile value {value!r} cannot be written to the cluster's env.toml.")
-
-
 def cluster_env_toml(profile: Profile, wandb: dict[str, str | None]) -> str:
     """The env.toml the watcher reads on the cluster: the profile as it is, but reached `tunnel = "local"`
     (it runs there: listings and sbatch without SSH) and without the SSH keys it no longer needs."""
@@ -118,9 +104,9 @@ def cluster_env_toml(profile: Profile, wandb: dict[str, str | None]) -> str:
         values.pop(key)
     lines = []
     if any(wandb.values()):
-        lines += ["[wandb]"] + [f"{k} = {_toml_value(v)}" for k, v in wandb.items() if v] + [""]
+        lines += ["[wandb]"] + [f"{k} = {toml_value(v)}" for k, v in wandb.items() if v] + [""]
     lines.append(f"[{json.dumps(name)}]")
-    lines += [f"{key} = {_toml_value(v)}" for key, v in values.items() if v is not None]
+    lines += [f"{key} = {toml_value(v)}" for key, v in values.items() if v is not None]
     return "\n".join(lines) + "\n"
 
 
