@@ -103,6 +103,7 @@ def compile_config(
         f"run.model {a.ref.qualified} -> {a.path} (W&B artifact {a.version}, {a.rule})" for a in composed.artifacts
     )
     notes.extend(_settle_backend(data))
+    notes.extend(_settle_prepare(data))
     _check_deployment_keys(data)
     config = from_mapping(EvalConfig, data, where="config")
     tasks = resolve_tasks(config, data, catalog)
@@ -129,6 +130,45 @@ def _settle_backend(data: dict[str, Any]) -> list[str]:
     chosen = "builtin" if (data.get("execution") or {}).get("type") == "local" else "export-deploy"
     deployment["backend"] = chosen
     return [f"deployment.backend auto -> {chosen}"]
+
+
+# The served name a packaged model's deployment config gives it; a user's checkpoint never borrows it.
+PACKAGED_SERVED_NAMES = {"smollm2": "smollm2-135m-instruct", "tiny": "tiny"}
+
+
+def packaged_checkpoint_dir(cache_dir: str, name: str) -> str:
+    """Where `deployment.prepare=NAME` writes the packaged model: ckpteval's cache, never elsewhere."""
+    return f"{cache_dir.rstrip('/')}/checkpoints/{name}"
+
+
+def _settle_prepare(data: dict[str, Any]) -> list[str]:
+    """`deployment.prepare` writes a packaged model only into ckpteval's cache (execution.cache_dir). A
+    run.model anywhere else is the user's own checkpoint: it is served as it is (prepare off, so a path
+    that does not exist is refused, never filled with the packaged model), under its own name rather than
+    the packaged model's."""
+    deployment = data.get("deployment") or {}
+    name = deployment.get("prepare")
+    if deployment.get("type") != "megatron" or not name:
+        return []
+    cache_dir = str((data.get("execution") or {}).get("cache_dir") or "")
+    path = str(deployment.get("checkpoint_path") or "")
+    if cache_dir and _same_path(path, packaged_checkpoint_dir(cache_dir, str(name))):
+        return []
+    deployment["prepare"] = None
+    note = f"deployment.prepare {name} -> off: run.model={path} is your checkpoint, served as it is"
+    packaged_name = PACKAGED_SERVED_NAMES.get(str(name))
+    if packaged_name is not None and deployment.get("served_model_name") == packaged_name:
+        own_name = Path(path.rstrip("/")).name or "megatron-model"
+        deployment["served_model_name"] = own_name
+        api = ((data.get("target") or {}).get("api_endpoint")) or {}
+        if api.get("model_id") == packaged_name:
+            api["model_id"] = own_name
+        note += f", named {own_name!r}"
+    return [note]
+
+
+def _same_path(a: str, b: str) -> bool:
+    return Path(a).expanduser().absolute() == Path(b).expanduser().absolute()
 
 
 def _check_deployment_keys(data: dict[str, Any]) -> None:

@@ -65,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
         help="prepare this packaged model into --checkpoint first if missing",
     )
     serve.add_argument("--access-log", action="store_true")
+    serve.add_argument(
+        "--identity", default=None, help="a token naming this deployment, reported by /v1/health and /v1/models"
+    )
+    serve.add_argument("--port-file", type=Path, default=None, help="write the port held here as soon as it is held")
+    serve.add_argument(
+        "--port-fallback",
+        action="store_true",
+        help="if --port is taken, serve on a port the kernel assigns (with --port-file, to tell the clients)",
+    )
 
     prepare = commands.add_parser("prepare", help="Write a packaged model as a Megatron checkpoint.")
     prepare.add_argument("name", choices=PACKAGED_MODELS)
@@ -85,37 +94,41 @@ def main(argv: list[str] | None = None) -> int:
     show_notices()
     try:
         if args.command == "serve":
-            from ckpteval.deploy.server import ServeOptions, serve
+            from ckpteval.deploy.server import DEFAULT_PREFIX_CACHE_MIB, ServeOptions, hold_port, serve
 
-            if args.prepare:
-                from ckpteval.deploy.prepare import ensure_prepared
-
-                ensure_prepared(args.prepare, args.checkpoint)
-            if args.publish_tokenizer:
-                from ckpteval.deploy.checkpoint import publish_tokenizer
-
-                publish_tokenizer(args.checkpoint, args.publish_tokenizer, tokenizer=args.tokenizer)
-            from ckpteval.deploy.server import DEFAULT_PREFIX_CACHE_MIB
-
-            serve(
-                ServeOptions(
-                    checkpoint=args.checkpoint,
-                    port=args.port,
-                    host=args.host,
-                    served_model_name=args.served_model_name,
-                    device=args.device,
-                    dtype=args.dtype,
-                    max_batch_size=args.max_batch_size,
-                    max_batch_tokens=args.max_batch_tokens,
-                    replicas=args.replicas,
-                    tokenizer=args.tokenizer,
-                    access_log=args.access_log,
-                    prefix_cache=args.prefix_cache,
-                    prefix_cache_mib=DEFAULT_PREFIX_CACHE_MIB
-                    if args.prefix_cache_mib is None
-                    else args.prefix_cache_mib,
-                )
+            options = ServeOptions(
+                checkpoint=args.checkpoint,
+                port=args.port,
+                host=args.host,
+                served_model_name=args.served_model_name,
+                device=args.device,
+                dtype=args.dtype,
+                max_batch_size=args.max_batch_size,
+                max_batch_tokens=args.max_batch_tokens,
+                replicas=args.replicas,
+                tokenizer=args.tokenizer,
+                access_log=args.access_log,
+                prefix_cache=args.prefix_cache,
+                prefix_cache_mib=DEFAULT_PREFIX_CACHE_MIB if args.prefix_cache_mib is None else args.prefix_cache_mib,
+                identity=args.identity,
+                port_file=args.port_file,
+                port_fallback=args.port_fallback,
             )
+            # the port first: held (and answering "loading") through the slow steps below
+            sock = hold_port(options)
+            try:
+                if args.prepare:
+                    from ckpteval.deploy.prepare import ensure_prepared
+
+                    ensure_prepared(args.prepare, args.checkpoint)
+                if args.publish_tokenizer:
+                    from ckpteval.deploy.checkpoint import publish_tokenizer
+
+                    publish_tokenizer(args.checkpoint, args.publish_tokenizer, tokenizer=args.tokenizer)
+            except BaseException:
+                sock.close()
+                raise
+            serve(options, sock)
         elif args.command == "prepare":
             from ckpteval.deploy.prepare import default_checkpoint_dir, prepare_checkpoint
 

@@ -18,6 +18,7 @@ import orjson
 
 import ckpteval.routes as routes
 from ckpteval.deploy.engine import Generation, ScoredRow
+from ckpteval.deploy.identity import identity_payload
 from ckpteval.deploy.protocol import (
     ApiError,
     CompletionChoice,
@@ -49,8 +50,10 @@ class OpenAIServer:
         served_model_name: str,
         max_context: int,
         vocab_size: int,
+        identity: str | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.identity = identity  # the job's token for this deployment (see `deploy.server`)
         self.tokenizer = tokenizer
         self.model_name = served_model_name
         self.max_context = max_context
@@ -110,12 +113,13 @@ class OpenAIServer:
                     "created": self.created,
                     "owned_by": "ckpteval",
                     "max_model_len": self.max_context,
+                    **identity_payload(self.identity),
                 }
             ],
         }
 
     async def health(self, _: Any) -> dict[str, Any]:
-        return {"status": "healthy"}
+        return {"status": "healthy", **identity_payload(self.identity)}
 
     async def stats(self, _: Any) -> dict[str, Any]:
         counters = self.scheduler.stats.as_dict()

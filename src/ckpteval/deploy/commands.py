@@ -17,10 +17,17 @@ from ckpteval.deploy.launch import serve_command
 
 
 def builtin_command(
-    deployment: MegatronDeployment, *, python: str, port: int, publish_tokenizer: str | None = None
+    deployment: MegatronDeployment,
+    *,
+    python: str,
+    port: int,
+    publish_tokenizer: str | None = None,
+    identity: str | None = None,
+    port_file: str | None = None,
 ) -> str:
     """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval); it writes the
-    tokenizer it serves with to `publish_tokenizer` first, for the task clients."""
+    tokenizer it serves with to `publish_tokenizer` first, for the task clients. `identity`: the token it
+    reports; `port_file`: where it writes the port it holds (`port`, or another if that one is taken)."""
     argv = serve_command(
         python=python,
         checkpoint=deployment.checkpoint_path,
@@ -34,12 +41,16 @@ def builtin_command(
         tokenizer=None if deployment.tokenizer in (None, FROM_CHECKPOINT) else deployment.tokenizer,
         publish_tokenizer=publish_tokenizer,
         prefix_cache=deployment.prefix_cache,
+        identity=identity,
+        port_file=port_file,
     )
     return "exec " + shlex.join(argv)
 
 
-def vllm_command(deployment: VllmDeployment, *, port: int) -> str:
-    """`vllm serve` of the HF handle (or the checkpoint path) on `port`; `extra_args` go last, as written."""
+def vllm_command(deployment: VllmDeployment, *, port: int, identity: str | None = None) -> str:
+    """`vllm serve` of the HF handle (or the checkpoint path) on `port`; `extra_args` go last, as written.
+    `identity` becomes a second served model name: vLLM answers to both and lists both in /v1/models, where
+    the job checks it (responses name the first, the one the tasks use)."""
     model = deployment.hf_model_handle or deployment.checkpoint_path or ""
     argv = [
         "vllm",
@@ -52,6 +63,7 @@ def vllm_command(deployment: VllmDeployment, *, port: int) -> str:
         str(port),
         "--served-model-name",
         deployment.served_model_name,
+        *([identity] if identity else []),
         "--gpu-memory-utilization",
         str(deployment.gpu_memory_utilization),
         "--trust-remote-code",

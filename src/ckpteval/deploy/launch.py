@@ -35,12 +35,16 @@ def serve_command(
     tokenizer: str | None = None,
     publish_tokenizer: str | None = None,
     prefix_cache: bool = True,
+    identity: str | None = None,
+    port_file: str | None = None,
 ) -> list[str]:
     """The argv that starts the server (`python -m ckpteval.deploy serve ...`), for a job script.
 
     `prepare` names a packaged model ("smollm2", "tiny") to prepare into `checkpoint` first if it
     is not there yet. `tokenizer` overrides the checkpoint's; the server first writes the one it serves
-    with to `publish_tokenizer` (a Hugging Face directory the task clients read). Quote each element
+    with to `publish_tokenizer` (a Hugging Face directory the task clients read). `identity` is the token
+    the server reports (`ckpteval.deploy.identity`); with `port_file` it serves on `port` or, if that is
+    taken, on a port the kernel assigns, and writes the one it holds there. Quote each element
     (shlex.quote) when rendering it into a shell script.
     """
     command = [
@@ -71,6 +75,10 @@ def serve_command(
         command += ["--publish-tokenizer", publish_tokenizer]
     if not prefix_cache:
         command += ["--no-prefix-cache"]
+    if identity is not None:
+        command += ["--identity", identity]
+    if port_file is not None:
+        command += ["--port-file", port_file, "--port-fallback"]
     return command
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from ckpteval.deploy.identity import identity_payload
 from ckpteval.deploy.launch import serve_command, wait_until_healthy
 from ckpteval.deploy.runtime import free_port
 
@@ -111,8 +112,9 @@ def _headers(head: bytes) -> tuple[str, dict[bytes, bytes]]:
 class Router:
     """Forwards requests to the least busy live replica."""
 
-    def __init__(self, replicas: list[Replica]) -> None:
+    def __init__(self, replicas: list[Replica], *, identity: str | None = None) -> None:
         self.replicas = replicas
+        self.identity = identity
         self._turn = itertools.count()
         self._holder: OrderedDict[bytes, int] = OrderedDict()  # prompt start -> replica that last served it
         self.affinity_hits = 0
@@ -178,6 +180,7 @@ class Router:
         serving = len(self.live)
         body = {
             "status": "healthy" if serving else "unhealthy",
+            **identity_payload(self.identity),
             "replicas_serving": serving,
             "replicas": [r.describe() for r in self.replicas],
         }
@@ -339,6 +342,8 @@ def replica_command(options: Any, port: int) -> list[str]:
         command += ["--max-batch-tokens", str(options.max_batch_tokens)]
     if options.tokenizer is not None:
         command += ["--tokenizer", str(options.tokenizer)]
+    if getattr(options, "identity", None):
+        command += ["--identity", options.identity]  # /v1/models, forwarded to a replica, names the deployment
     return command
 
 
@@ -377,10 +382,13 @@ def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
             replica.process.wait()
 
 
-def serve_replicas(options: Any, sock: Any, say: Callable[[str], None]) -> None:
-    """Serve `options.replicas` replicas behind the bound socket `sock` until Ctrl-C or SIGTERM.
+def serve_replicas(
+    options: Any, sock: Any, say: Callable[[str], None], *, ready: Callable[[], None] = lambda: None
+) -> None:
+    """Serve `options.replicas` replicas behind the listening socket `sock` until Ctrl-C or SIGTERM.
 
-    `say` reports progress to the operator (the server's own start-up lines).
+    `say` reports progress to the operator (the server's own start-up lines); `ready` is called once the
+    replicas serve, before the router takes the socket (it stops the loading responder).
     """
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -397,8 +405,9 @@ def serve_replicas(options: Any, sock: Any, say: Callable[[str], None]) -> None:
             replicas = start_replicas(options)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        router = Router(replicas)
-        url = f"http://{options.host}:{options.port}"
+        router = Router(replicas, identity=getattr(options, "identity", None))
+        ready()
+        url = f"http://{options.host}:{sock.getsockname()[1]}"
         say(
             f"Serving '{options.served_model_name}' on {url} with {len(replicas)} replicas (ports "
             f"{', '.join(str(r.port) for r in replicas)}), ready in {time.perf_counter() - started:.1f} s. "

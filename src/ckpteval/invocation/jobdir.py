@@ -43,6 +43,8 @@ class JobDir:
     STATE = "state"
     STARTED = "state/started"
     DEPLOYMENT_STATE = "state/deployment"
+    DEPLOYMENT_PORT = "state/deployment_port"  # the port the builtin server holds, written by it
+    DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
     FINISHED = "state/finished"
     SLURM_JOB = "state/slurm_job"
     LOGS = "logs"

@@ -12,7 +12,6 @@ from __future__ import annotations
 # and `--dry-run` load only what they use), not to break an import cycle.
 import copy
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -59,17 +58,21 @@ def local_toolchain() -> Toolchain:
     return Toolchain(python=sys.executable, evaluator=str(bin_dir / "nemo-evaluator"), hook_dir=str(hook_dir()))
 
 
-def free_port(preferred: int) -> int:
-    """`preferred` if nothing listens there, else a free port the OS picks (local runs only)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", preferred))
-            return preferred
-        except OSError:
-            pass
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _builtin(deployment: object) -> bool:
+    return isinstance(deployment, MegatronDeployment) and deployment.backend == "builtin"
+
+
+def _reports_identity(deployment: object) -> bool:
+    """Deployments that can report the job's identity token: the builtin server (`--identity`) and vLLM
+    (the token as a second served model name, listed by /v1/models). Export-Deploy and a generic command
+    cannot: their endpoints are recorded as unverified."""
+    return _builtin(deployment) or isinstance(deployment, VllmDeployment)
+
+
+def _port_file(deployment: object, job_dir: str) -> str | None:
+    """The builtin server takes its port when it starts (the planned one, or any free one if that is
+    taken: no race with another job on the machine) and writes it here for the job."""
+    return JobDir(job_dir).join(JobDir.DEPLOYMENT_PORT) if _builtin(deployment) else None
 
 
 def build_plan(
@@ -85,22 +88,46 @@ def build_plan(
         dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
         base_url = None
     else:
-        port = deployment.port if launcher == "slurm" else free_port(deployment.port)
+        from ckpteval.deploy.identity import new_identity
+
+        port = deployment.port
         base_url = f"http://127.0.0.1:{port}"
+        identity = new_identity(invocation) if _reports_identity(deployment) else None
+        port_file = _port_file(deployment, job_dir)
         step, kind = _deployment_step(
-            compiled, port=port, toolchain=toolchain, launcher=launcher, mounts=mounts, job_dir=job_dir
+            compiled,
+            port=port,
+            toolchain=toolchain,
+            launcher=launcher,
+            mounts=mounts,
+            job_dir=job_dir,
+            identity=identity,
+            port_file=port_file,
         )
+        health_url = base_url + deployment.endpoints.health
         dep_plan = DeploymentPlan(
             kind=kind,
             step=step,
-            health_url=base_url + deployment.endpoints.health,
+            health_url=health_url,
             readiness_timeout=readiness,
             port=port,
+            identity=identity,
+            identity_url=(base_url + "/v1/models" if isinstance(deployment, VllmDeployment) else health_url)
+            if identity
+            else None,
+            port_file=port_file,
         )
 
     tasks = tuple(
         _task_plan(
-            compiled, task, base_url=base_url, job_dir=job_dir, toolchain=toolchain, launcher=launcher, mounts=mounts
+            compiled,
+            task,
+            base_url=base_url,
+            job_dir=job_dir,
+            toolchain=toolchain,
+            launcher=launcher,
+            mounts=mounts,
+            deployment_plan=dep_plan,
         )
         for task in compiled.tasks
     )
@@ -178,20 +205,27 @@ def _deployment_step(
     launcher: Launcher,
     mounts: tuple[str, ...],
     job_dir: str,
+    identity: str | None,
+    port_file: str | None,
 ) -> tuple[Step, str]:
     deployment = compiled.config.deployment
     env = dict(getattr(deployment, "env_vars", {}) or {})
     if isinstance(deployment, MegatronDeployment):
         if deployment.backend == "builtin":
             command = builtin_command(
-                deployment, python=toolchain.python, port=port, publish_tokenizer=published_tokenizer(compiled, job_dir)
+                deployment,
+                python=toolchain.python,
+                port=port,
+                publish_tokenizer=published_tokenizer(compiled, job_dir),
+                identity=identity,
+                port_file=port_file,
             )
             # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
             image = deployment.image if launcher == "slurm" else None
             return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
         return _export_deploy_step(deployment, port=port, env=env, mounts=mounts)
     if isinstance(deployment, VllmDeployment):
-        command = vllm_command(deployment, port=port)
+        command = vllm_command(deployment, port=port, identity=identity)
         return Step(command=command, env=env, image=deployment.image, mounts=mounts), "vllm"
     assert isinstance(deployment, GenericDeployment)
     return Step(command=generic_command(deployment), env=env, image=deployment.image, mounts=mounts), "generic"
@@ -218,6 +252,7 @@ def _task_plan(
     toolchain: Toolchain,
     launcher: Launcher,
     mounts: tuple[str, ...],
+    deployment_plan: DeploymentPlan,
 ) -> TaskPlan:
     from ckpteval.tasks.client import client_command, client_env
     from ckpteval.tasks.runconfig import EndpointSpec, build_run_config, client_hook_env
@@ -262,7 +297,11 @@ def _task_plan(
             request_params=request_params,
         )
         command = client_command(
-            f"{task_dir}/{layout.run_config}", executable=toolchain.evaluator, hook_dir=toolchain.hook_dir
+            f"{task_dir}/{layout.run_config}",
+            executable=toolchain.evaluator,
+            hook_dir=toolchain.hook_dir,
+            # on the port the deployment took when it started (the run config has the planned one)
+            model_url=deployment_plan.on_published_port(url) if deployment_plan.port_file else None,
         )
         run_env = {**env, **client_hook_env(run_config, request_params)}
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())

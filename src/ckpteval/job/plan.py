@@ -47,6 +47,20 @@ class DeploymentPlan:
     health_url: str | None
     readiness_timeout: int
     port: int | None = None
+    # the token the deployment reports (`ckpteval.deploy.identity`) and the URL it reports it at; None where
+    # the deployment cannot report one (export-deploy, generic, none): then nothing can be verified
+    identity: str | None = None
+    identity_url: str | None = None
+    # where the deployment writes the port it holds (`port`, or another when that one was taken); the job
+    # reads it before the clients start and gives them the URLs on that port (`DEPLOY_PORT`)
+    port_file: str | None = None
+
+    def on_published_port(self, url: str) -> str:
+        """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it
+        publishes one (a shell expansion of $DEPLOY_PORT, for a double-quoted word)."""
+        if self.port_file is None or self.port is None:
+            return url
+        return url.replace(f"127.0.0.1:{self.port}", "127.0.0.1:${DEPLOY_PORT}", 1)
 
 
 @dataclass(frozen=True)

@@ -74,14 +74,34 @@ health_ok() {
   else python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
   fi
 }
+fetch() {  # the body of a GET of $1 (any status), empty if nothing answers
+  if command -v curl >/dev/null 2>&1; then curl -s --max-time 5 "$1"
+  else python3 -c 'import sys,urllib.request,urllib.error
+try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+except urllib.error.HTTPError as e: print(e.read().decode())
+except Exception: pass' "$1" 2>/dev/null
+  fi
+}
+DEPLOY_IDENTITY=""
+IDENTITY_URL=""
+identity_ok() {  # the endpoint reports this job's deployment identity (nothing to check when it has none)
+  [ -z "$DEPLOY_IDENTITY" ] && return 0
+  case "$(fetch "$IDENTITY_URL")" in *"$DEPLOY_IDENTITY"*) return 0 ;; esac
+  return 1
+}
+verified() {  # health and identity both hold: the deployment is ready, and it is this job's
+  mark state/deployment_identity "${DEPLOY_IDENTITY:-unverified}"
+  mark state/deployment ready
+  say "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
+}
 DEPLOY_PID=""
 WATCH_PID=""
 HEALTH_URL=""
 stop_deployment() {
   if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
     kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
-    if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL"; then
-      mark state/deployment ready; say "deployment healthy: $HEALTH_URL"
+    if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL" && identity_ok; then
+      verified
     fi
   fi
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
@@ -128,7 +148,8 @@ finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
-rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
+# a resubmitted job starts over; finished tasks keep .done
+rm -f state/finished state/deployment state/deployment_port state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 
@@ -172,6 +193,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
     dep = plan.deployment
     if dep.step is None:
         return f"say {shlex.quote('no deployment: evaluating ' + (plan.tasks[0].endpoint_url if plan.tasks else ''))}\n"
+    timeout = int(dep.readiness_timeout)
     lines = [
         f"say {shlex.quote('starting the deployment (' + dep.kind + ')')}",
         # setsid: the deployment and everything it spawns form one process group we can stop as a whole
@@ -179,9 +201,16 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
         "DEPLOY_PID=$!",
         "mark state/deployment starting",
     ]
+    if dep.port_file:
+        lines += _published_port(dep.port_file, timeout)
     if dep.health_url:
-        url = shlex.quote(dep.health_url)
-        timeout = int(dep.readiness_timeout)
+        url = dep.on_published_port(dep.health_url)
+        lines += [f'HEALTH_URL="{url}"']
+        if dep.identity and dep.identity_url:
+            lines += [
+                f"DEPLOY_IDENTITY={shlex.quote(dep.identity)}",
+                f'IDENTITY_URL="{dep.on_published_port(dep.identity_url)}"',
+            ]
         lines += [
             # the tasks' clients start now and prepare while the model loads (their first request waits for
             # health: the hook's ckpteval_wait_ready); this watcher marks the deployment ready, or stops the job
@@ -191,7 +220,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
             '    say "$1; last lines of logs/deployment.log:"',
             "    tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$",
             "  }",
-            f"  until health_ok {url}; do",
+            '  until health_ok "$HEALTH_URL"; do',
             '    if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then',
             '      gave_up "the deployment exited before it became healthy"; return 3',
             "    fi",
@@ -200,18 +229,44 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
             "    fi",
             "    sleep 1",
             "  done",
-            f"  mark state/deployment ready; say {shlex.quote('deployment healthy: ' + dep.health_url)}",
+            "  if ! identity_ok; then",
+            "    gave_up \"${HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's "
+            'identity $DEPLOY_IDENTITY ($IDENTITY_URL)"; return 3',
+            "  fi",
+            "  verified",
             "}",
-            f"HEALTH_URL={url}",
             "watch_deployment &",
             "WATCH_PID=$!",
-            f"export CKPTEVAL_DEPLOYMENT_HEALTH={url} CKPTEVAL_DEPLOYMENT_WAIT_S={timeout}",
+            'export CKPTEVAL_DEPLOYMENT_HEALTH="$HEALTH_URL" ' + f"CKPTEVAL_DEPLOYMENT_WAIT_S={timeout}",
         ]
+        if dep.identity:
+            lines.append(
+                'export CKPTEVAL_DEPLOYMENT_IDENTITY="$DEPLOY_IDENTITY" '
+                'CKPTEVAL_DEPLOYMENT_IDENTITY_URL="$IDENTITY_URL"'
+            )
         if not plan.prepare_during_load:  # the clients start once the deployment is healthy
             lines.append('wait "$WATCH_PID"; WATCH_PID=""')
         return "\n".join(lines) + "\n"
     lines += ["mark state/deployment ready", f"say {shlex.quote('deployment healthy: ' + (dep.health_url or ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _published_port(port_file: str, timeout: int) -> list[str]:
+    """Wait (bounded) for the port the deployment holds; it writes it once it listens, before it loads
+    anything, so this takes the server's start-up (a second), not the model's load."""
+    path = shlex.quote(port_file)
+    return [
+        f"port_deadline=$((SECONDS + {timeout}))",
+        f"until [ -s {path} ]; do",
+        '  if ! kill -0 "$DEPLOY_PID" 2>/dev/null || [ "$SECONDS" -ge "$port_deadline" ]; then',
+        '    say "the deployment did not take a port; last lines of logs/deployment.log:"',
+        "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
+        "  fi",
+        "  sleep 0.2",
+        "done",
+        f"DEPLOY_PORT=$(cat {path}); export DEPLOY_PORT",
+        'say "the deployment holds port $DEPLOY_PORT"',
+    ]
 
 
 def _clients_need(plan: JobPlan) -> str:

@@ -29,6 +29,7 @@ def client_command(
     *,
     executable: str = "nemo-evaluator",
     hook_dir: str | None = None,
+    model_url: str | None = None,
 ) -> str:
     """The bash command line that runs one task, every argument quoted.
 
@@ -43,6 +44,10 @@ def client_command(
     then fails to bind while its harness talks to the first one: requests go to the other job's endpoint
     and land in the other job's cache. Kernel-assigned ephemeral ports do not collide that way. An
     ADAPTER_PORT already set in the environment is kept.
+
+    `model_url` replaces the run config's endpoint URL (`--model_url`); it is a double-quoted shell word, so
+    it may name the port the deployment published at run time (`${DEPLOY_PORT}`), and must hold nothing else
+    the shell would expand.
     """
     prefix = [f'ADAPTER_PORT="${{ADAPTER_PORT:-$({_FREE_PORT})}}"']
     if "/" in executable:
@@ -50,6 +55,10 @@ def client_command(
     if hook_dir:
         prefix.append(f'PYTHONPATH={shlex.quote(hook_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     command = f"{shlex.quote(executable)} run_eval --run_config {shlex.quote(run_config_path)}"
+    if model_url is not None:
+        if any(c in model_url for c in '"`\\') or "$(" in model_url:
+            raise ValueError(f"model_url {model_url!r} is not a plain URL")
+        command += f' --model_url "{model_url}"'
     return " ".join([*prefix, command])
 
 

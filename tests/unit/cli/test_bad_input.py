@@ -96,6 +96,13 @@ CASES = [
         "Checkpoint /no/such/ckpt does not exist",
         "evaluate prepare",
     ),
+    (  # the tiny config prepares SmolLM2, but only into ckpteval's cache: a typo is a typo, never SmolLM2
+        "missing-checkpoint-under-tiny",
+        ["-c", "tiny", "-d", "run.model=/tmp/typo/my-ckpt"],
+        None,
+        "Checkpoint /tmp/typo/my-ckpt does not exist",
+        "run.model=",
+    ),
     (
         "logprobs-on-chat",
         ["-c", "pretrain", "-d", "run.model=.", "+evaluation.tasks.1.endpoint_type=chat"],

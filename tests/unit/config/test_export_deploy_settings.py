@@ -65,7 +65,10 @@ def test_defaults_use_every_gpu_of_every_node(env: Path):
         (("deployment.num_layers_in_first_pipeline_stage=4",), "but pipeline_model_parallel_size is 1"),
         (("deployment.num_gpus=9", "deployment.num_nodes=2", "deployment.num_replicas=9"), "does not split evenly"),
         (("deployment.num_gpus=24", "deployment.num_nodes=2"), "deployment.num_gpus=24 is more than 2 node(s) × 8"),
-        (("deployment.prepare=tiny",), "Export-Deploy serves a checkpoint that exists already"),
+        (  # prepare writes only into ckpteval's cache (elsewhere run.model is the user's and prepare is off)
+            ("deployment.prepare=tiny", "run.model=${execution.cache_dir}/checkpoints/tiny"),
+            "Export-Deploy serves a checkpoint that exists already",
+        ),
     ],
 )
 def test_layouts_export_deploy_would_refuse_are_refused_here(env: Path, overrides: tuple[str, ...], message: str):

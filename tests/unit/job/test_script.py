@@ -23,20 +23,30 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1"
 
 HEALTH_SERVER = (
-    "import http.server, sys, os, time\n"
+    "import http.server, json, sys, os, time\n"
     "open('server.pid', 'w').write(str(os.getpid()))\n"
     "time.sleep(float(os.environ.get('DELAY', '0')))\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
     "        open(os.environ['HITS'], 'a').write(self.path + '\\n')\n"
+    "        body = json.dumps({'status': 'healthy', 'deployment': os.environ.get('REPORTS', '')}).encode()\n"
     "        self.send_response(200 if self.path == '/v1/health' else 404); self.end_headers()\n"
+    "        self.wfile.write(body)\n"
     "    def log_message(self, *a): pass\n"
-    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    "server = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+    "if len(sys.argv) > 2:  # like the builtin server's --port-file: the port it holds, once it holds it\n"
+    "    open(sys.argv[2] + '.tmp', 'w').write(str(server.server_address[1]))\n"
+    "    os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
+    "server.serve_forever()\n"
 )
 
 
 # what the harness hook does before a client's first request (ckpteval_wait_ready), in shell
-CLIENT_WAITS = 'until curl -sf -o /dev/null "$CKPTEVAL_DEPLOYMENT_HEALTH"; do sleep 0.2; done; '
+CLIENT_WAITS = (
+    'until curl -sf -o /dev/null "$CKPTEVAL_DEPLOYMENT_HEALTH"; do sleep 0.2; done; '
+    'if [ -n "${CKPTEVAL_DEPLOYMENT_IDENTITY:-}" ]; then '
+    'curl -s "$CKPTEVAL_DEPLOYMENT_IDENTITY_URL" | grep -qF "$CKPTEVAL_DEPLOYMENT_IDENTITY" || exit 3; fi; '
+)
 
 
 def free_port() -> int:
@@ -191,6 +201,16 @@ def test_golden(launcher: str):
                 ),
             ),
         )
+    else:  # the builtin server: it publishes the port it holds and reports the job's identity
+        plan = replace(
+            plan,
+            deployment=replace(
+                plan.deployment,
+                identity="abcd1234-0123456789ab",
+                identity_url=plan.deployment.health_url,
+                port_file="/jobs/abcd1234/state/deployment_port",
+            ),
+        )
     text = render_job_script(plan, launcher=launcher)  # type: ignore[arg-type]
     golden = GOLDEN / f"job_{launcher}.sh"
     if UPDATE:
@@ -267,6 +287,80 @@ def test_runs_every_task_against_one_deployment(tmp_path: Path):
     # deployed once (one server process), and stopped at the end
     assert (job / "logs" / "deployment.log").exists()
     assert not alive((job / "server.pid").read_text())
+
+
+def identified_plan(tmp_path: Path, *, port: int, tasks: list[tuple[str, str]], timeout: int = 30) -> JobPlan:
+    """A job whose deployment publishes the port it holds (`port`: the one it prefers; 0: any) and must report
+    the identity abcd1234-0123456789ab, as the builtin server does."""
+    job = tmp_path / "job"
+    plan = make_plan(
+        job,
+        port=port,
+        tasks=tasks,
+        timeout=timeout,
+        deploy_cmd=f"exec {sys.executable} server.py {port} {job}/state/deployment_port",
+    )
+    health = f"http://127.0.0.1:{port}/v1/health"
+    return replace(
+        plan,
+        deployment=replace(
+            plan.deployment,
+            identity="abcd1234-0123456789ab",
+            identity_url=health,
+            port_file=str(job / "state/deployment_port"),
+        ),
+    )
+
+
+def test_clients_reach_the_deployment_on_the_port_it_published(tmp_path: Path):
+    """The server takes its port when it starts (here: any free one, as when the planned one is taken) and
+    publishes it; the health wait, the identity check and the clients all use that port."""
+    plan = identified_plan(
+        tmp_path, port=0, tasks=[("a", 'curl -sf "http://127.0.0.1:${DEPLOY_PORT}/v1/health" > out-a.txt')]
+    )
+    job = Path(plan.job_dir)
+    proc = run_job(write_job(tmp_path, plan), REPORTS="abcd1234-0123456789ab")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    port = state(job, "state/deployment_port")
+    assert f"the deployment holds port {port}" in proc.stdout
+    assert "identity abcd1234-0123456789ab verified" in proc.stdout
+    assert state(job, "state/deployment_identity") == "abcd1234-0123456789ab"
+    assert "abcd1234-0123456789ab" in (job / "out-a.txt").read_text()
+
+
+def test_a_port_answered_by_another_deployment_stops_the_job_before_any_task_request(tmp_path: Path):
+    """Health answers 200, but for another deployment (another job's server on the port): the job stops at
+    once, says so, and no task client sent anything."""
+    plan = identified_plan(tmp_path, port=0, tasks=[("a", "echo sent > out-a.txt")])
+    job = Path(plan.job_dir)
+    start = time.monotonic()
+    proc = run_job(write_job(tmp_path, plan), REPORTS="ffff0000-another-job")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 20  # at once, not after the readiness timeout (30 s)
+    assert "answers for another deployment" in proc.stdout
+    assert "abcd1234-0123456789ab" in proc.stdout
+    assert state(job, "state/deployment") == "failed"
+    assert not (job / "state/deployment_identity").exists()
+    assert not (job / "out-a.txt").exists()  # the client refused the endpoint before its first request
+
+
+def test_a_deployment_that_cannot_take_a_port_fails_at_once(tmp_path: Path):
+    plan = identified_plan(tmp_path, port=free_port(), tasks=[("a", "true")])
+    plan = replace(
+        plan,
+        deployment=replace(
+            plan.deployment,
+            step=replace(
+                plan.deployment.step, command="echo 'error: Port 8000 on 127.0.0.1 is already in use.'; exit 1"
+            ),
+        ),
+    )
+    start = time.monotonic()
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 20
+    assert "did not take a port" in proc.stdout
+    assert "already in use" in proc.stdout
 
 
 def test_rerun_skips_finished_tasks(tmp_path: Path):

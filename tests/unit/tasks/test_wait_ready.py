@@ -178,3 +178,58 @@ def test_a_deployment_that_never_comes_is_waited_for_a_bounded_time(monkeypatch)
     monkeypatch.setattr(wait_ready, "_ready", threading.Event())
     waited = wait_ready.wait_for_deployment()
     assert 1.0 <= waited < 5
+
+
+def test_a_client_pointed_at_another_deployment_refuses_it_before_any_request(late_server: LateServer) -> None:
+    """Real lm-eval with the hook, given this job's deployment identity, facing a server that answers health
+    but reports another identity (another job's server on the port): it exits with code 3 and says why, and
+    the server received no completion request."""
+    port = late_server.port
+    late_server.start_in(0.0)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "TQDM_DISABLE": "1",
+        "PYTHONPATH": hook_dir(),
+        wait_ready.HEALTH_ENV: f"http://127.0.0.1:{port}/v1/health",
+        wait_ready.WAIT_ENV: "60",
+        wait_ready.IDENTITY_ENV: "inv42-5e1f",
+        wait_ready.IDENTITY_URL_ENV: f"http://127.0.0.1:{port}/v1/health",
+    }
+    client = subprocess.run(
+        [sys.executable, "-c", HARNESS, f"http://127.0.0.1:{port}/v1/completions"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert client.returncode == wait_ready.WRONG_DEPLOYMENT_EXIT, client.stderr[-3000:]
+    assert "answers for another deployment" in client.stderr and "inv42-5e1f" in client.stderr
+    assert not [path for path, _ in _Handler.arrivals if path == "/v1/completions"]
+
+
+def test_the_identity_check_passes_for_the_jobs_own_deployment(monkeypatch) -> None:
+    class Reports(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = json.dumps({"status": "healthy", "deployment": "inv42-5e1f"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Reports)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/health"
+        monkeypatch.setenv(wait_ready.IDENTITY_URL_ENV, url)
+        monkeypatch.setenv(wait_ready.IDENTITY_ENV, "inv42-5e1f")
+        assert wait_ready.identity_problem() is None
+        monkeypatch.setenv(wait_ready.IDENTITY_ENV, "inv43-0000")
+        problem = wait_ready.identity_problem()
+        assert problem is not None and "inv43-0000" in problem and "inv42-5e1f" in problem
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,6 +14,12 @@ The wait happens once per process (later callers find it done) and is bounded by
 a margin: past it the request goes out and fails as it would have. The job stops every client when the
 deployment fails, so a client never waits for a deployment that is gone.
 
+Before the first request the client also checks that the endpoint is *its job's* deployment: the job names
+the identity token its deployment reports (`CKPTEVAL_DEPLOYMENT_IDENTITY`) and where it reports it
+(`CKPTEVAL_DEPLOYMENT_IDENTITY_URL`, see `ckpteval.deploy.identity`). An endpoint that answers without it is
+another deployment (another job's server on this port): the client says so and exits (code 3) without
+sending a single request, so no score can come from a model the job did not start.
+
 Self-contained (standard library only): it runs inside the harness's processes through the hook directory.
 """
 
@@ -25,12 +31,16 @@ import os
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from types import ModuleType
 from typing import Any
 
 HEALTH_ENV = "CKPTEVAL_DEPLOYMENT_HEALTH"
 WAIT_ENV = "CKPTEVAL_DEPLOYMENT_WAIT_S"
+IDENTITY_ENV = "CKPTEVAL_DEPLOYMENT_IDENTITY"
+IDENTITY_URL_ENV = "CKPTEVAL_DEPLOYMENT_IDENTITY_URL"
+WRONG_DEPLOYMENT_EXIT = 3
 _MARGIN_S = 60.0
 _POLL_S = 0.5
 _MARK = "__ckpteval_wait_ready__"
@@ -53,6 +63,40 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+def _body(url: str, timeout: float = 5.0) -> str:
+    """The body `url` answers with (an error status's too); empty when nothing answers."""
+    try:
+        with _direct.open(url, timeout=timeout) as response:
+            return response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+
+
+def identity_problem() -> str | None:
+    """Why the endpoint is not this job's deployment, or None when it is (or there is nothing to check)."""
+    identity = os.environ.get(IDENTITY_ENV, "").strip()
+    url = os.environ.get(IDENTITY_URL_ENV, "").strip()
+    if not identity or not url:
+        return None
+    body = _body(url)
+    if identity in body:
+        return None
+    answer = " ".join(body.split())[:200] or "no answer"
+    return (
+        f"{url} answers for another deployment: this job's deployment reports identity {identity}, "
+        f"the endpoint answered {answer!r}. No request was sent."
+    )
+
+
+def _refuse_other_deployment() -> None:
+    problem = identity_problem()
+    if problem is not None:
+        _log(f"refusing to evaluate: {problem}")
+        os._exit(WRONG_DEPLOYMENT_EXIT)  # at once, from any thread: the harness must not send anything
+
+
 def _limit_s() -> float:
     try:
         return max(0.0, float(os.environ.get(WAIT_ENV, "") or 600)) + _MARGIN_S
@@ -69,22 +113,29 @@ def wait_for_deployment(*, announce: bool = True) -> float:
     with _lock:
         if _ready.is_set():
             return 0.0
-        start = time.monotonic()
-        announced = False
-        while not healthy(url):
-            waited = time.monotonic() - start
-            if waited > _limit_s():
-                _log(f"the deployment ({url}) is still not healthy after {waited:.0f} s; sending anyway")
-                break
-            if announce and not announced:
-                _log(f"prepared; waiting for the deployment ({url}) before the first request")
-                announced = True
-            time.sleep(_POLL_S)
-        waited = time.monotonic() - start
-        if announced:
-            _log(f"the deployment is healthy: first request after waiting {waited:.1f} s")
+        waited = _wait_healthy(url, announce=announce)
+        _refuse_other_deployment()
         _ready.set()
         return waited
+
+
+def _wait_healthy(url: str, *, announce: bool) -> float:
+    """Poll `url` until it answers 200 (bounded); the seconds waited."""
+    start = time.monotonic()
+    announced = False
+    while not healthy(url):
+        waited = time.monotonic() - start
+        if waited > _limit_s():
+            _log(f"the deployment ({url}) is still not healthy after {waited:.0f} s; sending anyway")
+            break
+        if announce and not announced:
+            _log(f"prepared; waiting for the deployment ({url}) before the first request")
+            announced = True
+        time.sleep(_POLL_S)
+    waited = time.monotonic() - start
+    if announced:
+        _log(f"the deployment is healthy: first request after waiting {waited:.1f} s")
+    return waited
 
 
 def _wrap_sync(original: Any) -> Any:
@@ -132,6 +183,7 @@ def patch_input(module: ModuleType) -> None:
     def verify_capabilities(*args: Any, **kwargs: Any) -> Any:
         url = os.environ.get(HEALTH_ENV, "").strip()
         if not url or _ready.is_set() or healthy(url):
+            wait_for_deployment(announce=False)  # at once here: the identity check before the probe request
             return original(*args, **kwargs)
 
         def later() -> None:

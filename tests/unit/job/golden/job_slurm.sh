@@ -24,14 +24,34 @@ health_ok() {
   else python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
   fi
 }
+fetch() {  # the body of a GET of $1 (any status), empty if nothing answers
+  if command -v curl >/dev/null 2>&1; then curl -s --max-time 5 "$1"
+  else python3 -c 'import sys,urllib.request,urllib.error
+try: print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+except urllib.error.HTTPError as e: print(e.read().decode())
+except Exception: pass' "$1" 2>/dev/null
+  fi
+}
+DEPLOY_IDENTITY=""
+IDENTITY_URL=""
+identity_ok() {  # the endpoint reports this job's deployment identity (nothing to check when it has none)
+  [ -z "$DEPLOY_IDENTITY" ] && return 0
+  case "$(fetch "$IDENTITY_URL")" in *"$DEPLOY_IDENTITY"*) return 0 ;; esac
+  return 1
+}
+verified() {  # health and identity both hold: the deployment is ready, and it is this job's
+  mark state/deployment_identity "${DEPLOY_IDENTITY:-unverified}"
+  mark state/deployment ready
+  say "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
+}
 DEPLOY_PID=""
 WATCH_PID=""
 HEALTH_URL=""
 stop_deployment() {
   if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
     kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
-    if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL"; then
-      mark state/deployment ready; say "deployment healthy: $HEALTH_URL"
+    if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL" && identity_ok; then
+      verified
     fi
   fi
   if [ -n "$DEPLOY_PID" ] && kill -0 "$DEPLOY_PID" 2>/dev/null; then
@@ -78,7 +98,8 @@ finish() { stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
-rm -f state/finished state/deployment  # a resubmitted job starts over; finished tasks keep .done
+# a resubmitted job starts over; finished tasks keep .done
+rm -f state/finished state/deployment state/deployment_port state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 mark state/slurm_job "${SLURM_JOB_ID:-}"
 export HF_HUB_OFFLINE=1
@@ -87,13 +108,14 @@ say 'starting the deployment (megatron/export-deploy)'
 setsid srun --job-name=deployment --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --container-image=/c/nemo.sqsh --container-mounts=/ckpt:/ckpt:ro --no-container-mount-home --nodelist="$(step_nodes 1)" bash -c 'python deploy.py --port 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
+HEALTH_URL="http://127.0.0.1:8000/v1/health"
 watch_deployment() {
   local deadline=$((SECONDS + 600))
   gave_up() {  # say why with the log's tail, and have the job stop (deployment_failed)
     say "$1; last lines of logs/deployment.log:"
     tail -n 40 logs/deployment.log; mark state/deployment failed; kill -USR1 $$
   }
-  until health_ok http://127.0.0.1:8000/v1/health; do
+  until health_ok "$HEALTH_URL"; do
     if ! kill -0 "$DEPLOY_PID" 2>/dev/null; then
       gave_up "the deployment exited before it became healthy"; return 3
     fi
@@ -102,12 +124,14 @@ watch_deployment() {
     fi
     sleep 1
   done
-  mark state/deployment ready; say 'deployment healthy: http://127.0.0.1:8000/v1/health'
+  if ! identity_ok; then
+    gave_up "${HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's identity $DEPLOY_IDENTITY ($IDENTITY_URL)"; return 3
+  fi
+  verified
 }
-HEALTH_URL=http://127.0.0.1:8000/v1/health
 watch_deployment &
 WATCH_PID=$!
-export CKPTEVAL_DEPLOYMENT_HEALTH=http://127.0.0.1:8000/v1/health CKPTEVAL_DEPLOYMENT_WAIT_S=600
+export CKPTEVAL_DEPLOYMENT_HEALTH="$HEALTH_URL" CKPTEVAL_DEPLOYMENT_WAIT_S=600
 task_0() {  # adlr_mmlu
   if [ -f tasks/adlr_mmlu/.done ]; then
     say 'task adlr_mmlu: already done, skipped'
