@@ -107,15 +107,18 @@ def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> Path:
     return root
 
 
-def describe_remote_checkpoint(remote: Remote, path: str, *, tokenizer: str | None = None) -> CheckpointDescription:
+def describe_remote_checkpoint(
+    remote: Remote, path: str, *, tokenizer: str | None = None, origin: str | None = None
+) -> CheckpointDescription:
     """`describe_checkpoint` of a checkpoint on the cluster, from its small files (see the module docstring).
 
-    Paths in the description are the cluster's."""
+    Paths in the description are the cluster's. `origin` (deployment.origin) is read on this machine: a
+    Hugging Face directory here or a hub id in the local cache."""
     import tempfile
 
     from ckpteval.deploy.description import describe_checkpoint, with_paths_replaced
 
     with tempfile.TemporaryDirectory(prefix="ckpteval-inspect-") as tmp:
         local = fetch_checkpoint_files(remote, path, Path(tmp))
-        description = describe_checkpoint(local, tokenizer=tokenizer)
+        description = describe_checkpoint(local, tokenizer=tokenizer, origin=origin)
         return with_paths_replaced(description, str(local), str(PurePosixPath(path)))

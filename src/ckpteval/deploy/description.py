@@ -25,6 +25,7 @@ from ckpteval.errors import DeploymentError
 
 if TYPE_CHECKING:
     from ckpteval.config.preview import PreviewPanel
+    from ckpteval.deploy.origin import OriginCheck
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
 BACKENDS: tuple[BackendName, ...] = ("builtin-cpu", "builtin-gpu", "export-deploy", "vllm")
@@ -123,6 +124,7 @@ class CheckpointDescription:
     hf_model_id: str | None
     backends: tuple[BackendVerdict, ...]
     problems: tuple[str, ...] = ()  # what keeps the builtin from building the model, in words
+    origin: OriginCheck | None = None  # the checkpoint compared with the Hugging Face model it came from
 
     def verdict(self, backend: BackendName) -> BackendVerdict:
         """The verdict for one backend."""
@@ -135,17 +137,29 @@ class CheckpointDescription:
         return data
 
 
-def describe_checkpoint(path: str | Path, *, tokenizer: str | None = None) -> CheckpointDescription:
+def describe_checkpoint(
+    path: str | Path, *, tokenizer: str | None = None, origin: str | None = None
+) -> CheckpointDescription:
     """Describe the checkpoint at `path` (a Megatron root or iteration directory, or a Hugging Face model
-    directory) without loading its weights. `tokenizer` is `deployment.tokenizer` when the user set it.
+    directory) without loading its weights. `tokenizer` is `deployment.tokenizer` when the user set it,
+    `origin` `deployment.origin` (see `ckpteval.deploy.origin`: the model it came from, compared with its args).
 
-    Raises DeploymentError when `path` is not a checkpoint at all (missing, a file, an unknown layout).
+    Raises DeploymentError when `path` is not a checkpoint at all (missing, a file, an unknown layout), or
+    `origin` names no Hugging Face model.
     """
     root = Path(path).expanduser()
     if root.is_dir() and (root / HF_CONFIG_FILE).is_file() and not _looks_megatron(root):
         return _describe_hf(root)
     layout = locate_checkpoint(root)
-    return _describe_megatron(layout, tokenizer=tokenizer)
+    description = _describe_megatron(layout, tokenizer=tokenizer)
+    if not description.architecture:
+        return description
+    from ckpteval.deploy.origin import check_origin, find_origin
+
+    found = find_origin(origin=origin, tokenizer=tokenizer, hf_model_id=description.hf_model_id)
+    if found is None:
+        return description
+    return dataclasses.replace(description, origin=check_origin(description.architecture, *found))
 
 
 def _looks_megatron(path: Path) -> bool:
@@ -521,6 +535,15 @@ def refuse_unservable(
     )
 
 
+def refuse_origin_mismatch(description: CheckpointDescription, *, ignore: bool = False) -> None:
+    """Raise the one DeploymentError a run gets when the checkpoint's args disagree with the Hugging Face
+    model it came from (unless `ignore`: deployment.ignore_origin_mismatch)."""
+    from ckpteval.deploy.origin import refuse_mismatch
+
+    if description.origin is not None and not ignore:
+        refuse_mismatch(description.origin, description.path)
+
+
 def headline(description: CheckpointDescription) -> str:
     """One line: family, size, dtype, saved parallelism."""
     d = description
@@ -546,6 +569,18 @@ def summary(description: CheckpointDescription) -> str:
         lines.append(f"tokenizer     {d.tokenizer.kind}" + (f" ({files})" if files else ""))
         if d.tokenizer.problem:
             lines.append(f"              problem: {d.tokenizer.problem}")
+    if d.architecture:
+        from ckpteval.deploy.origin import forward_numbers
+
+        numbers = forward_numbers(d.architecture)
+        lines.append("forward       " + ", ".join(f"{k}={v}" for k, v in numbers.items() if v is not None))
+    if d.origin is not None:
+        if d.origin.disagreements:
+            lines.append(f"origin        {d.origin.origin} ({d.origin.config}) DISAGREES:")
+            lines.extend(f"              {disagreement}" for disagreement in d.origin.disagreements)
+        else:
+            compared = ", ".join(d.origin.compared)
+            lines.append(f"origin        {d.origin.origin} ({d.origin.config}) agrees on {compared}")
     for setting in d.forward_settings:
         lines.append(
             f"setting       {setting.name}={setting.value!r}: {setting.status}"
