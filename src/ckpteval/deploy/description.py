@@ -25,6 +25,7 @@ from ckpteval.errors import DeploymentError
 
 if TYPE_CHECKING:
     from ckpteval.config.preview import PreviewPanel
+    from ckpteval.deploy.identity import CheckpointIdentity
     from ckpteval.deploy.origin import OriginCheck
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
@@ -103,6 +104,7 @@ class TokenizerDescription:
     hub_id: str | None = None
     problem: str | None = None
     hint: str | None = None
+    sha256: str | None = None  # of its files (`tokenizer_sha256`), when they are here
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class CheckpointDescription:
     backends: tuple[BackendVerdict, ...]
     problems: tuple[str, ...] = ()  # what keeps the builtin from building the model, in words
     origin: OriginCheck | None = None  # the checkpoint compared with the Hugging Face model it came from
+    identity: CheckpointIdentity | None = None  # hashes of its metadata files and of its file list
 
     def verdict(self, backend: BackendName) -> BackendVerdict:
         """The verdict for one backend."""
@@ -171,6 +174,7 @@ def _looks_megatron(path: Path) -> bool:
 def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescription:
     from ckpteval.deploy.architecture import ModelArchitecture
     from ckpteval.deploy.checkpoint import EMBEDDING_KEY, read_training_args
+    from ckpteval.deploy.identity import checkpoint_identity
 
     args, kind, hf_id = read_training_args(layout)
     tensors = _legacy_tensors(layout.iter_dir) if layout.ckpt_format == "torch" else _tensor_index(layout.iter_dir)
@@ -225,6 +229,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
             ),
         ),
         problems=tuple(problems),
+        identity=checkpoint_identity(layout.iter_dir),
     )
     return description
 
@@ -384,9 +389,10 @@ def _plain(value: Any) -> Any:
 
 
 def _describe_tokenizer(args: Any, layout: Any, override: str | None) -> TokenizerDescription:
-    from ckpteval.deploy.tokenizer_source import tokenizer_source
+    from ckpteval.deploy.tokenizer_source import tokenizer_sha256, tokenizer_source
 
     source = tokenizer_source(args, layout, override)
+    present = bool(source.files) and all(p.exists() for p in source.files.values())
     return TokenizerDescription(
         kind=source.kind,
         origin=source.origin,
@@ -394,6 +400,7 @@ def _describe_tokenizer(args: Any, layout: Any, override: str | None) -> Tokeniz
         hub_id=source.hub_id,
         problem=source.problem,
         hint=source.hint,
+        sha256=tokenizer_sha256(source.files) if present else None,
     )
 
 

@@ -121,15 +121,16 @@ def tokenizer_files(directory: Path) -> list[Path]:
     )
 
 
-def tokenizer_sha256(directory: Path) -> str:
-    """A hash of a tokenizer directory's tokenizer files (`tokenizer_files`: names and bytes), to tell two
+def tokenizer_sha256(files: Mapping[str, Path]) -> str:
+    """A hash of a tokenizer's files (a directory: its `tokenizer_files`), names and bytes, to tell two
     tokenizers apart in results."""
     digest = hashlib.sha256()
-    for file in tokenizer_files(directory):
-        digest.update(f"\0{file.name}\0".encode())
-        with open(file, "rb") as handle:
-            for block in iter(lambda h=handle: h.read(1 << 20), b""):  # type: ignore[misc]
-                digest.update(block)
+    for role, path in sorted(files.items()):
+        for file in tokenizer_files(path) if path.is_dir() else [path]:
+            digest.update(f"\0{role}\0{file.name}\0".encode())
+            with open(file, "rb") as handle:
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):  # type: ignore[misc]
+                    digest.update(block)
     return digest.hexdigest()
 
 

@@ -134,6 +134,8 @@ class LocalPreparedJob:
         )
         record.local_results_dir = self.job_dir.root
         record.save()
+        # job.yaml with what check_checkpoint found (the checkpoint's identity, tokenizer, origin)
+        self.files = job_files(self.compiled, self.plan, launcher="local", checkpoint=self.description)
         for name in JobDir.RECORDED:
             write_text_atomic(record.path / name, self.files[name])
         write_job_files(self.job_dir.path(), self.files)

@@ -263,7 +263,7 @@ class SlurmPreparedJob:
             plan, entry_note = resolve_for_run(plan, self.compiled, remote)  # probe/cache Export-Deploy's script
             if entry_note:
                 report(Note(entry_note))
-            files = job_files(self.compiled, plan, launcher="slurm")
+            files = job_files(self.compiled, plan, launcher="slurm", checkpoint=self.description)
             hook = local_hook_dir() if self.toolchain.hook_dir else None
             upload_job_files(remote, self.job_dir, files, hook)
             submission = SlurmSubmission(
