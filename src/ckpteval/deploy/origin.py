@@ -216,11 +216,18 @@ def refuse_mismatch(check: OriginCheck, where: str) -> None:
     if not check.disagreements:
         return
     listed = "; ".join(str(d) for d in check.disagreements)
+    lent = ""
+    if check.origin.startswith("deployment.tokenizer="):
+        lent = (
+            f" ({check.origin} is taken for the model the checkpoint came from because it holds a {CONFIG_FILE}; "
+            f"if it only lends its tokenizer, say so with {IGNORE_SETTING}=true.)"
+        )
     raise DeploymentError(
         f"{where} disagrees with the model it came from ({check.origin}, {check.config}): {listed}. "
         "The server computes what the checkpoint's args say, so its scores would not be that model's.",
         hint="Fix the checkpoint's args (e.g. convert it again with the right settings), name the right origin "
-        f"with {ORIGIN_SETTING}=DIR, or serve it as it is with {IGNORE_SETTING}=true (recorded in results.json).",
+        f"with {ORIGIN_SETTING}=DIR, or serve it as it is with {IGNORE_SETTING}=true (recorded in results.json)."
+        + lent,
     )
 
 
