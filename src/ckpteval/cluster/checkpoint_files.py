@@ -7,7 +7,7 @@ Megatron-Bridge's `run_config.yaml`, the tokenizer directories and a Hugging Fac
 weight shard (a Hugging Face directory's weight files come back as their sizes). The tar comes back
 base64-encoded on stdout and is unpacked into a local directory with the same relative layout, so
 `describe_checkpoint` reads it like a local checkpoint. The iteration directory's file list (names and sizes)
-comes back too, for the checkpoint's identity (`deploy.identity`).
+comes back too, for the checkpoint's identity (`deploy.checkpoint_identity`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ echo "ITER=$it"
 def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> tuple[Path, list[tuple[str, int]]]:
     """Copy the small files of the checkpoint at `path` on the cluster into `into`; return the local path
     that stands for `path` (the root, or the iteration directory when `path` named one), and the iteration
-    directory's files with their sizes (as `deploy.identity.list_files` lists them).
+    directory's files with their sizes (as `deploy.checkpoint_identity.list_files` lists them).
 
     One remote command. Raises DeploymentError when `path` does not exist there or is not a directory.
     """
@@ -129,7 +129,7 @@ def describe_remote_checkpoint(
         local, listing = fetch_checkpoint_files(remote, path, Path(tmp))
         description = describe_checkpoint(local, tokenizer=tokenizer, origin=origin)
         if description.identity is not None:  # the shards are there, not here: their names and sizes
-            from ckpteval.deploy.identity import checkpoint_identity
+            from ckpteval.deploy.checkpoint_identity import checkpoint_identity
             from ckpteval.deploy.layout import locate_checkpoint
 
             identity = checkpoint_identity(locate_checkpoint(local).iter_dir, listing)

@@ -25,7 +25,7 @@ from ckpteval.errors import DeploymentError
 
 if TYPE_CHECKING:
     from ckpteval.config.preview import PreviewPanel
-    from ckpteval.deploy.identity import CheckpointIdentity
+    from ckpteval.deploy.checkpoint_identity import CheckpointIdentity
     from ckpteval.deploy.origin import OriginCheck
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
@@ -174,7 +174,7 @@ def _looks_megatron(path: Path) -> bool:
 def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescription:
     from ckpteval.deploy.architecture import ModelArchitecture
     from ckpteval.deploy.checkpoint import EMBEDDING_KEY, read_training_args
-    from ckpteval.deploy.identity import checkpoint_identity
+    from ckpteval.deploy.checkpoint_identity import checkpoint_identity
 
     args, kind, hf_id = read_training_args(layout)
     tensors = _legacy_tensors(layout.iter_dir) if layout.ckpt_format == "torch" else _tensor_index(layout.iter_dir)

@@ -67,7 +67,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
 
 
 def _endpoint(job_dir: Path) -> dict[str, Any]:
-    path = job_dir / "state" / "deployment_identity"
+    path = job_dir / "state" / "deployment_identity"  # JobDir.DEPLOYMENT_IDENTITY, which the job writes
     try:
         identity = path.read_text(encoding="utf-8").strip()
     except OSError:
@@ -113,7 +113,8 @@ def _lm_eval_versions(output: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     keys = ("lm_eval_version", "git_hash", "transformers_version")
-    out = {k: data[k] for k in keys if data.get(k) is not None}
+    # nvidia-lm-eval installs as another distribution: lm-eval then records "No package metadata was found ..."
+    out = {k: data[k] for k in keys if data.get(k) is not None and not str(data[k]).startswith("No package")}
     if data.get("versions"):
         out["task_versions"] = data["versions"]
     if data.get("n-shot"):
