@@ -1,5 +1,6 @@
-"""results.json's provenance where the results go besides results.json: the W&B run config, MLflow's flat
-parameters, the report's invocations table and each Inspect log's metadata."""
+"""results.json's provenance where the results go besides results.json: its summary (MLflow's flat parameters,
+the report, Inspect logs: tests/unit/export/test_inspect_logs.py), the W&B run config, the report's invocations
+table."""
 
 from __future__ import annotations
 
@@ -44,19 +45,11 @@ def test_the_summary_names_the_checkpoint_tokenizer_origin_endpoint_and_settings
     assert provenance_summary(None) == {}
 
 
-def test_the_wandb_config_report_and_inspect_log_carry_it(tmp_path) -> None:
+def test_the_wandb_config_and_the_report_carry_it() -> None:
     from ckpteval.export.content import ExportContent, run_config
-    from ckpteval.export.to_inspect import task_log
     from ckpteval.report.html import _invocations
-    from ckpteval.results.compare import InvocationSamples
-    from ckpteval.results.samples import SampleScore
 
     config = run_config(ExportContent(invocation="abcd1234", results=RESULTS, config={}))
     assert config["ckpteval"]["provenance"] == dataclasses.asdict(PROVENANCE)
     page = _invocations([RESULTS, dataclasses.replace(RESULTS, invocation="old00001", provenance=None)])
     assert "produced by" in page and "endpoint: abcd1234-5f2e" in page and "old00001" in page
-    rows = [SampleScore("mmlu", 0, "doc0", {"acc": 1.0}), SampleScore("mmlu", 1, "doc1", {"acc": 0.0})]
-    log = task_log(InvocationSamples(results=RESULTS, samples={"mmlu": rows}), "mmlu", rows)
-    assert log.eval.metadata is not None
-    assert log.eval.metadata["ckpteval_settings"] == "extra.num_fewshot=5, temperature=0.0"
-    assert log.eval.metadata["ckpteval_checkpoint"].startswith("megatron-lm torch_dist iteration 1000")
