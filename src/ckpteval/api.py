@@ -368,25 +368,29 @@ def inspect_checkpoint(
     *,
     profile: str | None = None,
     tokenizer: str | None = None,
+    origin: str | None = None,
     env_file: str | Path | None = None,
 ) -> CheckpointDescription:
     """Describe a checkpoint before anything runs: layout, family, forward-changing settings, saved
     parallelism, dtype, size, tokenizer, and for each backend whether it can serve it (and the memory).
 
     With a Slurm `profile` the path is on that cluster: its small files are read over SSH in one round trip
-    (no weights are downloaded). `tokenizer` is what `deployment.tokenizer` would say.
+    (no weights are downloaded). `tokenizer` is what `deployment.tokenizer` would say, `origin` what
+    `deployment.origin` would (the Hugging Face model it came from, compared with its args).
     """
     from ckpteval.deploy.description import describe_checkpoint
 
     if profile is None:
-        return describe_checkpoint(path, tokenizer=tokenizer)
+        return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
     from ckpteval.config.profiles import load_env_file
 
     chosen = load_env_file(Path(env_file) if env_file else None).profile(profile)
     if chosen.executor == "local":
-        return describe_checkpoint(path, tokenizer=tokenizer)
+        return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
     from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
     from ckpteval.cluster.session import ClusterSession
 
     with ClusterSession(chosen) as session:
-        return session.call(lambda remote: describe_remote_checkpoint(remote, str(path), tokenizer=tokenizer))
+        return session.call(
+            lambda remote: describe_remote_checkpoint(remote, str(path), tokenizer=tokenizer, origin=origin)
+        )

@@ -33,9 +33,11 @@ def record_invocation(
     tasks: Mapping[str, list[SampleScore]],
     *,
     label: str | None = None,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
 ) -> InvocationResults:
     """A finished local invocation under `root/<invocation>` with these per-sample scores (metric values are
-    their means, stderr their standard error of the mean)."""
+    their means, stderr their standard error of the mean). With `settings` (task -> the harness's request
+    params), each task's harness output records them and results.json has the provenance read from it."""
     job_dir = root / invocation
     outcomes = {}
     for task, rows in tasks.items():
@@ -50,8 +52,24 @@ def record_invocation(
         )
         (job_dir / "tasks" / task).mkdir(parents=True, exist_ok=True)
         write_samples(job_dir / "tasks" / task / SAMPLES_FILE, rows)
+    provenance = None
+    if settings is not None:
+        import yaml
+
+        from ckpteval.results.provenance import read_provenance
+
+        for task, params in settings.items():
+            output = job_dir / "tasks" / task / "output"
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "results.yml").write_text(yaml.safe_dump({"config": {"type": task, "params": dict(params)}}))
+        provenance = read_provenance(job_dir, [(t, f"tasks/{t}") for t in tasks])
     results = InvocationResults(
-        invocation=invocation, created="2026-11-24T10:00:00Z", status="succeeded", label=label, tasks=outcomes
+        invocation=invocation,
+        created="2026-11-24T10:00:00Z",
+        status="succeeded",
+        label=label,
+        tasks=outcomes,
+        provenance=provenance,
     )
     write_results(job_dir, results)
     InvocationRecord(

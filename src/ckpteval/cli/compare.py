@@ -129,6 +129,8 @@ def print_comparison(result: Comparison) -> None:
     from rich.table import Table
 
     console = Console()
+    for warning in result.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}; the difference is not only the model's")
     header = [
         "task",
         "metric",

@@ -21,14 +21,19 @@ def inspect_command(
     tokenizer: Annotated[
         str | None, typer.Option("--tokenizer", help="What deployment.tokenizer would say (an HF dir or hub id).")
     ] = None,
+    origin: Annotated[
+        str | None,
+        typer.Option("--origin", help="What deployment.origin would say: the HF model it came from (dir or hub id)."),
+    ] = None,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml with the profile.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Describe a checkpoint (layout, model, forward-pass settings, saved parallelism, size, tokenizer) and say,
-    per backend, whether it can serve it and the memory that takes. Reads no weights."""
+    """Describe a checkpoint (layout, model, the numbers of its forward pass, defaults included, saved
+    parallelism, size, tokenizer), compare it with the Hugging Face model it came from where one is named, and
+    say, per backend, whether it can serve it and the memory that takes. Reads no weights."""
     from ckpteval import inspect_checkpoint
 
-    description = inspect_checkpoint(path, profile=run, tokenizer=tokenizer, env_file=env_file)
+    description = inspect_checkpoint(path, profile=run, tokenizer=tokenizer, origin=origin, env_file=env_file)
     if json_output:
         print(json.dumps(description.to_json(), indent=2, default=str))
         return

@@ -6,7 +6,8 @@ description reads: the trackers, `common.pt`, the torch_dist index (`.metadata`,
 Megatron-Bridge's `run_config.yaml`, the tokenizer directories and a Hugging Face `config.json`; never a
 weight shard (a Hugging Face directory's weight files come back as their sizes). The tar comes back
 base64-encoded on stdout and is unpacked into a local directory with the same relative layout, so
-`describe_checkpoint` reads it like a local checkpoint.
+`describe_checkpoint` reads it like a local checkpoint. The iteration directory's file list (names and sizes)
+comes back too, for the checkpoint's identity (`deploy.checkpoint_identity`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 # and `--dry-run` load only what they use), not to break an import cycle.
 import base64
 import binascii
+import dataclasses
 import io
 import tarfile
 from pathlib import Path, PurePosixPath
@@ -60,13 +62,15 @@ done
 tar -czf - --no-recursion $files 2>/dev/null | base64 -w0
 echo
 for w in *.safetensors *.bin; do [ -f "$w" ] && echo "WEIGHTS $(wc -c < "$w") $w"; done
+[ -n "$it" ] && [ -d "$it" ] && find "$it" -type f ! -path "$it/tokenizer/*" -printf 'FILE %s %P\n'
 echo "ITER=$it"
 """.replace("@MISSING@", _MISSING).replace("@MAX_MB@", str(MAX_FILE_MB))
 
 
-def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> Path:
+def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> tuple[Path, list[tuple[str, int]]]:
     """Copy the small files of the checkpoint at `path` on the cluster into `into`; return the local path
-    that stands for `path` (the root, or the iteration directory when `path` named one).
+    that stands for `path` (the root, or the iteration directory when `path` named one), and the iteration
+    directory's files with their sizes (as `deploy.checkpoint_identity.list_files` lists them).
 
     One remote command. Raises DeploymentError when `path` does not exist there or is not a directory.
     """
@@ -96,26 +100,38 @@ def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> Path:
     if archive:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
             tar.extractall(root, filter="data")  # refuses absolute paths and '..'
+    listing: list[tuple[str, int]] = []
     for line in out[1:-1]:  # a Hugging Face directory's weights: sparse stand-ins of their size
-        _, size, name = line.split(" ", 2)
-        if "/" not in name:
+        kind, size, name = line.split(" ", 2)
+        if kind == "FILE":
+            listing.append((name, int(size)))
+        elif "/" not in name:
             with open(root / name, "wb") as stand_in:
                 stand_in.truncate(int(size))
     named = PurePosixPath(path)
     if iteration and named.name == iteration:
-        return root / iteration
-    return root
+        return root / iteration, listing
+    return root, listing
 
 
-def describe_remote_checkpoint(remote: Remote, path: str, *, tokenizer: str | None = None) -> CheckpointDescription:
+def describe_remote_checkpoint(
+    remote: Remote, path: str, *, tokenizer: str | None = None, origin: str | None = None
+) -> CheckpointDescription:
     """`describe_checkpoint` of a checkpoint on the cluster, from its small files (see the module docstring).
 
-    Paths in the description are the cluster's."""
+    Paths in the description are the cluster's. `origin` (deployment.origin) is read on this machine: a
+    Hugging Face directory here or a hub id in the local cache."""
     import tempfile
 
     from ckpteval.deploy.description import describe_checkpoint, with_paths_replaced
 
     with tempfile.TemporaryDirectory(prefix="ckpteval-inspect-") as tmp:
-        local = fetch_checkpoint_files(remote, path, Path(tmp))
-        description = describe_checkpoint(local, tokenizer=tokenizer)
+        local, listing = fetch_checkpoint_files(remote, path, Path(tmp))
+        description = describe_checkpoint(local, tokenizer=tokenizer, origin=origin)
+        if description.identity is not None:  # the shards are there, not here: their names and sizes
+            from ckpteval.deploy.checkpoint_identity import checkpoint_identity
+            from ckpteval.deploy.layout import locate_checkpoint
+
+            identity = checkpoint_identity(locate_checkpoint(local).iter_dir, listing)
+            description = dataclasses.replace(description, identity=identity)
         return with_paths_replaced(description, str(local), str(PurePosixPath(path)))

@@ -74,6 +74,9 @@ class MegatronDeployment:
     checkpoint_path: str
     prepare: Literal["smollm2", "tiny"] | None = None
     tokenizer: str | None
+    # the Hugging Face model the checkpoint came from (a directory or cached hub id), compared with its args
+    origin: str | None = None
+    ignore_origin_mismatch: bool = False  # serve a checkpoint whose args disagree with its origin, as it is
     served_model_name: str
     image: str | None = None
     port: int = 8000

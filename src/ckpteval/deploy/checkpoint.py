@@ -165,10 +165,14 @@ def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | 
 
 def publish_tokenizer(checkpoint: str | Path, target: Path, *, tokenizer: str | None = None) -> Path:
     """Write the tokenizer the server serves `checkpoint` with to `target`, as a Hugging Face directory (the
-    task clients read it there, so both tokenize alike). Written beside `target` and renamed into place."""
+    task clients read it there, so both tokenize alike): its tokenizer files only, never a model's weights
+    (`deployment.tokenizer` may name a whole Hugging Face model directory). Written beside `target` and
+    renamed into place."""
     import os
     import shutil
     import tempfile
+
+    from ckpteval.deploy.tokenizer_source import tokenizer_files
 
     info = load_checkpoint_info(checkpoint, tokenizer=tokenizer)
     source = info.tokenizer_dir
@@ -176,9 +180,8 @@ def publish_tokenizer(checkpoint: str | Path, target: Path, *, tokenizer: str | 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        for item in source.iterdir():
-            if item.is_file():
-                shutil.copy2(item, staging / item.name)
+        for item in tokenizer_files(source):
+            shutil.copy2(item, staging / item.name)
         staging.chmod(0o755)
         if target.exists():
             shutil.rmtree(target)

@@ -25,6 +25,8 @@ from ckpteval.errors import DeploymentError
 
 if TYPE_CHECKING:
     from ckpteval.config.preview import PreviewPanel
+    from ckpteval.deploy.checkpoint_identity import CheckpointIdentity
+    from ckpteval.deploy.origin import OriginCheck
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
 BACKENDS: tuple[BackendName, ...] = ("builtin-cpu", "builtin-gpu", "export-deploy", "vllm")
@@ -102,6 +104,7 @@ class TokenizerDescription:
     hub_id: str | None = None
     problem: str | None = None
     hint: str | None = None
+    sha256: str | None = None  # of its files (`tokenizer_sha256`), when they are here
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ class CheckpointDescription:
     hf_model_id: str | None
     backends: tuple[BackendVerdict, ...]
     problems: tuple[str, ...] = ()  # what keeps the builtin from building the model, in words
+    origin: OriginCheck | None = None  # the checkpoint compared with the Hugging Face model it came from
+    identity: CheckpointIdentity | None = None  # hashes of its metadata files and of its file list
 
     def verdict(self, backend: BackendName) -> BackendVerdict:
         """The verdict for one backend."""
@@ -135,17 +140,29 @@ class CheckpointDescription:
         return data
 
 
-def describe_checkpoint(path: str | Path, *, tokenizer: str | None = None) -> CheckpointDescription:
+def describe_checkpoint(
+    path: str | Path, *, tokenizer: str | None = None, origin: str | None = None
+) -> CheckpointDescription:
     """Describe the checkpoint at `path` (a Megatron root or iteration directory, or a Hugging Face model
-    directory) without loading its weights. `tokenizer` is `deployment.tokenizer` when the user set it.
+    directory) without loading its weights. `tokenizer` is `deployment.tokenizer` when the user set it,
+    `origin` `deployment.origin` (see `ckpteval.deploy.origin`: the model it came from, compared with its args).
 
-    Raises DeploymentError when `path` is not a checkpoint at all (missing, a file, an unknown layout).
+    Raises DeploymentError when `path` is not a checkpoint at all (missing, a file, an unknown layout), or
+    `origin` names no Hugging Face model.
     """
     root = Path(path).expanduser()
     if root.is_dir() and (root / HF_CONFIG_FILE).is_file() and not _looks_megatron(root):
         return _describe_hf(root)
     layout = locate_checkpoint(root)
-    return _describe_megatron(layout, tokenizer=tokenizer)
+    description = _describe_megatron(layout, tokenizer=tokenizer)
+    if not description.architecture:
+        return description
+    from ckpteval.deploy.origin import check_origin, find_origin
+
+    found = find_origin(origin=origin, tokenizer=tokenizer, hf_model_id=description.hf_model_id)
+    if found is None:
+        return description
+    return dataclasses.replace(description, origin=check_origin(description.architecture, *found))
 
 
 def _looks_megatron(path: Path) -> bool:
@@ -157,6 +174,7 @@ def _looks_megatron(path: Path) -> bool:
 def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescription:
     from ckpteval.deploy.architecture import ModelArchitecture
     from ckpteval.deploy.checkpoint import EMBEDDING_KEY, read_training_args
+    from ckpteval.deploy.checkpoint_identity import checkpoint_identity
 
     args, kind, hf_id = read_training_args(layout)
     tensors = _legacy_tensors(layout.iter_dir) if layout.ckpt_format == "torch" else _tensor_index(layout.iter_dir)
@@ -211,6 +229,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
             ),
         ),
         problems=tuple(problems),
+        identity=checkpoint_identity(layout.iter_dir),
     )
     return description
 
@@ -370,9 +389,10 @@ def _plain(value: Any) -> Any:
 
 
 def _describe_tokenizer(args: Any, layout: Any, override: str | None) -> TokenizerDescription:
-    from ckpteval.deploy.tokenizer_source import tokenizer_source
+    from ckpteval.deploy.tokenizer_source import tokenizer_sha256, tokenizer_source
 
     source = tokenizer_source(args, layout, override)
+    present = bool(source.files) and all(p.exists() for p in source.files.values())
     return TokenizerDescription(
         kind=source.kind,
         origin=source.origin,
@@ -380,6 +400,7 @@ def _describe_tokenizer(args: Any, layout: Any, override: str | None) -> Tokeniz
         hub_id=source.hub_id,
         problem=source.problem,
         hint=source.hint,
+        sha256=tokenizer_sha256(source.files) if present else None,
     )
 
 
@@ -521,6 +542,15 @@ def refuse_unservable(
     )
 
 
+def refuse_origin_mismatch(description: CheckpointDescription, *, ignore: bool = False) -> None:
+    """Raise the one DeploymentError a run gets when the checkpoint's args disagree with the Hugging Face
+    model it came from (unless `ignore`: deployment.ignore_origin_mismatch)."""
+    from ckpteval.deploy.origin import refuse_mismatch
+
+    if description.origin is not None and not ignore:
+        refuse_mismatch(description.origin, description.path)
+
+
 def headline(description: CheckpointDescription) -> str:
     """One line: family, size, dtype, saved parallelism."""
     d = description
@@ -546,6 +576,18 @@ def summary(description: CheckpointDescription) -> str:
         lines.append(f"tokenizer     {d.tokenizer.kind}" + (f" ({files})" if files else ""))
         if d.tokenizer.problem:
             lines.append(f"              problem: {d.tokenizer.problem}")
+    if d.architecture:
+        from ckpteval.deploy.origin import forward_numbers
+
+        numbers = forward_numbers(d.architecture)
+        lines.append("forward       " + ", ".join(f"{k}={v}" for k, v in numbers.items() if v is not None))
+    if d.origin is not None:
+        if d.origin.disagreements:
+            lines.append(f"origin        {d.origin.origin} ({d.origin.config}) DISAGREES:")
+            lines.extend(f"              {disagreement}" for disagreement in d.origin.disagreements)
+        else:
+            compared = ", ".join(d.origin.compared)
+            lines.append(f"origin        {d.origin.origin} ({d.origin.config}) agrees on {compared}")
     for setting in d.forward_settings:
         lines.append(
             f"setting       {setting.name}={setting.value!r}: {setting.status}"

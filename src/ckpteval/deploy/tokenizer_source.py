@@ -102,6 +102,38 @@ class TokenizerSource:
         return text if self.problem is None else f"{text}: {self.problem}"
 
 
+# weight files a Hugging Face model directory holds beside its tokenizer: never part of the tokenizer
+_WEIGHT_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".distcp", ".nemo"
+)  # fmt: skip
+
+
+def tokenizer_files(directory: Path) -> list[Path]:
+    """The files of a Hugging Face tokenizer directory that make up its tokenizer, sorted: every file in it
+    but a model's weights and their index (`deployment.tokenizer` may name a whole model directory, whose
+    model.safetensors is no part of the tokenizer; config.json stays: AutoTokenizer may read its class there)."""
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if p.is_file()
+        and not p.name.endswith(_WEIGHT_SUFFIXES)
+        and not p.name.endswith(tuple(f"{s}.index.json" for s in _WEIGHT_SUFFIXES))
+    )
+
+
+def tokenizer_sha256(files: Mapping[str, Path]) -> str:
+    """A hash of a tokenizer's files (a directory: its `tokenizer_files`), names and bytes, to tell two
+    tokenizers apart in results."""
+    digest = hashlib.sha256()
+    for role, path in sorted(files.items()):
+        for file in tokenizer_files(path) if path.is_dir() else [path]:
+            digest.update(f"\0{role}\0{file.name}\0".encode())
+            with open(file, "rb") as handle:
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):  # type: ignore[misc]
+                    digest.update(block)
+    return digest.hexdigest()
+
+
 def is_hf_tokenizer_dir(path: Path) -> bool:
     """A Hugging Face tokenizer directory (not Megatron's copy of a TikToken vocabulary, also tokenizer.json)."""
     return is_tokenizer_dir(path)
@@ -453,7 +485,7 @@ def source_fingerprint(source: TokenizerSource) -> str:
     header = {"recipe": RECIPE_VERSION, "kind": source.kind, "hub_id": source.hub_id, "options": dict(source.options)}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for role, path in sorted(source.files.items()):
-        paths = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        paths = tokenizer_files(path) if path.is_dir() else [path]
         for file in paths:
             digest.update(f"\0{role}\0{file.relative_to(path) if path.is_dir() else ''}\0".encode())
             with open(file, "rb") as handle:
@@ -497,6 +529,8 @@ __all__ = [
     "check_vocab_fits",
     "is_hf_tokenizer_dir",
     "is_tokenizer_dir",
+    "tokenizer_files",
+    "tokenizer_sha256",
     "tokenizer_source",
     "tokenizer_vocab_size",
 ]

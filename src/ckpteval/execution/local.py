@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import PreviewPanel
@@ -40,6 +40,9 @@ from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
 from ckpteval.job.plan import task_entries
 from ckpteval.results.model import InvocationResults
+
+if TYPE_CHECKING:
+    from ckpteval.deploy.description import CheckpointDescription
 
 LOG_TAIL_LINES = 40
 DEPLOYMENT_FAILED = 3  # the job script's exit code when the deployment never became healthy
@@ -77,6 +80,7 @@ class LocalPreparedJob:
             launcher="local",
         )
         self.files = job_files(self.compiled, self.plan, launcher="local")
+        self.description: CheckpointDescription | None = None  # check_checkpoint's
 
     def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
         """The checkpoint on this machine, described and checked against the backend that will serve it
@@ -98,10 +102,14 @@ class LocalPreparedJob:
         checkpoint = checkpoint if checkpoint.is_absolute() else self.compiled.request.cwd / checkpoint
         if getattr(deployment, "prepare", None) and not checkpoint.exists():
             return []
-        from ckpteval.deploy.description import describe_checkpoint
+        from ckpteval.deploy.description import describe_checkpoint, refuse_origin_mismatch
 
-        description = describe_checkpoint(checkpoint, tokenizer=user_tokenizer(deployment))
+        description = describe_checkpoint(
+            checkpoint, tokenizer=user_tokenizer(deployment), origin=getattr(deployment, "origin", None)
+        )
         refuse_unservable(description, backend, clients_read=clients_read(deployment, str(checkpoint)))
+        refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
+        self.description = description
         return [checkpoint_panel(description, backend)]
 
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
@@ -126,6 +134,8 @@ class LocalPreparedJob:
         )
         record.local_results_dir = self.job_dir.root
         record.save()
+        # job.yaml with what check_checkpoint found (the checkpoint's identity, tokenizer, origin)
+        self.files = job_files(self.compiled, self.plan, launcher="local", checkpoint=self.description)
         for name in JobDir.RECORDED:
             write_text_atomic(record.path / name, self.files[name])
         write_job_files(self.job_dir.path(), self.files)

@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
 from ckpteval.cluster.remote import Remote
@@ -83,6 +84,9 @@ from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 from ckpteval.tasks.data_status import TaskDataStatus
 
+if TYPE_CHECKING:
+    from ckpteval.deploy.description import CheckpointDescription
+
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
 FOLLOW_INTERVAL_S = 2.0  # a redraw costs a remote command or two: cheap, but not free on a busy login node
@@ -106,6 +110,7 @@ class SlurmPreparedJob:
         self.spec = sbatch_spec(self.compiled, self.invocation, self.job_dir)
         self.images = job_images(self.plan)
         self.plan = with_export_step(self.plan, self.compiled, self.profile.python, key_file=self._planned_key_file())
+        self.description: CheckpointDescription | None = None  # _checked_checkpoint's
 
     def _planned_key_file(self) -> str | None:
         """Where the job will read the W&B key (shown by a dry run), when W&B export is on and online."""
@@ -157,6 +162,7 @@ class SlurmPreparedJob:
             backend_of,
             checkpoint_panel,
             clients_read,
+            refuse_origin_mismatch,
             refuse_unservable,
             user_tokenizer,
         )
@@ -166,8 +172,12 @@ class SlurmPreparedJob:
         path = getattr(deployment, "checkpoint_path", None)
         if backend is None or not path or getattr(deployment, "prepare", None):
             return None  # a packaged model the job prepares: ckpteval's own, nothing to read yet
-        description = describe_remote_checkpoint(remote, path, tokenizer=user_tokenizer(deployment))
+        description = describe_remote_checkpoint(
+            remote, path, tokenizer=user_tokenizer(deployment), origin=getattr(deployment, "origin", None)
+        )
         refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
+        refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
+        self.description = description
         return checkpoint_panel(description, backend)
 
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
@@ -253,7 +263,7 @@ class SlurmPreparedJob:
             plan, entry_note = resolve_for_run(plan, self.compiled, remote)  # probe/cache Export-Deploy's script
             if entry_note:
                 report(Note(entry_note))
-            files = job_files(self.compiled, plan, launcher="slurm")
+            files = job_files(self.compiled, plan, launcher="slurm", checkpoint=self.description)
             hook = local_hook_dir() if self.toolchain.hook_dir else None
             upload_job_files(remote, self.job_dir, files, hook)
             submission = SlurmSubmission(

@@ -4,7 +4,8 @@
   that succeeded, and `<task>/<mode>/<metric>` for tasks sampled several times (see `metric_values`);
   W&B and MLflow both show `/` as a section separator.
 - config: the compiled config as saved in `<job_dir>/config.yaml` (secrets already redacted there),
-  plus a `ckpteval` block (invocation, model, label, status, task states).
+  plus a `ckpteval` block (invocation, model, label, status, task states, and results.json's `provenance`:
+  what produced the numbers; MLflow, whose parameters are flat strings, gets its summary).
 - files: `results.json`, `config.yaml`, `job.yaml`, and per task its `run_config.yml`, its normalized
   per-sample scores (`samples.jsonl`) and the harness output (results and metrics files, samples) — not
   caches, databases, locks, logs or hidden files.
@@ -99,6 +100,8 @@ def run_config(content: ExportContent) -> dict[str, Any]:
             "created": results.created,
             "tasks": {name: outcome.status for name, outcome in results.tasks.items()},
             "job_dir": str(content.job_dir) if content.job_dir else None,
+            # what produced the numbers (results.json's `provenance`)
+            "provenance": dataclasses.asdict(results.provenance) if results.provenance else None,
         },
     }
 

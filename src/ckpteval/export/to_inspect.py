@@ -68,6 +68,8 @@ def task_log(loaded: InvocationSamples, task: str, rows: list[SampleScore]) -> E
     """The Inspect log of one task: its spec, its aggregate results and a sample per row."""
     from inspect_ai.log import EvalConfig, EvalDataset, EvalLog, EvalResults, EvalSpec, EvalStats
 
+    from ckpteval.results.provenance import provenance_summary
+
     results, outcome = loaded.results, loaded.results.tasks[task]
     model = results.model or results.label or "unknown"
     epochs = {r: i + 1 for i, r in enumerate(sorted({row.repeat for row in rows if row.repeat is not None}))}
@@ -87,6 +89,8 @@ def task_log(loaded: InvocationSamples, task: str, rows: list[SampleScore]) -> E
                 "label": results.label,
                 "harness": outcome.harness,
                 "repeats": outcome.repeats or None,
+                # what produced the numbers: checkpoint identity, tokenizer, deployment, settings (results.json)
+                **{f"ckpteval_{k}": v for k, v in provenance_summary(results.provenance, task).items()},
             }
         ),
     )

@@ -125,7 +125,11 @@ def _write_run(content: ExportContent, settings: MlflowExport, uri: str) -> str:
     have_params = dict(run.data.params)
     have_metrics = dict(run.data.metrics)
     now = int(time.time() * 1000)
-    params = [Param(k, v) for k, v in flat_params(content.config).items() if k not in have_params]
+    from ckpteval.results.provenance import provenance_summary
+
+    produced_by = {"ckpteval": {"provenance": provenance_summary(results.provenance)}}
+    every = {**flat_params(content.config), **flat_params(produced_by)}
+    params = [Param(k, v) for k, v in every.items() if k not in have_params]
     metrics = [Metric(k, v, now, 0) for k, v in metric_values(results).items() if have_metrics.get(k) != v]
     run_tags = [RunTag(k, v) for k, v in tags.items()]
     for batch in _chunks(params):

@@ -7,7 +7,7 @@ import importlib.metadata
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import config_yaml
@@ -15,6 +15,9 @@ from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import Launcher, render_job_script
+
+if TYPE_CHECKING:
+    from ckpteval.deploy.description import CheckpointDescription
 
 VERSIONED = (
     "ckpteval",
@@ -39,8 +42,12 @@ def versions() -> dict[str, str]:
     return out
 
 
-def provenance(compiled: CompiledConfig, plan: JobPlan) -> dict[str, Any]:
-    """job.yaml: enough to know later how this invocation was made."""
+def provenance(
+    compiled: CompiledConfig, plan: JobPlan, checkpoint: CheckpointDescription | None = None
+) -> dict[str, Any]:
+    """job.yaml: enough to know later how this invocation was made, and what was checked before it ran: the
+    checkpoint's identity, its tokenizer and origin (from `checkpoint`, its description; None when the job
+    prepares it), the deployment and the harness (results.json's `provenance` is made from these)."""
     return {
         "invocation": plan.invocation,
         "created": now_iso(),
@@ -54,17 +61,76 @@ def provenance(compiled: CompiledConfig, plan: JobPlan) -> dict[str, Any]:
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "versions": versions(),
+        **checked_checkpoint(checkpoint, compiled),
+        "deployment": _deployment(compiled, plan),
+        "task_images": {t.name: t.runs[0].step.image for t in plan.tasks if t.runs and t.runs[0].step.image},
     }
 
 
-def job_files(compiled: CompiledConfig, plan: JobPlan, *, launcher: Launcher, header: str = "") -> dict[str, str]:
-    """Relative path -> text of every file the job needs before it starts."""
+def checked_checkpoint(checkpoint: CheckpointDescription | None, compiled: CompiledConfig) -> dict[str, Any]:
+    """The checkpoint as described before submission: `checkpoint` (identity), `tokenizer`, `origin`."""
+    import dataclasses
+
+    if checkpoint is None:
+        return {"checkpoint": None, "tokenizer": None, "origin": None}
+    identity = dataclasses.asdict(checkpoint.identity) if checkpoint.identity else {}
+    if identity:
+        identity["metadata_files"] = list(identity["metadata_files"])
+    token = checkpoint.tokenizer
+    origin = None
+    if checkpoint.origin is not None:
+        ignored = bool(getattr(compiled.config.deployment, "ignore_origin_mismatch", False))
+        origin = {
+            "origin": checkpoint.origin.origin,
+            "config": checkpoint.origin.config,
+            "compared": list(checkpoint.origin.compared),
+            "disagreements": [str(d) for d in checkpoint.origin.disagreements],
+            "mismatch_ignored": ignored and bool(checkpoint.origin.disagreements),
+        }
+    return {
+        "checkpoint": {
+            "path": checkpoint.path,
+            "layout": checkpoint.layout,
+            "format": checkpoint.format,
+            "iteration": checkpoint.iteration,
+            **identity,
+        },
+        "tokenizer": None
+        if token is None
+        else {"kind": token.kind, "origin": token.origin, "hub_id": token.hub_id, "sha256": token.sha256},
+        "origin": origin,
+    }
+
+
+def _deployment(compiled: CompiledConfig, plan: JobPlan) -> dict[str, Any]:
+    """The deployment as the job starts it: its kind, image and command line (Export-Deploy's: the entry point
+    the image was probed for), the served model name."""
+    step = plan.deployment.step
+    return {
+        "kind": plan.deployment.kind,
+        "image": step.image if step else None,
+        "command": compiled.secrets.redact(step.command) if step else None,
+        "served_model_name": getattr(compiled.config.deployment, "served_model_name", None),
+        "url": None if step else compiled.config.target.api_endpoint.url,
+    }
+
+
+def job_files(
+    compiled: CompiledConfig,
+    plan: JobPlan,
+    *,
+    launcher: Launcher,
+    header: str = "",
+    checkpoint: CheckpointDescription | None = None,
+) -> dict[str, str]:
+    """Relative path -> text of every file the job needs before it starts (`checkpoint`: its description,
+    recorded in job.yaml)."""
     import yaml
 
     redact = compiled.secrets.redact
     files = {
         JobDir.CONFIG: config_yaml(compiled),
-        JobDir.PROVENANCE: redact(yaml.safe_dump(provenance(compiled, plan), sort_keys=False)),
+        JobDir.PROVENANCE: redact(yaml.safe_dump(provenance(compiled, plan, checkpoint), sort_keys=False)),
         JobDir.SCRIPT: redact(render_job_script(plan, launcher=launcher, header=header)),
     }
     for task in plan.tasks:

@@ -124,14 +124,19 @@ def _verdicts(rows: Sequence[dict]) -> str:
 
 
 def _invocations(results: Sequence[InvocationResults]) -> str:
+    from ckpteval.results.provenance import provenance_summary
+
+    def produced_by(r: InvocationResults) -> str:
+        return "<br>".join(f"{_e(k)}: {_e(v)}" for k, v in provenance_summary(r.provenance).items())
+
     rows = "".join(
         f"<tr><td>{_e(r.invocation)}</td><td>{_e(r.label or '')}</td><td>{_e(r.model or '')}</td>"
-        f"<td>{_e(r.created)}</td><td>{_e(r.status)}</td></tr>"
+        f'<td>{_e(r.created)}</td><td>{_e(r.status)}</td><td class="provenance">{produced_by(r)}</td></tr>'
         for r in results
     )
     return _box(
         '<table id="invocations"><tr><th>invocation</th><th>label</th><th>model</th><th>created</th>'
-        f"<th>status</th></tr>{rows}</table>"
+        f"<th>status</th><th>produced by</th></tr>{rows}</table>"
     )
 
 

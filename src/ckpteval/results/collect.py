@@ -165,7 +165,8 @@ def collect_results(
     model: str | None,
     label: str | None = None,
 ) -> InvocationResults:
-    """Every task's outcome, and the invocation's status (succeeded only if every task did)."""
+    """Every task's outcome, the invocation's status (succeeded only if every task did) and what produced
+    the numbers (`provenance`)."""
     outcomes = {name: task_outcome(job_dir / task_dir, name) for name, task_dir in tasks}
     statuses = {o.status for o in outcomes.values()}
     if statuses == {"succeeded"}:
@@ -176,6 +177,14 @@ def collect_results(
         status = "cancelled"
     else:
         status = "failed"
+    from ckpteval.results.provenance import read_provenance
+
     return InvocationResults(
-        invocation=invocation, created=created, status=status, model=model, label=label, tasks=outcomes
+        invocation=invocation,
+        created=created,
+        status=status,
+        model=model,
+        label=label,
+        tasks=outcomes,
+        provenance=read_provenance(job_dir, tasks),
     )

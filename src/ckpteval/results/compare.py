@@ -103,6 +103,9 @@ class Comparison:
     seed: int = stats.DEFAULT_SEED
     resamples: int = stats.DEFAULT_RESAMPLES
     labels: dict[str, str] = field(default_factory=dict)  # invocation -> its run label, where it has one
+    # what besides the model differs between the baseline and a candidate (tokenizer, task settings, harness
+    # versions: `provenance_differences`), one sentence each: their difference is then not only the model's
+    warnings: list[str] = field(default_factory=list)
 
     def regressions(self, max_drop: float = 0.0) -> list[MetricComparison]:
         """Rows where the candidate is significantly worse (after correction) by more than `max_drop`."""
@@ -138,9 +141,16 @@ def compare(
     seed: int = stats.DEFAULT_SEED,
     resamples: int = stats.DEFAULT_RESAMPLES,
 ) -> Comparison:
-    """Compare each candidate with the baseline (Holm's correction within each candidate's comparisons)."""
+    """Compare each candidate with the baseline (Holm's correction within each candidate's comparisons), and
+    say what besides the model differs between them (`Comparison.warnings`)."""
+    from ckpteval.results.provenance import provenance_differences
+
     rows: list[MetricComparison] = []
+    warnings: list[str] = []
     for candidate in candidates:
+        both = [t for t in baseline.results.tasks if t in candidate.results.tasks]
+        for difference in provenance_differences(baseline.results.provenance, candidate.results.provenance, both):
+            warnings.append(f"{candidate.name} vs {baseline.name}: {difference}")
         pair = [
             _compare_metric(
                 baseline, candidate, task, metric, level=level, power=power, alpha=alpha, seed=seed, resamples=resamples
@@ -166,6 +176,7 @@ def compare(
         seed=seed,
         resamples=resamples,
         labels={x.name: x.results.label for x in (baseline, *candidates) if x.results.label},
+        warnings=warnings,
     )
 
 

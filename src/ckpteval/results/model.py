@@ -12,8 +12,12 @@
                      "metrics": {"exact_match__strict-match": {"value": 0.25, "stderr": 0.02, "n_samples": 90,
                                                                "std_dev": 0.04}},
                      "modes": {"pass@1[avg-of-4]": {"exact_match__strict-match": {...}, ...},
-                               "majority@4": {...}, "pass@4": {...}}, ...}}}
+                               "majority@4": {...}, "pass@4": {...}}, ...}},
+ "provenance": {"checkpoint": {...}, "tokenizer": {...}, "origin": {...}, "deployment": {...},
+                "endpoint": {...}, "harness": {...}, "tasks": {"adlr_mmlu": {"settings": {...}, ...}}}}
 ```
+
+`provenance` says what produced the numbers (`ckpteval.results.provenance`; docs/results.md).
 
 A task sampled k times (`repeats: k`) has `modes`: evaluation mode -> metric -> value (see
 `ckpteval.tasks.passk`), and its `metrics` are those of its first mode (pass@1[avg-of-k]), the
@@ -28,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ckpteval.results.provenance import Provenance
 
 GREEDY_MODE = "greedy"
 
@@ -82,6 +88,7 @@ class InvocationResults:
     model: str | None = None
     label: str | None = None
     tasks: dict[str, TaskOutcome] = field(default_factory=dict)
+    provenance: Provenance | None = None  # what produced the numbers (ckpteval.results.provenance)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for results.json (None fields kept, so the shape is stable; a metric's `std_dev`
@@ -107,6 +114,8 @@ class InvocationResults:
             tasks[name] = TaskOutcome(**fields)
         top = _known(InvocationResults, data)
         top["tasks"] = tasks
+        if isinstance(data.get("provenance"), dict):
+            top["provenance"] = Provenance(**_known(Provenance, data["provenance"]))
         return InvocationResults(**top)
 
 

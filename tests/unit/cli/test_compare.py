@@ -90,3 +90,25 @@ def test_bad_input_is_one_message(invocations):
     negative = runner.invoke(app, ["compare", "aaaa0001", "bbbb0002", "--max-drop", "-1"])
     assert negative.exit_code == 2 and "--max-drop" in negative.output
     assert "Traceback" not in one.output + unknown.output + negative.output
+
+
+def test_a_warning_when_the_runs_differ_in_more_than_the_model(tmp_path: Path) -> None:
+    """Two runs of one task with different request settings: their difference is not only the model's."""
+    scores = {"mmlu": sample_rows("mmlu", {"exact_match": _scores(0.6, 7)})}
+    params = {"task": "mmlu_str", "temperature": 0.0, "limit_samples": None, "extra": {"num_fewshot": 5}}
+    record_invocation(tmp_path, "dddd0004", scores, settings={"mmlu": params})
+    same = {**params, "parallelism": 16, "extra": {"num_fewshot": 5, "tokenizer": "/elsewhere"}}  # transport only
+    record_invocation(tmp_path, "eeee0005", scores, settings={"mmlu": same})
+    other = {**params, "extra": {"num_fewshot": 0}}
+    record_invocation(tmp_path, "ffff0006", scores, settings={"mmlu": other})
+
+    quiet = runner.invoke(app, ["compare", "dddd0004", "eeee0005"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "warning" not in quiet.output
+    warned = runner.invoke(app, ["compare", "dddd0004", "ffff0006"])
+    assert warned.exit_code == 0, warned.output
+    text = " ".join(warned.output.split())
+    assert "warning: ffff0006 vs dddd0004: mmlu's request settings differ (extra.num_fewshot: 5 vs 0)" in text
+    assert "not only the model's" in text
+    data = json.loads(runner.invoke(app, ["compare", "dddd0004", "ffff0006", "--json"]).output)
+    assert data["warnings"] == ["ffff0006 vs dddd0004: mmlu's request settings differ (extra.num_fewshot: 5 vs 0)"]

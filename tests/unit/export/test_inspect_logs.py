@@ -205,3 +205,19 @@ def test_inspect_view_shows_the_task_and_the_models_answers(viewer: str):
     assert "Id | Input | Target | Answer | Score" in text
     # problem 0's answer: the code the model wrote (only in its response, not in the prompt)
     assert "for idx, elem in enumerate(numbers):" in text
+
+
+@needs_inspect
+def test_each_log_carries_what_produced_its_numbers() -> None:
+    """results.json's provenance, as lines in the log's metadata: the checkpoint, and the task's own settings."""
+    from ckpteval.export.to_inspect import task_log
+    from ckpteval.results.compare import InvocationSamples
+    from ckpteval.results.samples import SampleScore
+    from tests.unit.results.test_provenance import RESULTS
+
+    rows = [SampleScore("mmlu", 0, "doc0", {"acc": 1.0}), SampleScore("mmlu", 1, "doc1", {"acc": 0.0})]
+    log = task_log(InvocationSamples(results=RESULTS, samples={"mmlu": rows}), "mmlu", rows)
+    assert log.eval.metadata is not None
+    assert log.eval.metadata["ckpteval_settings"] == "extra.num_fewshot=5, temperature=0.0"
+    assert log.eval.metadata["ckpteval_checkpoint"].startswith("megatron-lm torch_dist iteration 1000")
+    assert log.eval.metadata["ckpteval_endpoint"] == "abcd1234-5f2e"

@@ -40,7 +40,7 @@ identity_ok() {  # the endpoint reports this job's deployment identity (nothing 
   return 1
 }
 verified() {  # health and identity both hold: the deployment is ready, and it is this job's
-  mark state/deployment_identity "${DEPLOY_IDENTITY:-unverified}"
+  [ -z "$DEPLOY_IDENTITY" ] || mark state/deployment_identity "$DEPLOY_IDENTITY"
   mark state/deployment ready
   say "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
 }

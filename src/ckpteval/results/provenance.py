@@ -1,0 +1,217 @@
+"""What produced an invocation's numbers: results.json's `provenance`, and the differences `compare` warns of.
+
+Made when the results are collected, from the job directory: job.yaml (written before submission: the
+checkpoint's identity, its tokenizer and origin as checked, the deployment's kind, image and command line,
+ckpteval's and the harness's versions here), `state/deployment_identity` (written by the job once the health
+check verified that the endpoint is its own deployment), the tokenizer the builtin server published
+(`tokenizer/`), and each task's run config and harness output (the effective request settings, the
+harness's versions). Reads no weight.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckpteval.invocation.jobdir import JobDir
+
+NOT_VERIFIABLE = "not verifiable"
+# request settings that change how a task's requests are sent, not what they ask (and paths, which differ per
+# job): left out of compare's warning
+_TRANSPORT = ("parallelism", "request_timeout", "max_retries", "extra.tokenizer", "extra.tokenized_requests")
+HARNESS_PACKAGES = ("nemo-evaluator", "nemo-evaluator-launcher", "nvidia-lm-eval")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced the numbers (see the module docstring); plain JSON values, as results.json holds them."""
+
+    checkpoint: dict[str, Any] | None = None  # layout, format, iteration, metadata/file-list hashes
+    tokenizer: dict[str, Any] | None = None  # kind, origin, sha256 (its files), served_sha256 (published)
+    origin: dict[str, Any] | None = None  # the Hugging Face model compared with the checkpoint's args
+    deployment: dict[str, Any] = field(default_factory=dict)  # kind, image, command, versions
+    endpoint: dict[str, Any] = field(default_factory=dict)  # identity verified, or NOT_VERIFIABLE
+    harness: dict[str, Any] = field(default_factory=dict)  # versions, and where the harness ran
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> settings, harness versions, image
+
+
+def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenance:
+    """The provenance of the job in `job_dir`; `tasks` are (name, task dir)."""
+    submitted = _yaml(job_dir / JobDir.PROVENANCE)
+    versions = submitted.get("versions") or {}
+    deployment = dict(submitted.get("deployment") or {})
+    if str(deployment.get("kind", "")).endswith("builtin"):
+        deployment["versions"] = {k: versions[k] for k in ("ckpteval", "megatron-core", "torch") if k in versions}
+    tokenizer = dict(submitted["tokenizer"]) if submitted.get("tokenizer") else None
+    published = job_dir / JobDir.TOKENIZER
+    if published.is_dir():
+        from ckpteval.deploy.tokenizer_source import tokenizer_sha256
+
+        tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
+    images = submitted.get("task_images") or {}
+    return Provenance(
+        checkpoint=submitted.get("checkpoint"),
+        tokenizer=tokenizer,
+        origin=submitted.get("origin"),
+        deployment=deployment,
+        endpoint=_endpoint(job_dir),
+        harness={
+            "where": "each task's image" if images else "this machine",
+            "versions": {k: versions[k] for k in HARNESS_PACKAGES if k in versions},
+        },
+        tasks={name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks},
+    )
+
+
+def _endpoint(job_dir: Path) -> dict[str, Any]:
+    from ckpteval.invocation.jobdir import JobDir
+
+    path = job_dir / JobDir.DEPLOYMENT_IDENTITY  # the job writes it once its health wait verified the identity
+    try:
+        identity = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        identity = ""
+    if identity:
+        return {"identity": identity, "verified": True}
+    return {"identity": None, "verified": False, "note": NOT_VERIFIABLE}
+
+
+def _task(task_dir: Path, image: str | None) -> dict[str, Any]:
+    """A task's effective request settings (its harness output's config, else the run config it was given)
+    and the harness's versions (lm-eval's results file)."""
+    from ckpteval.tasks.repeats import REPEATS_FILE, read_repeats, run_layouts
+
+    repeats_file = task_dir / REPEATS_FILE
+    layout = run_layouts(read_repeats(repeats_file.read_text() if repeats_file.is_file() else None))[0]
+    ran = _yaml(task_dir / layout.output / "results.yml")
+    planned = _yaml(task_dir / layout.run_config)
+    config = ran.get("config") or planned.get("config") or {}
+    endpoint = ((planned.get("target") or {}).get("api_endpoint")) or {}
+    out: dict[str, Any] = {
+        "type": config.get("type"),
+        "endpoint_type": endpoint.get("type"),
+        "model_id": endpoint.get("model_id"),
+        "settings": config.get("params") or {},
+        "settings_from": "harness output" if ran.get("config") else "run config",
+    }
+    harness = _lm_eval_versions(task_dir / layout.output)
+    if harness:
+        out["harness"] = harness
+    if image:
+        out["image"] = image
+    return out
+
+
+def _lm_eval_versions(output: Path) -> dict[str, Any]:
+    """lm-eval's own record of what ran (its newest results_*.json): versions and task versions."""
+    found = sorted(output.glob("*/results_*.json")) + sorted(output.glob("results_*.json"))
+    if not found:
+        return {}
+    try:
+        data = json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    keys = ("lm_eval_version", "git_hash", "transformers_version")
+    # nvidia-lm-eval installs as another distribution: lm-eval then records "No package metadata was found ..."
+    out = {k: data[k] for k in keys if data.get(k) is not None and not str(data[k]).startswith("No package")}
+    if data.get("versions"):
+        out["task_versions"] = data["versions"]
+    if data.get("n-shot"):
+        out["n_shot"] = data["n-shot"]
+    return out
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def provenance_differences(a: Provenance | None, b: Provenance | None, tasks: Sequence[str]) -> list[str]:
+    """What besides the model differs between two invocations (their difference is then not only the
+    model's): the tokenizer, each task's request settings (`tasks`: those both ran) and the harness's versions.
+    One sentence each; [] when nothing is known to differ."""
+    if a is None or b is None:
+        return []
+    out = []
+    ta, tb = (p.tokenizer or {} for p in (a, b))
+    key = "served_sha256" if ta.get("served_sha256") and tb.get("served_sha256") else "sha256"
+    if ta.get(key) and tb.get(key) and ta[key] != tb[key]:
+        out.append(f"the tokenizer differs ({ta.get('origin')} {ta[key][:12]} vs {tb.get('origin')} {tb[key][:12]})")
+    va, vb = a.harness.get("versions") or {}, b.harness.get("versions") or {}
+    for name in sorted(set(va) & set(vb)):
+        if va[name] != vb[name]:
+            out.append(f"{name} differs ({va[name]} vs {vb[name]})")
+    for task in tasks:
+        x, y = a.tasks.get(task), b.tasks.get(task)
+        if not x or not y:
+            continue
+        sx, sy = _flat(x.get("settings") or {}), _flat(y.get("settings") or {})
+        changed = [
+            f"{k}: {sx.get(k)!r} vs {sy.get(k)!r}"
+            for k in sorted(set(sx) | set(sy))
+            if k not in _TRANSPORT and sx.get(k) != sy.get(k)
+        ]
+        if x.get("endpoint_type") != y.get("endpoint_type"):
+            changed.insert(0, f"endpoint: {x.get('endpoint_type')} vs {y.get('endpoint_type')}")
+        if changed:
+            out.append(f"{task}'s request settings differ ({'; '.join(changed)})")
+        hx, hy = x.get("harness") or {}, y.get("harness") or {}
+        for name in ("lm_eval_version", "git_hash", "task_versions"):
+            if hx.get(name) and hy.get(name) and hx[name] != hy[name]:
+                out.append(f"{task}'s harness {name} differs ({hx[name]} vs {hy[name]})")
+        if x.get("image") and y.get("image") and x["image"] != y["image"]:
+            out.append(f"{task}'s harness image differs ({x['image']} vs {y['image']})")
+    return out
+
+
+def provenance_summary(provenance: Provenance | None, task: str | None = None) -> dict[str, str]:
+    """A few flat lines for places that show metadata as text (MLflow params, the report, Inspect logs): the
+    checkpoint's identity, tokenizer, origin check, deployment, endpoint identity, harness versions, and with
+    `task` that task's request settings."""
+    if provenance is None:
+        return {}
+    p = provenance
+    out: dict[str, str] = {}
+    if p.checkpoint:
+        c = p.checkpoint
+        where = f"{c.get('layout')} {c.get('format')} iteration {c.get('iteration')}"
+        meta = (c.get("metadata_sha256") or "-")[:12]
+        out["checkpoint"] = f"{where}; metadata {meta}, files {(c.get('files_sha256') or '-')[:12]}"
+    else:
+        out["checkpoint"] = "not inspected before the job (prepared by it)"
+    if p.tokenizer:
+        out["tokenizer"] = f"{p.tokenizer.get('kind')} {(p.tokenizer.get('sha256') or '-')[:12]}"
+    if p.origin:
+        disagreements = p.origin.get("disagreements") or []
+        verdict = f"DISAGREES, run anyway: {'; '.join(disagreements)}" if disagreements else "agrees"
+        out["origin"] = f"{p.origin.get('origin')}: {verdict}"
+    deployment = " ".join(str(v) for v in (p.deployment.get("kind"), p.deployment.get("image")) if v)
+    if deployment:
+        out["deployment"] = deployment
+    out["endpoint"] = p.endpoint.get("identity") or p.endpoint.get("note") or NOT_VERIFIABLE
+    versions = p.harness.get("versions") or {}
+    if versions:
+        out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+    if task and task in p.tasks:
+        settings = _flat(p.tasks[task].get("settings") or {})
+        out["settings"] = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k not in _TRANSPORT)
+    return out
