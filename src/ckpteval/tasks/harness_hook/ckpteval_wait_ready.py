@@ -12,7 +12,9 @@ and request building. What would reach the model first waits here until the heal
 
 The wait happens once per process (later callers find it done) and is bounded by the job's own wait plus
 a margin: past it the request goes out and fails as it would have. The job stops every client when the
-deployment fails, so a client never waits for a deployment that is gone.
+deployment fails, so a client never waits for a deployment that is gone. Then, also with no deployment to
+wait for, the request waits for the task's turn (`ckpteval_request_turn`: the job probes the endpoint first,
+and may run tasks whose request settings differ one group after another).
 
 Self-contained (standard library only): it runs inside the harness's processes through the hook directory.
 """
@@ -28,6 +30,11 @@ import time
 import urllib.request
 from types import ModuleType
 from typing import Any
+
+try:  # as the hook loads it (the hook directory on sys.path), or as part of the ckpteval package
+    import ckpteval_request_turn as _turn
+except ImportError:
+    from ckpteval.tasks.harness_hook import ckpteval_request_turn as _turn
 
 HEALTH_ENV = "CKPTEVAL_DEPLOYMENT_HEALTH"
 WAIT_ENV = "CKPTEVAL_DEPLOYMENT_WAIT_S"
@@ -61,8 +68,13 @@ def _limit_s() -> float:
 
 
 def wait_for_deployment(*, announce: bool = True) -> float:
-    """Block until the deployment named by the environment is healthy (at once if none is named);
-    the seconds waited. `announce`: say in the client's log that (and how long) the request waited."""
+    """Block until the deployment named by the environment is healthy (at once if none is named), then
+    until this task's turn (`ckpteval_request_turn`); the seconds waited. `announce`: say in the client's
+    log that (and how long) the request waited."""
+    return _wait_for_health(announce=announce) + _turn.wait_for_turn(announce=announce)
+
+
+def _wait_for_health(*, announce: bool = True) -> float:
     url = os.environ.get(HEALTH_ENV, "").strip()
     if not url or _ready.is_set():
         return 0.0
@@ -100,7 +112,7 @@ def _wrap_sync(original: Any) -> Any:
 def _wrap_async(original: Any) -> Any:
     @functools.wraps(original)
     async def call(*args: Any, **kwargs: Any) -> Any:
-        if not _ready.is_set():
+        if not _ready.is_set() or not _turn.turn_is_open():
             await asyncio.get_running_loop().run_in_executor(None, wait_for_deployment)
         return await original(*args, **kwargs)
 
@@ -131,7 +143,7 @@ def patch_input(module: ModuleType) -> None:
     @functools.wraps(original)
     def verify_capabilities(*args: Any, **kwargs: Any) -> Any:
         url = os.environ.get(HEALTH_ENV, "").strip()
-        if not url or _ready.is_set() or healthy(url):
+        if _turn.turn_is_open() and (not url or _ready.is_set() or healthy(url)):
             return original(*args, **kwargs)
 
         def later() -> None:
