@@ -22,9 +22,14 @@ import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ckpteval.config.compile import ResolvedTask
+from ckpteval.job.plan import JobPlan, RequestGroups
 from ckpteval.merge import deep_merge
+
+if TYPE_CHECKING:
+    from ckpteval.config.compile import ResolvedTask
+    from ckpteval.config.preview import PreviewPanel
 
 # the sampling settings a generation task's requests carry (nemo-evaluator's names for them)
 _GENERATION_PARAMS = ("temperature", "top_p", "max_new_tokens")
@@ -36,26 +41,6 @@ class RequestSettings:
 
     key: str
     words: str  # for the dry run and the job log
-
-
-@dataclass(frozen=True)
-class RequestGroups:
-    """The job's plan for tasks whose request settings differ.
-
-    `groups` are indices into the plan's tasks, in the order they run; `probe` the probe's shell command (empty:
-    no probe, because every task is in one group or tasks run one at a time); `known_mixing` why the endpoint
-    is known to mix settings across a batch (then the groups run one after another whatever the probe says).
-    """
-
-    groups: tuple[tuple[int, ...], ...]
-    words: tuple[str, ...]  # each group's settings
-    probe: str = ""
-    known_mixing: str = ""
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        """The tasks in the order the job starts them: group by group."""
-        return tuple(i for group in self.groups for i in group)
 
 
 def request_settings(task: ResolvedTask) -> RequestSettings:
@@ -110,22 +95,31 @@ def probe_command(
 def describe(groups: RequestGroups, names: Sequence[str]) -> str:
     """The dry run's words for the plan (`names`: the plan's task names)."""
     listing = "\n".join(
-        f"  group {g + 1}: {', '.join(names[i] for i in group)} — {words}"
-        for g, (group, words) in enumerate(zip(groups.groups, groups.words, strict=True))
+        f"  group {g}: {', '.join(names[i] for i in group)} — {words}"
+        for g, (group, words) in enumerate(zip(groups.groups, groups.words, strict=True), 1)
     )
     if len(groups.groups) <= 1:
-        return f"Every task sends requests with the same settings; they run side by side.\n{listing}"
+        return f"Every task sends requests with the same settings: they run side by side, no probe.\n{listing}"
     if not groups.probe:
         return f"Tasks run one at a time (evaluation.max_parallel_tasks=1): no request meets another task's.\n{listing}"
     if groups.known_mixing:
         return (
             f"The endpoint mixes request settings across a batch: {groups.known_mixing}.\n"
-            "So the tasks run in these groups, one group after another (a group's tasks side by side); the job "
-            f"still probes the endpoint before the first request and logs its answer.\n{listing}"
+            "So the tasks run in these groups of identical request settings, one group after another (a group's\n"
+            f"tasks side by side). The job still probes the endpoint first and logs what it finds.\n{listing}"
         )
     return (
         "Before any task's first request, the job probes the endpoint: concurrent requests with different\n"
         "settings, each answer compared with the same request sent alone. If the endpoint mixes settings\n"
-        "across a batch, the tasks run in these groups, one group after another; otherwise all side by side.\n"
-        + listing
+        "across a batch, the tasks run in these groups, one group after another; else all side by side.\n" + listing
     )
+
+
+def request_groups_panel(plan: JobPlan) -> PreviewPanel | None:
+    """The dry run's panel on how the tasks' requests go (None: no grouping planned)."""
+    from ckpteval.config.preview import PreviewPanel
+
+    if plan.requests is None:
+        return None
+    body = describe(plan.requests, [t.name for t in plan.tasks])
+    return PreviewPanel(title="request settings", body=body)
