@@ -514,4 +514,8 @@ def test_tasks_of_different_request_settings_take_turns_where_the_endpoint_mixes
         assert times["sends-score"] < times["ended-gen"], times  # side by side
         assert requests.startswith("side by side: honoured: ")
     assert "request settings probe: " in proc.stdout
+    # what `evaluate status` shows
+    from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+
+    assert take_snapshot(LocalJobView(job), [(t.name, t.dir) for t in plan.tasks], None).requests == requests
     assert json.loads((job / "state/p.json").read_text())["verdict"] == ("mixed" if batching == "mixes" else "honoured")
