@@ -119,7 +119,7 @@ def request_groups_panel(plan: JobPlan) -> PreviewPanel | None:
     """The dry run's panel on how the tasks' requests go (None: no grouping planned)."""
     from ckpteval.config.preview import PreviewPanel
 
-    if plan.requests is None:
-        return None
+    if plan.requests is None or len(plan.requests.groups) <= 1:
+        return None  # nothing to say: every request alike
     body = describe(plan.requests, [t.name for t in plan.tasks])
     return PreviewPanel(title="request settings", body=body)
