@@ -99,6 +99,12 @@ def _wait_for_health(*, announce: bool = True) -> float:
         return waited
 
 
+def _nothing_to_wait_for() -> bool:
+    """Healthy (or no deployment named) and this task's turn open: a request goes at once."""
+    healthy_now = _ready.is_set() or not os.environ.get(HEALTH_ENV, "").strip()
+    return healthy_now and _turn.turn_is_open()
+
+
 def _wrap_sync(original: Any) -> Any:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -112,7 +118,7 @@ def _wrap_sync(original: Any) -> Any:
 def _wrap_async(original: Any) -> Any:
     @functools.wraps(original)
     async def call(*args: Any, **kwargs: Any) -> Any:
-        if not _ready.is_set() or not _turn.turn_is_open():
+        if not _nothing_to_wait_for():
             await asyncio.get_running_loop().run_in_executor(None, wait_for_deployment)
         return await original(*args, **kwargs)
 
