@@ -27,7 +27,9 @@ import pytest
 from tests.e2e.conftest import ServedModel, ServerCommand, free_port, packaged_checkpoint, serve
 from tests.e2e.tasks.fake_endpoint import make_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# long: two invocations; the turn-taking is tested with real job scripts and the real probe in
+# tests/unit/job/test_script.py, the probe against the builtin server in tests/e2e/test_python_api.py
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.long]
 
 MODEL = "megatron-model"
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
@@ -66,6 +68,12 @@ def batching_stand_in(upstream: str, log: Path) -> Iterator[str]:
         server.server_close()
 
 
+def samples(job_dir: Path, task: str) -> list[tuple[str, str, dict]]:
+    """(sample, the model's response, its scores) of every sample of `task`."""
+    lines = (job_dir / "tasks" / task / "samples.jsonl").read_text().splitlines()
+    return [(r["sample"], r["response"], r["scores"]) for r in map(json.loads, lines)]
+
+
 def evaluate(root: Path, url: str, tokenizer: Path, *overrides: str) -> tuple[Path, dict, str]:
     cwd = root / "work"
     cwd.mkdir(parents=True)
@@ -80,7 +88,7 @@ def evaluate(root: Path, url: str, tokenizer: Path, *overrides: str) -> tuple[Pa
     argv = [
         sys.executable, "-m", "ckpteval.cli", "-t", "hellaswag", "-t", "gsm8k", "deployment=none",
         f"target.api_endpoint.url={url}", f"target.api_endpoint.model_id={MODEL}", f"deployment.tokenizer={tokenizer}",
-        f"{PARAMS}.limit_samples=2", f"+{PARAMS}.extra.num_fewshot=0", f"{PARAMS}.max_new_tokens=8",
+        f"{PARAMS}.limit_samples=3", f"+{PARAMS}.extra.num_fewshot=0", f"{PARAMS}.max_new_tokens=8",
         f"{PARAMS}.parallelism=2", *overrides,
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -98,7 +106,7 @@ def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
 ) -> None:
     served, tokenizer = tiny
     start = time.monotonic()
-    _, alone, _ = evaluate(tmp_path / "alone", served.url, tokenizer, "evaluation.max_parallel_tasks=1")
+    alone_dir, alone, _ = evaluate(tmp_path / "alone", served.url, tokenizer, "evaluation.max_parallel_tasks=1")
     alone_s = time.monotonic() - start
     log = tmp_path / "batches.jsonl"
     with batching_stand_in(served.url.rsplit("/v1/", 1)[0], log) as url:
@@ -109,6 +117,9 @@ def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
     for task in ("hellaswag", "gsm8k"):
         assert alone["tasks"][task]["status"] == beside["tasks"][task]["status"] == "succeeded"
         assert beside["tasks"][task]["metrics"] == alone["tasks"][task]["metrics"], task
+        # every sample's response, not only the (tiny model's near-zero) scores: a generation cut to one
+        # token, or a log-likelihood without log-probabilities, would differ here
+        assert samples(job_dir, task) == samples(alone_dir, task), task
     requests = (job_dir / "state" / "requests").read_text()
     assert requests.startswith("in 2 groups, one after another: the probe found: mixed: "), requests
     assert "requests: in 2 groups" in " ".join(status.split())
@@ -118,19 +129,4 @@ def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
     probe_prompts = ("The capital of France", "Once upon a time, in a small village")
     mixed = [r for r in records if r["mixed"]]
     assert mixed and all(r["prompt"].startswith(probe_prompts) for r in mixed), mixed[:3]
-    assert len(records) - len([r for r in records if r["prompt"].startswith(probe_prompts)]) >= 2 * 2
-
-
-def test_the_builtin_server_honours_each_requests_settings(tiny: tuple[ServedModel, Path], tmp_path: Path) -> None:
-    """The probe straight against the builtin server says `honoured` (so a `-c tiny` job runs its groups side by
-    side), and against the stand-in in front of it `mixed`: the probe, not the model, tells them apart."""
-    from ckpteval.tasks.harness_hook.ckpteval_settings_probe import probe
-
-    served, _ = tiny
-    straight = probe({"completions": served.url}, MODEL)
-    assert straight.verdict == "honoured", straight
-    assert straight.left_out == []  # every probe request, the stop-word one included, was answered alone
-    with batching_stand_in(served.url.rsplit("/v1/", 1)[0], tmp_path / "batches.jsonl") as url:
-        behind = probe({"completions": url}, MODEL)
-    assert behind.verdict == "mixed", behind
-    print(f"probe: {straight.seconds:.1f} s straight, {behind.seconds:.1f} s behind the stand-in")
+    assert len(records) - len([r for r in records if r["prompt"].startswith(probe_prompts)]) >= 2 * 3
