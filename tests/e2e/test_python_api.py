@@ -76,3 +76,26 @@ def test_run_from_python_prints_nothing_and_returns_the_scores(server: RunningSe
     assert {name: metric["value"] for name, metric in saved["metrics"].items()} == gsm8k
     job_dir = tmp_path / "results" / out["invocation"]
     assert json.loads((job_dir / "results.json").read_text())["tasks"]["gsm8k"]["status"] == "succeeded"
+
+
+def test_the_builtin_server_honours_each_requests_settings(server: RunningServer, tmp_path: Path) -> None:
+    """The request-settings probe the job runs before any task's first request: straight against the builtin
+    server it says `honoured` (a `-c tiny` job runs its groups side by side); behind fake_endpoint.py batching
+    as Export-Deploy 0.5+ (a batch answered with its first request's settings) it says `mixed`."""
+    import threading
+
+    from ckpteval.tasks.harness_hook.ckpteval_settings_probe import probe
+    from tests.e2e.tasks.fake_endpoint import make_server
+
+    straight = probe({"completions": f"{server.url}/v1/completions"}, MODEL)
+    assert straight.verdict == "honoured", straight
+    assert straight.left_out == []  # every probe request, the stop-word one included, answered alone
+    stand_in = make_server(["--port", "0", "--upstream", server.url, "--batch-window", "0.05"])
+    threading.Thread(target=stand_in.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        behind = probe({"completions": f"http://127.0.0.1:{stand_in.server_address[1]}/v1/completions"}, MODEL)
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
+    assert behind.verdict == "mixed", behind
+    assert straight.seconds < 30 and behind.seconds < 30

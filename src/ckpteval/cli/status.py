@@ -48,6 +48,8 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
         console.print(table)
+        if s.snapshot and s.snapshot.requests:
+            console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
         for t in s.snapshot.tasks if s.snapshot else ():
             if t.error:
                 log = f"{s.record.job_dir}/{t.log}" if t.log else ""
@@ -94,5 +96,6 @@ def _as_json(s) -> dict:
         "profile": s.record.profile,
         "created": s.record.created,
         "deployment": s.snapshot.deployment if s.snapshot else None,
+        "requests": (s.snapshot.requests or None) if s.snapshot else None,
         "tasks": tasks,
     }

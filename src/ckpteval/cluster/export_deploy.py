@@ -29,6 +29,7 @@ from ckpteval.deploy.export_deploy import (
     EntryPoint,
     export_deploy_argv,
     export_deploy_command,
+    mixes_settings,
     parse_help,
 )
 from ckpteval.errors import ClusterError
@@ -167,14 +168,18 @@ def _export_deploy(compiled: CompiledConfig, plan: JobPlan) -> MegatronDeploymen
 
 
 def with_entry_point(plan: JobPlan, compiled: CompiledConfig, entry: EntryPoint) -> JobPlan:
-    """`plan` with its Export-Deploy step built for `entry` (ConfigError for settings the script lacks)."""
+    """`plan` with its Export-Deploy step built for `entry` (ConfigError for settings the script lacks), and its
+    tasks' request groups run one after another where `entry` is known to mix request settings (0.5+)."""
     deployment = _export_deploy(compiled, plan)
     step = plan.deployment.step
     if deployment is None or step is None or plan.deployment.port is None:
         return plan
     command = export_deploy_command(deployment, entry, port=plan.deployment.port)
     new_step = dataclasses.replace(step, command=command)
-    return dataclasses.replace(plan, deployment=dataclasses.replace(plan.deployment, step=new_step))
+    requests = plan.requests
+    if requests is not None and requests.probe:
+        requests = dataclasses.replace(requests, known_mixing=mixes_settings(entry))
+    return dataclasses.replace(plan, deployment=dataclasses.replace(plan.deployment, step=new_step), requests=requests)
 
 
 def resolve_for_run(plan: JobPlan, compiled: CompiledConfig, remote: Remote) -> tuple[JobPlan, str | None]:

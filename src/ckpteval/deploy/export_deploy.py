@@ -117,6 +117,21 @@ DEFAULT_ENTRY_POINT = EntryPoint(
 )
 
 
+def mixes_settings(entry: EntryPoint) -> str:
+    """Why `entry` answers concurrent requests with one request's settings ('' when it is not known to).
+
+    Export-Deploy 0.5+ batches concurrent requests (Ray Serve's `serve.batch`, PR #629) and applies the first
+    request's settings to the whole batch (`nemo_deploy/llm/megatronllm_deployable_ray.py`, v0.5.0 to main);
+    0.1-0.4 answer each request alone. Of the entry point's flags, `--batch_wait_timeout_s` came with it."""
+    if "--batch_wait_timeout_s" not in entry.flags:
+        return ""
+    return (
+        f"{entry.script.rsplit('/', 1)[-1]} takes --batch_wait_timeout_s (Export-Deploy 0.5+), which batches "
+        "concurrent requests and applies the first one's max_tokens, temperature, top_k, top_p, logprobs, echo "
+        "and stop words to the whole batch"
+    )
+
+
 def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
     """(every long flag, the required ones) from an argparse `--help` output.
 

@@ -113,14 +113,18 @@ class LocalPreparedJob:
         return [checkpoint_panel(description, backend)]
 
     def preview(self, *, check: bool = False) -> list[PreviewPanel]:
-        """The job script (nothing to squash here)."""
+        """The job script, and how the tasks' requests go (nothing to squash here)."""
+        from ckpteval.job.request_groups import request_groups_panel
+
+        requests = request_groups_panel(self.plan)
         return [
             PreviewPanel(
                 title=f"job script {self.job_dir.join(JobDir.SCRIPT)}",
                 body=self.files[JobDir.SCRIPT],
                 language="bash",
                 full_only_in_dry_run=True,
-            )
+            ),
+            *([requests] if requests else []),
         ]
 
     def submit(self, report: Reporter) -> LocalJob:

@@ -185,6 +185,7 @@ class SlurmPreparedJob:
         asked unless `check`)."""
         from ckpteval.cluster.export_deploy import preview_entry_point
         from ckpteval.cluster.squash import plan_squash
+        from ckpteval.job.request_groups import request_groups_panel
 
         squash = plan_squash(self.images, self.profile, check=check, force=self.force_squash)
         # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
@@ -210,6 +211,7 @@ class SlurmPreparedJob:
             data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
         # the script as it will run: images shown as their .sqsh files
         script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
+        requests = request_groups_panel(plan)  # Export-Deploy's entry point may say it mixes request settings
         return [
             PreviewPanel(
                 title="sbatch script (submitted by nemo-run)", body=render_sbatch_preview(self.spec), language="bash"
@@ -218,6 +220,7 @@ class SlurmPreparedJob:
             PreviewPanel(title="squash plan", body="", squash=squash),
             *data_panels,
             *([entry_panel] if entry_panel else []),
+            *([requests] if requests else []),
         ]
 
     def submit(self, report: Reporter) -> SlurmJob:

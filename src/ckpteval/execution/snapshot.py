@@ -55,6 +55,7 @@ class JobSnapshot:
     deployment: str  # starting | ready | failed | stopped | none | "" (not started)
     tasks: tuple[TaskSnapshot, ...]
     finished: int | None  # the job's exit code once it has ended
+    requests: str = ""  # how the tasks' requests go, side by side or in groups, and why (state/requests)
 
     @property
     def succeeded(self) -> bool:
@@ -83,7 +84,8 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
             done, total = progress(view, task_dir)
         why = _failure(view, task_dir) if state.startswith("failed") else {}
         snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, done=done, total=total, **why))
-    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished)
+    requests = (view.read_text(JobDir.REQUESTS) or "").strip()
+    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished, requests=requests)
 
 
 def _failure(view: JobView, task_dir: str) -> dict[str, str]:
@@ -106,4 +108,4 @@ def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:
         TaskSnapshot(t.name, t.dir, "cancelled", t.done, t.total) if t.state == "running" else t for t in snapshot.tasks
     )
     deployment = "stopped" if snapshot.deployment in ("starting", "ready") else snapshot.deployment
-    return JobSnapshot(deployment=deployment, tasks=tasks, finished=snapshot.finished)
+    return JobSnapshot(deployment=deployment, tasks=tasks, finished=snapshot.finished, requests=snapshot.requests)

@@ -8,7 +8,9 @@
   hook/                       the harness's offline-data hook (Slurm: uploaded beside the job)
   .secrets/                   owner-only files the job reads (the W&B key of a detached export)
   state/{started,deployment,finished,slurm_job}
-  logs/{job.log,deployment.log}
+  state/requests              how the tasks' requests go: side by side, or in groups (and why)
+  state/request_probe.json    the request-settings probe's verdict and what it saw; state/turn-<g>: group g may send
+  logs/{job.log,deployment.log,request_probe.log}
   tasks/<task>/run_config.yml nemo-evaluator's run config (a repeated task: run_config-rs<i>.yml)
   tasks/<task>/repeats        a repeated task only: its number of samples per problem
   tasks/<task>/{state,.done,client.log,output/}   (a repeated task: client-rs<i>.log, output-rs<i>/{...,.done})
@@ -47,9 +49,12 @@ class JobDir:
     DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
     FINISHED = "state/finished"
     SLURM_JOB = "state/slurm_job"
+    REQUESTS = "state/requests"
+    REQUEST_PROBE = "state/request_probe.json"
     LOGS = "logs"
     JOB_LOG = "logs/job.log"
     DEPLOYMENT_LOG = "logs/deployment.log"
+    REQUEST_PROBE_LOG = "logs/request_probe.log"
     TASKS = "tasks"
     TOKENIZER = "tokenizer"  # the tokenizer the builtin server serves with, published for the task clients
     SAMPLES = "samples.jsonl"  # in each task dir: its normalized per-sample scores (ckpteval.results.samples)
@@ -68,6 +73,11 @@ class JobDir:
     def task(dir_name: str) -> str:
         """A task's directory (relative): `tasks/<dir_name>`."""
         return f"{JobDir.TASKS}/{dir_name}"
+
+    @staticmethod
+    def turn(group: int) -> str:
+        """The file that opens group `group`'s turn to send requests (1-based)."""
+        return f"{JobDir.STATE}/turn-{group}"
 
     @staticmethod
     def task_state(task_dir: str) -> str:

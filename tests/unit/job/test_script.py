@@ -3,6 +3,7 @@ behaviour: deploy once, health wait with timeout, per-task states, resume, clean
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
+from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 from ckpteval.tasks.repeats import run_layouts
 
@@ -45,7 +46,8 @@ HEALTH_SERVER = (
 CLIENT_WAITS = (
     'until curl -sf -o /dev/null "$CKPTEVAL_DEPLOYMENT_HEALTH"; do sleep 0.2; done; '
     'if [ -n "${CKPTEVAL_DEPLOYMENT_IDENTITY:-}" ]; then '
-    'curl -s "$CKPTEVAL_DEPLOYMENT_IDENTITY_URL" | grep -qF "$CKPTEVAL_DEPLOYMENT_IDENTITY" || exit 3; fi; '
+    'curl -s "$CKPTEVAL_DEPLOYMENT_IDENTITY_URL" | grep -qF "$CKPTEVAL_DEPLOYMENT_IDENTITY" '
+    '|| { echo "refusing: $CKPTEVAL_DEPLOYMENT_IDENTITY_URL answers for another deployment" >&2; exit 3; }; fi; '
 )
 
 
@@ -167,12 +169,21 @@ def test_golden(launcher: str):
         parallel=2,
         waits=False,
     )
+    # adlr_mmlu generates, hellaswag scores: a probe decides whether they take turns (here), or they do
+    # because the endpoint is known to mix settings (Export-Deploy 0.5+, the Slurm case)
+    groups = RequestGroups(
+        groups=((0,), (1,)),
+        words=("adlr_mmlu's generations (temperature 0.0, its stop words)", "log-likelihood (echo, logprobs)"),
+        probe="python3 /jobs/abcd1234/hook/ckpteval_settings_probe.py --model m --out /jobs/abcd1234/state/p.json",
+    )
+    plan = replace(plan, requests=groups)
     if launcher == "slurm":
         plan = JobPlan(
             invocation=plan.invocation,
             job_dir=plan.job_dir,
             env=plan.env,
             max_parallel_tasks=plan.max_parallel_tasks,
+            requests=replace(groups, known_mixing="deploy_ray.py takes --batch_wait_timeout_s (Export-Deploy 0.5+)"),
             tasks=tuple(
                 TaskPlan(
                     name=t.name,
@@ -335,11 +346,11 @@ def test_a_port_answered_by_another_deployment_stops_the_job_before_any_task_req
     job = Path(plan.job_dir)
     start = time.monotonic()
     proc = run_job(write_job(tmp_path, plan), REPORTS="ffff0000-another-job")
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    # whichever sees it first, the job's health wait (exit 3) or the task's client (its task fails), says why
+    assert proc.returncode in (1, 3), proc.stdout + proc.stderr
     assert time.monotonic() - start < 20  # at once, not after the readiness timeout (30 s)
     assert "answers for another deployment" in proc.stdout
-    assert "abcd1234-0123456789ab" in proc.stdout
-    assert state(job, "state/deployment") == "failed"
+    assert state(job, "state/deployment") != "ready"
     assert not (job / "state/deployment_identity").exists()
     assert not (job / "out-a.txt").exists()  # the client refused the endpoint before its first request
 
@@ -546,3 +557,60 @@ def test_clients_starting_during_the_load_wait_for_the_checkpoint_the_deployment
     # after the order before (clients once healthy), there is nothing to wait for
     later = replace(plan, prepare_during_load=False)
     assert "have prepared" not in render_job_script(later) and "has prepared" not in render_job_script(later)
+
+
+@pytest.mark.parametrize(
+    ("batching", "deployed"), [("mixes", True), ("honours", True), ("mixes", False)], ids=["mixes", "honours", "none"]
+)
+def test_tasks_of_different_request_settings_take_turns_where_the_endpoint_mixes_them(
+    tmp_path: Path, batching: str, deployed: bool
+):
+    """The real probe against fake_endpoint.py (batching as Export-Deploy 0.5+ does, or answering each request
+    alone): two tasks in two request groups run one after the other, or side by side; every client starts at
+    once and waits for its turn as the harness hook does (here in shell); with `deployment=none` too."""
+    import threading
+
+    from ckpteval.tasks.harness_hook import ckpteval_settings_probe
+    from tests.e2e.tasks.fake_endpoint import make_server
+
+    server = make_server(
+        ["--port", "0", "--answer", "words", *(["--batch-window", "0.1"] if batching == "mixes" else [])]
+    )
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    job = tmp_path / "job"
+    client = (
+        'date +%s.%N > "started-$TASK"; until [ -e "$CKPTEVAL_REQUEST_TURN" ]; do sleep 0.1; done; '
+        'date +%s.%N > "sends-$TASK"; sleep 1; date +%s.%N > "ended-$TASK"'
+    )
+    plan = make_plan(job, port=free_port(), tasks=[("gen", client), ("score", client)], parallel=2, waits=deployed)
+    probe = f"{sys.executable} {ckpteval_settings_probe.__file__} --completions {url} --model fake --out state/p.json"
+    plan = replace(
+        plan, requests=RequestGroups(groups=((0,), (1,)), words=("gen's generations", "log-likelihood"), probe=probe)
+    )
+    if not deployed:
+        plan = replace(plan, deployment=DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=30))
+    try:
+        proc = run_job(write_job(tmp_path, plan))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    times = {
+        f.name: float(f.read_text()) for f in job.glob("*-*") if f.name.split("-")[0] in ("started", "sends", "ended")
+    }
+    assert times["started-score"] < times["ended-gen"]  # both clients started (and prepared) at once
+    requests = state(job, "state/requests")
+    if batching == "mixes":
+        assert times["sends-score"] >= times["ended-gen"], times  # score's requests only once gen had ended
+        assert requests.startswith("in 2 groups, one after another: the probe found: mixed: ")
+        assert "request group 2 of 2: score (log-likelihood)" in proc.stdout
+    else:
+        assert times["sends-score"] < times["ended-gen"], times  # side by side
+        assert requests.startswith("side by side: honoured: ")
+    assert "request settings probe: " in proc.stdout
+    # what `evaluate status` shows
+    from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+
+    assert take_snapshot(LocalJobView(job), [(t.name, t.dir) for t in plan.tasks], None).requests == requests
+    assert json.loads((job / "state/p.json").read_text())["verdict"] == ("mixed" if batching == "mixes" else "honoured")

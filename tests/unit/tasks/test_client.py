@@ -80,6 +80,8 @@ def test_hook_dir_holds_only_the_hook_modules() -> None:
         "ckpteval_wait_ready.py",
         "ckpteval_responses.py",
         "ckpteval_request_order.py",
+        "ckpteval_request_turn.py",
+        "ckpteval_settings_probe.py",
     }
     assert os.path.isabs(hook_dir())
 

@@ -12,7 +12,9 @@ and request building. What would reach the model first waits here until the heal
 
 The wait happens once per process (later callers find it done) and is bounded by the job's own wait plus
 a margin: past it the request goes out and fails as it would have. The job stops every client when the
-deployment fails, so a client never waits for a deployment that is gone.
+deployment fails, so a client never waits for a deployment that is gone. Then, also with no deployment to
+wait for, the request waits for the task's turn (`ckpteval_request_turn`: the job probes the endpoint first,
+and may run tasks whose request settings differ one group after another).
 
 Before the first request the client also checks that the endpoint is *its job's* deployment: the job names
 the identity token its deployment reports (`CKPTEVAL_DEPLOYMENT_IDENTITY`) and where it reports it
@@ -35,6 +37,11 @@ import urllib.error
 import urllib.request
 from types import ModuleType
 from typing import Any
+
+try:  # as the hook loads it (the hook directory on sys.path), or as part of the ckpteval package
+    import ckpteval_request_turn as _turn
+except ImportError:
+    from ckpteval.tasks.harness_hook import ckpteval_request_turn as _turn
 
 HEALTH_ENV = "CKPTEVAL_DEPLOYMENT_HEALTH"
 WAIT_ENV = "CKPTEVAL_DEPLOYMENT_WAIT_S"
@@ -105,8 +112,13 @@ def _limit_s() -> float:
 
 
 def wait_for_deployment(*, announce: bool = True) -> float:
-    """Block until the deployment named by the environment is healthy (at once if none is named);
-    the seconds waited. `announce`: say in the client's log that (and how long) the request waited."""
+    """Block until the deployment named by the environment is healthy (at once if none is named), then
+    until this task's turn (`ckpteval_request_turn`); the seconds waited. `announce`: say in the client's
+    log that (and how long) the request waited."""
+    return _wait_for_health(announce=announce) + _turn.wait_for_turn(announce=announce)
+
+
+def _wait_for_health(*, announce: bool = True) -> float:
     url = os.environ.get(HEALTH_ENV, "").strip()
     if not url or _ready.is_set():
         return 0.0
@@ -138,6 +150,12 @@ def _wait_healthy(url: str, *, announce: bool) -> float:
     return waited
 
 
+def _nothing_to_wait_for() -> bool:
+    """Healthy (or no deployment named) and this task's turn open: a request goes at once."""
+    healthy_now = _ready.is_set() or not os.environ.get(HEALTH_ENV, "").strip()
+    return healthy_now and _turn.turn_is_open()
+
+
 def _wrap_sync(original: Any) -> Any:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -151,7 +169,7 @@ def _wrap_sync(original: Any) -> Any:
 def _wrap_async(original: Any) -> Any:
     @functools.wraps(original)
     async def call(*args: Any, **kwargs: Any) -> Any:
-        if not _ready.is_set():
+        if not _nothing_to_wait_for():
             await asyncio.get_running_loop().run_in_executor(None, wait_for_deployment)
         return await original(*args, **kwargs)
 
@@ -182,7 +200,7 @@ def patch_input(module: ModuleType) -> None:
     @functools.wraps(original)
     def verify_capabilities(*args: Any, **kwargs: Any) -> Any:
         url = os.environ.get(HEALTH_ENV, "").strip()
-        if not url or _ready.is_set() or healthy(url):
+        if _turn.turn_is_open() and (not url or _ready.is_set() or healthy(url)):
             wait_for_deployment(announce=False)  # at once here: the identity check before the probe request
             return original(*args, **kwargs)
 

@@ -84,7 +84,8 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
   JOB_RC=3; exit 3
 }
 JOB_RC=1
-finish() { stop_deployment; mark state/finished "$JOB_RC"; }
+GATE_PID=""
+finish() { [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1

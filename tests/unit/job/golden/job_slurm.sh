@@ -94,7 +94,8 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
   JOB_RC=3; exit 3
 }
 JOB_RC=1
-finish() { stop_deployment; mark state/finished "$JOB_RC"; }
+GATE_PID=""
+finish() { [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; mark state/finished "$JOB_RC"; }
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
@@ -133,6 +134,7 @@ watch_deployment &
 WATCH_PID=$!
 export CKPTEVAL_DEPLOYMENT_HEALTH="$HEALTH_URL" CKPTEVAL_DEPLOYMENT_WAIT_S=600
 task_0() {  # adlr_mmlu
+  export CKPTEVAL_REQUEST_TURN=/jobs/abcd1234/state/turn-1
   if [ -f tasks/adlr_mmlu/.done ]; then
     say 'task adlr_mmlu: already done, skipped'
   else
@@ -150,6 +152,7 @@ task_0() {  # adlr_mmlu
   fi
 }
 task_1() {  # hellaswag
+  export CKPTEVAL_REQUEST_TURN=/jobs/abcd1234/state/turn-2
   if [ -f tasks/hellaswag/.done ]; then
     say 'task hellaswag: already done, skipped'
   else
@@ -166,6 +169,34 @@ task_1() {  # hellaswag
     fi
   fi
 }
+group_done() {  # every task dir given has ended (or was done before this job)
+  local d
+  for d in "$@"; do
+    [ -f "$d/.done" ] && continue
+    case "$(cat "$d/state" 2>/dev/null)" in succeeded|failed*) ;; *) return 1 ;; esac
+  done
+}
+settle_requests() {  # may tasks whose request settings differ send side by side? (job/request_groups.py)
+  local line
+  until [ "$(cat state/deployment 2>/dev/null)" = ready ]; do sleep 0.5; done
+  say "probing the endpoint: concurrent requests of different settings, each against the same request alone"
+  line=$(python3 /jobs/abcd1234/hook/ckpteval_settings_probe.py --model m --out /jobs/abcd1234/state/p.json 2>>logs/request_probe.log | tail -n 1)
+  [ -n "$line" ] || line="unknown: the probe did not run (see logs/request_probe.log)"
+  say "request settings probe: $line"
+  local why='deploy_ray.py takes --batch_wait_timeout_s (Export-Deploy 0.5+)'
+  mark state/requests "in 2 groups, one after another: $why"
+  say "the tasks run in 2 groups of identical request settings, one group after another: $why"
+  say 'request group 1 of 2: adlr_mmlu (adlr_mmlu'"'"'s generations (temperature 0.0, its stop words))'
+  mark state/turn-1 open
+  until group_done tasks/adlr_mmlu; do sleep 1; done
+  say 'request group 2 of 2: hellaswag (log-likelihood (echo, logprobs))'
+  mark state/turn-2 open
+}
+# a task's state from an earlier run of this job would end its group at once: it is pending again
+for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ -f "$d/.done" ] || rm -f "$d/state"; done
+rm -f state/turn-* state/requests
+settle_requests &
+GATE_PID=$!
 FAILED=0
 MAX_PARALLEL_TASKS=2
 run_tasks task_0 task_1
