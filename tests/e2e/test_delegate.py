@@ -1,10 +1,10 @@
 """`evaluate serve-delegate` played against by a training loop, as slime's delegate client behaves.
 
-The model is the builtin deployment of the tiny checkpoint (a real megatron-core server) standing in for
-slime's router. The client posts before the service listens (so its retries with capped backoff are
-used), waits with a timeout, and gets metrics that must equal `evaluate`'s own for the same task, sampling
-params and samples: the same seeds reach the same server, so both runs must also have generated the
-very same responses.
+The model is the builtin deployment of the tiny checkpoint (a real megatron-core server, the session's
+shared one) standing in for slime's router. The client posts before the service listens (so its retries
+with capped backoff are used), waits with a timeout, and gets metrics that must equal `evaluate`'s own for
+the same task, sampling params and samples: the same seeds reach the same server, so both runs must also have
+generated the very same responses.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.deploy_support import RunningServer, free_port, start_server
+from tests.deploy_support import RunningServer, free_port
+from tests.e2e.conftest import MODEL_ID, SharedServers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-MODEL = "slime-openai-model"
+MODEL = MODEL_ID  # the name slime's router serves the policy under, here the shared server's
 # the tiny model's context is 2,048 bytes: zero-shot GSM8K prompts fit, 5-shot ones do not
 COMMON = [
     "evaluation.nemo_evaluator_config.config.params.limit_samples=3",
@@ -66,15 +66,10 @@ def post_once(url: str, payload: Any) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
-@pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    from ckpteval.deploy import prepare_checkpoint
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = tmp_path_factory.mktemp("router")
-    server = start_server(prepare_checkpoint("tiny", root / "tiny"), root, name=MODEL)
-    yield server
-    server.stop()
+@pytest.fixture
+def router(shared_servers: SharedServers) -> RunningServer:
+    """The session's shared tiny server stands in for slime's router (its served name is `MODEL`)."""
+    return shared_servers.get("tiny")
 
 
 def _env(root: Path) -> dict[str, str]:

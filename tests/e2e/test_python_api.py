@@ -1,8 +1,8 @@
 """`import ckpteval; ckpteval.run(...)` from Python: the tiny evaluation runs, nothing is printed, the scores
 come back — and the same invocation is then found by `ckpteval.status` / `ckpteval.results`.
 
-The model is the tiny packaged one behind the builtin server (as in test_delegate.py), evaluated on a few
-zero-shot GSM8K problems, so the whole test takes about a minute on 2 cores.
+The model is the tiny packaged one behind the session's shared builtin server (as in test_delegate.py),
+evaluated on a few zero-shot GSM8K problems, so the whole test takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -11,16 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.deploy_support import RunningServer, start_server
+from tests.e2e.conftest import ServedModel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-MODEL = "tiny-model"
 
 SCRIPT = """
 import json, sys
@@ -33,22 +31,15 @@ sys.__stdout__.write(json.dumps({"invocation": outcome.invocation, "exit": outco
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    from ckpteval.deploy import prepare_checkpoint
-
-    root = tmp_path_factory.mktemp("api-model")
-    running = start_server(prepare_checkpoint("tiny", root / "tiny"), root, name=MODEL)
-    yield running
-    running.stop()
-
-
-def test_run_from_python_prints_nothing_and_returns_the_scores(server: RunningServer, tmp_path: Path) -> None:
+def test_run_from_python_prints_nothing_and_returns_the_scores(
+    served_model: Callable[[str], ServedModel], tmp_path: Path
+) -> None:
+    model = served_model("tiny")
     params = "evaluation.nemo_evaluator_config.config.params"
     overrides = [
         "deployment=none",
-        f"target.api_endpoint.url={server.url}/v1/completions",
-        f"target.api_endpoint.model_id={MODEL}",
+        f"target.api_endpoint.url={model.url}",
+        f"target.api_endpoint.model_id={model.model_id}",
         f"{params}.limit_samples=3",
         f"+{params}.extra.num_fewshot=0",  # the tiny model's context holds zero-shot prompts only
         f"{params}.max_new_tokens=16",

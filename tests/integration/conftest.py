@@ -120,9 +120,25 @@ def infra(request: pytest.FixtureRequest) -> Infra:
         _run_setup(request)
     elif os.geteuid() == 0:
         _run_setup(request, "project")  # ~0.1 s when nothing is to change
+    compile_for_the_ci_user()
     data = json.loads(info_path.read_text())
     data["infra_dir"] = Path(data["infra_dir"])
     return Infra(**data)
+
+
+def compile_for_the_ci_user() -> None:
+    """Write the .pyc of every module of this venv and of the project (a few seconds when they are there:
+    `.ci/run` syncs with --compile-bytecode; ~130 s of CPU once when they are not).
+
+    The cluster's jobs run this venv's python as the CI user, who cannot write .pyc files into it, so without
+    them every job's Python process compiles all it imports again: torch, the harness, Ray. Ray's raylet gives
+    its dashboard agent 15 s (hard-coded in Ray 2.55) to start and write its port file, or aborts: uncompiled,
+    the agent's imports alone took 21-22 s at load average 9, compiled 7 s (benchmarks/ci_time.md)."""
+    import compileall
+    import sysconfig
+
+    for tree in (sysconfig.get_paths()["purelib"], str(REPO / "src")):
+        compileall.compile_dir(tree, quiet=2, workers=0)
 
 
 @pytest.fixture(scope="session")

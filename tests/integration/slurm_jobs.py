@@ -9,7 +9,6 @@ import posixpath
 import shlex
 import socket
 import subprocess
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, TaskEntry, new_invocation_id, now_iso
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
+from tests.support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -149,14 +149,8 @@ def squeue_state(job_id: str) -> str:
 
 
 def wait_for(predicate: Any, *, timeout: float, interval: float = 0.3, what: str = "condition") -> Any:
-    """Poll `predicate()` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    """Poll `predicate()` until it returns something truthy; fail after `timeout` seconds (`wait_until`)."""
+    return wait_until(predicate, timeout=timeout, what=what, interval=interval)
 
 
 def sacct_steps(job_id: str) -> list[tuple[str, str]]:

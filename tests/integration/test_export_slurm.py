@@ -39,6 +39,7 @@ from ckpteval.export.job import export_step_command, stage_wandb_key
 from ckpteval.invocation.record import InvocationRecord, TaskEntry, new_invocation_id
 from tests.integration.conftest import REPO, Infra, trust_infra_host
 from tests.support.jobdirs import make_job_dir
+from tests.support.waiting import wait_until
 from tests.support.wandb_offline import offline_run_dirs, read_offline_run
 
 pytestmark = pytest.mark.slurm
@@ -107,17 +108,14 @@ def _files(roots: Iterable[Path], *, since: float = 0.0) -> Iterator[Path]:
 
 
 def _wait_for(job_id: str, timeout: float = 240) -> str:
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
+    def ended() -> str:
         out = subprocess.run(
             ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True, check=False
         ).stdout.strip()
         state = out.split("\n")[0] if out else ""
-        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
-            return state
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+        return state if state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") else ""
+
+    return wait_until(ended, timeout=timeout, what=f"job {job_id} to end", interval=1)
 
 
 def test_the_wandb_key_reaches_a_batch_job_only_through_its_owner_only_file(

@@ -7,13 +7,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import REPO, SETUP_SCRIPT, Infra
+from tests.support.waiting import wait_until
 
 
 def ssh(infra: Infra, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -121,11 +121,10 @@ def test_jobs_show_in_accounting(infra: Infra):
     out = ssh(infra, f"sbatch --parsable -A {infra.slurm_account} -o /dev/null --wrap 'srun true'")
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip()
-    deadline = time.monotonic() + 60
-    state = ""
-    while time.monotonic() < deadline and state != "COMPLETED":
-        state = subprocess.run(
+
+    def state() -> str:
+        return subprocess.run(
             ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True, check=False
         ).stdout.strip()
-        time.sleep(0.5)
-    assert state == "COMPLETED"
+
+    wait_until(lambda: state() == "COMPLETED", timeout=240, what=f"job {job} to complete", interval=0.5, context=state)

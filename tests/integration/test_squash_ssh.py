@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from ckpteval.cluster.submission import job_images, with_images
 from ckpteval.errors import ClusterError, ConfigError
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from tests.integration.conftest import Infra
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,14 +50,15 @@ def sacct(job_id: str, fields: str, expected: str) -> str:
     slurmdbd fills a job's record in steps: for a moment after an srun allocation ends it still
     reads "allocation" with no account or partition.
     """
-    deadline = time.monotonic() + 30
-    while True:
-        out = subprocess.run(
+
+    def record() -> str:
+        return subprocess.run(
             ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", fields], capture_output=True, text=True, check=False
         ).stdout.strip()
-        if out == expected or time.monotonic() > deadline:
-            return out
-        time.sleep(0.3)
+
+    with contextlib.suppress(AssertionError):  # the caller compares, and shows what it read
+        wait_until(lambda: record() == expected, timeout=60, what=f"job {job_id}'s record", interval=0.3)
+    return record()
 
 
 def sqsh_meta(path: str) -> dict:
@@ -231,9 +234,9 @@ def test_connection_drop_mid_import_leaves_no_half_file(ci_profile, infra: Infra
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        deadline = time.monotonic() + 30
-        while not infra.enroot_calls(image.split(":")[1]) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            lambda: infra.enroot_calls(image.split(":")[1]), timeout=120, what="the import's enroot call", interval=0.2
+        )
         (call,) = infra.enroot_calls(image.split(":")[1])
         assert os.path.exists(f"{target}.lock")  # the import is under way, holding the lock
         time.sleep(1)
@@ -242,16 +245,19 @@ def test_connection_drop_mid_import_leaves_no_half_file(ci_profile, infra: Infra
         proc.wait()
     job_id = call[3]
     # the remote side notices (stdin EOF), cancels the srun step and cleans up
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        running = subprocess.run(
+
+    def queued() -> str:
+        return subprocess.run(
             ["squeue", "-h", "-j", job_id], capture_output=True, text=True, check=False
         ).stdout.strip()
-        if not running and leftovers(cache) == []:
-            break
-        time.sleep(0.5)
-    assert leftovers(cache) == []
-    assert not running
+
+    wait_until(
+        lambda: not queued() and leftovers(cache) == [],
+        timeout=120,
+        what="the import's job to end and its files to go",
+        interval=0.5,
+        context=lambda: f"queued: {queued()!r}; left: {leftovers(cache)}",
+    )
     assert not os.path.exists(target)
 
     profile = ci_profile()

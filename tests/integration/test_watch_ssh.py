@@ -16,6 +16,7 @@ from ckpteval.cli.main import app
 from ckpteval.cluster.ssh import SSHRemote
 from ckpteval.watch.run import SaveDirLister
 from tests.integration.conftest import Infra
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -152,12 +153,12 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
         assert again.poll().submitted == []
         # one of them is cancelled on the cluster: it is retried, and 300 still waits for a slot
         subprocess.run(["scancel", jobs[0]], check=True)
-        import time
 
-        deadline = time.monotonic() + 60
-        while len(again.state.iterations[100].attempts) == 1 and time.monotonic() < deadline:
+        def retried() -> bool:
             again.poll()
-            time.sleep(1)
+            return len(again.state.iterations[100].attempts) > 1
+
+        wait_until(retried, timeout=180, what="a second attempt after the cancel", interval=1)
         first, second = again.state.iterations[100].attempts
         assert first.state == "cancelled" and second.invocation
         assert again.state.iterations[100].state == "submitted"

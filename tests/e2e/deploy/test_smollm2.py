@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.deploy_support import RunningServer
+from tests.e2e.conftest import MODEL_ID
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,7 +49,7 @@ def test_paris_beats_berlin_over_http(smollm2_server: RunningServer, smollm2_hf:
     scores = {}
     for city in (" Paris", " Berlin"):
         body = {
-            "model": "smollm2",
+            "model": MODEL_ID,
             "prompt": "The capital of France is" + city,
             "max_tokens": 1,
             "logprobs": 1,
@@ -71,7 +72,7 @@ def test_lm_eval_loglikelihood(
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     lm = LocalCompletionsAPI(
-        model="smollm2",
+        model=MODEL_ID,
         base_url=f"{smollm2_server.url}/v1/completions",
         tokenizer=str(smollm2_checkpoint / "tokenizer"),
         tokenizer_backend="huggingface",
@@ -89,7 +90,7 @@ def test_lm_eval_loglikelihood(
 
 def test_chat_answers(smollm2_server: RunningServer) -> None:
     body = {
-        "model": "smollm2",
+        "model": MODEL_ID,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 40,
         "temperature": 0,

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
 
 def wait_for(what: str, check: Callable[[], T], timeout: float = 600.0, context: str = "") -> T:
     """`check()`'s first true value, polled every 0.3 s; an AssertionError naming `what` (and `context`)
-    when none came within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}" + (f" ({context})" if context else ""))
+    when none came within `timeout` seconds (`wait_until`)."""
+    return wait_until(check, timeout=timeout, what=what, interval=0.3, context=(lambda: context) if context else None)
 
 
 def watch_state(state_dir: Path) -> dict | None:

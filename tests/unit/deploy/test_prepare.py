@@ -43,13 +43,19 @@ def test_tokenizer_loads_offline_with_auto_tokenizer(tiny_checkpoint: Path) -> N
     assert "user: hi" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
 
 
-def test_second_call_is_free(tiny_checkpoint: Path) -> None:
+def test_second_call_is_free(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prepared checkpoint is found, not built again: no builder runs, nothing is written or left beside it."""
     before = {p: p.stat().st_mtime_ns for p in tiny_checkpoint.rglob("*")}
-    started = time.perf_counter()
+    beside = sorted(p.name for p in tiny_checkpoint.parent.iterdir())
+
+    def never(name: str, out_dir: Path) -> None:
+        raise AssertionError(f"{name} was built again into {out_dir}")
+
+    monkeypatch.setattr(prepare, "_run_builder", never)
     assert prepare_checkpoint("tiny", tiny_checkpoint) == tiny_checkpoint
     assert ensure_prepared("tiny", tiny_checkpoint) == tiny_checkpoint
-    assert time.perf_counter() - started < 1.0
     assert {p: p.stat().st_mtime_ns for p in tiny_checkpoint.rglob("*")} == before
+    assert sorted(p.name for p in tiny_checkpoint.parent.iterdir()) == beside  # no temporary directory, no lock
 
 
 def test_another_models_checkpoint_is_not_replaced_without_force(tiny_checkpoint: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from ckpteval.deploy import start_local_server
 from tests.deploy_support import SERVER_START_TIMEOUT, RunningServer, free_port, score_directly
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -94,10 +94,11 @@ def test_requests_spread_over_replicas_and_survive_one_dying(two_replicas: Runni
     assert stats["score_rows"] - rows_before == 24 and len(stats["replicas"]) == 2
 
     os.kill(pids[0], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while server.get("/v1/health")[1]["replicas_serving"] != 1:
-        assert time.monotonic() < deadline, "the router did not notice the dead replica"
-        time.sleep(0.1)
+    wait_until(
+        lambda: server.get("/v1/health")[1]["replicas_serving"] == 1,
+        timeout=60,
+        what="the router to notice the dead replica",
+    )
     status, health = server.get("/v1/health")
     assert status == 200 and health["status"] == "healthy"
     dead = health["replicas"][0]
@@ -108,10 +109,7 @@ def test_requests_spread_over_replicas_and_survive_one_dying(two_replicas: Runni
     assert "Replica 0" in server.log() and "1 of 2 replicas serving" in server.log()
 
     server.stop()
-    deadline = time.monotonic() + 30
-    while _alive(pids[1]):
-        assert time.monotonic() < deadline, "stopping the router left a replica running"
-        time.sleep(0.1)
+    wait_until(lambda: not _alive(pids[1]), timeout=60, what="the router's stop to end its other replica")
 
 
 def test_the_command_line_carries_the_replicas() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.deploy_support import RunningServer, greedy_directly, score_directly
+from tests.support.waiting import wait_until
 
 TEXT = "The capital of France is Paris, and the capital of Germany is Berlin."
 
@@ -204,13 +205,16 @@ def test_concurrent_generations_of_different_lengths(tiny_server: RunningServer,
 
 
 def _wait_for_generation_steps(server: RunningServer, steps: int, long: Future[Any], timeout: float = 120) -> None:
-    """Wait until the server has decoded `steps` steps (the long request is running); fail at the deadline, or
+    """Wait until the server has decoded `steps` steps (the long request is running); fail after `timeout`, or
     when the long request ended first."""
-    deadline = time.monotonic() + timeout
-    while server.get("/v1/stats")[1]["generation_steps"] < steps:
-        assert not long.done(), f"the long request ended before {steps} generation steps: {long.result()}"
-        assert time.monotonic() < deadline, f"no {steps} generation steps after {timeout} s"
-        time.sleep(0.01)
+    wait_until(
+        lambda: server.get("/v1/stats")[1]["generation_steps"] >= steps,
+        timeout=timeout,
+        what=f"{steps} generation steps while the long request runs",
+        interval=0.01,
+        unless=long.done,
+        context=lambda: f"the long request: {long.result() if long.done() else 'still running'}",
+    )
 
 
 def test_a_short_generation_does_not_wait_for_a_long_one(tiny_server: RunningServer, tiny_loaded: Any) -> None:

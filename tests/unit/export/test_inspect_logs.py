@@ -11,8 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from ckpteval.results.samples import read_samples
 from tests.deploy_support import free_port
 from tests.support.browser import CHROMIUM, needs_browser
 from tests.support.lm_eval_runs import gsm8k_run, hellaswag_run, humaneval_run, record_run, repeated_gsm8k_run
+from tests.support.waiting import answers, wait_until
 
 runner = CliRunner(env={"COLUMNS": "200"})
 # not installed: skipped; installed but broken: the tests fail (CI installs it: uv sync --extra inspect)
@@ -152,17 +151,14 @@ def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "api/logs", timeout=5) as response:
-                    if "adlr-humaneval-greedy" in response.read().decode():
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, (root / "view.log").read_text()
-            assert time.monotonic() < deadline, "inspect view did not answer in 120 s"
-            time.sleep(0.5)
+        wait_until(
+            lambda: "adlr-humaneval-greedy" in (answers(url + "api/logs") or ""),
+            timeout=300,
+            what="inspect view to list the log",
+            interval=0.5,
+            unless=lambda: server.poll() is not None,
+            context=lambda: (root / "view.log").read_text(),
+        )
         yield url
     finally:
         server.terminate()
@@ -178,9 +174,10 @@ def _visible_text(dom: str) -> str:
 @needs_inspect
 @needs_browser
 def test_inspect_view_shows_the_task_and_the_models_answers(viewer: str):
-    # the viewer is a JS app that fetches the logs: the page is read again until it has rendered, up to a deadline
-    deadline, text, tries = time.monotonic() + 120, "", 0
-    while "adlr_humaneval_greedy/0" not in text and time.monotonic() < deadline:
+    # the viewer is a JS app that fetches the logs: the page is read again until it has rendered
+    texts: list[str] = []
+
+    def shown() -> bool:
         dom = subprocess.run(
             [
                 CHROMIUM,
@@ -196,8 +193,17 @@ def test_inspect_view_shows_the_task_and_the_models_answers(viewer: str):
             timeout=120,
             check=True,
         ).stdout
-        text, tries = _visible_text(dom), tries + 1
-    assert "adlr_humaneval_greedy/0" in text, f"no sample shown after {tries} tries: {text[:2000]}"
+        texts.append(_visible_text(dom))
+        return "adlr_humaneval_greedy/0" in texts[-1]
+
+    wait_until(
+        shown,
+        timeout=300,
+        what="the viewer to show a sample",
+        interval=0,
+        context=lambda: f"{len(texts)} tries: {texts[-1][:2000]}",
+    )
+    text = texts[-1]
     assert " | adlr_humaneval_greedy | " in text  # the task's name, on its own
     # the scorer with the task's value and stderr (results.json: 0.5, 0.2887), then the samples' table
     assert "pass_at_1__n=1__evalplus_sanitize" in text

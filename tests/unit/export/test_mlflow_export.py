@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from ckpteval.export.invocation import export_invocation, export_section
 from ckpteval.export.outcome import ExportOutcome
 from ckpteval.results.model import InvocationResults
 from tests.support.jobdirs import compiled_config_yaml, make_job_dir, sample_results
+from tests.support.waiting import answers, wait_until
 
 
 def _job(tmp_path: Path, invocation: str, uri: str, *, failed_task: bool = False) -> tuple[Path, InvocationResults]:
@@ -148,15 +148,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
-                time.sleep(0.5)
+        wait_until(
+            lambda: answers(f"{url}/health", timeout=2) is not None,
+            timeout=300,
+            what="the mlflow server",
+            interval=0.5,
+            unless=lambda: proc.poll() is not None,
+            context=lambda: (root / "server.log").read_text()[-3000:],
+        )
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from ckpteval.api import cancel
 from ckpteval.execution.local import job_process_alive, process_start_time
 from ckpteval.invocation.record import InvocationRecord, LocalProcess
+from tests.support.waiting import wait_until
 
 
 def _record(job_dir: Path, pid: int | None, started: str | None = None) -> InvocationRecord:
@@ -50,10 +50,7 @@ def test_cancel_returns_once_every_process_of_the_job_has_ended(tmp_path: Path, 
     proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
     try:
         record = _record(tmp_path, proc.pid)
-        deadline = time.monotonic() + 10
-        while len(local.process_group_members(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(local.process_group_members(proc.pid)) >= 2
+        wait_until(lambda: len(local.process_group_members(proc.pid)) >= 2, timeout=60, what="the job's child process")
         assert "cancelled" in cancel(record)
         assert local.process_group_members(proc.pid) == []  # nothing of the job runs when cancel returns
     finally:

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 from ckpteval.tasks.repeats import run_layouts
+from tests.support.waiting import wait_until
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CKPTEVAL_UPDATE_GOLDEN") == "1"
@@ -127,14 +127,6 @@ def run_job(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def state(job_dir: Path, rel: str) -> str:
     return (job_dir / rel).read_text().strip()
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
-    """Poll `condition` until it holds; fail, naming `what`, after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def pid_written(path: Path) -> bool:
@@ -487,13 +479,15 @@ def test_sigterm_stops_every_running_task(tmp_path: Path):
     proc = subprocess.Popen(
         ["bash", str(write_job(tmp_path, plan))], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    wait_until(lambda: pid_written(job / "a.pid") and pid_written(job / "b.pid"), 20, "both tasks to start")
+    wait_until(
+        lambda: pid_written(job / "a.pid") and pid_written(job / "b.pid"), timeout=60, what="both tasks to start"
+    )
     os.kill(proc.pid, signal.SIGTERM)  # the job's shell only: it stops its tasks itself
     proc.wait(timeout=60)
     assert proc.returncode == 143 and state(job, "state/finished") == "143"
     for name in ("a.pid", "b.pid", "server.pid"):
         pid = (job / name).read_text()
-        wait_until(lambda pid=pid: not alive(pid), 10, f"the process of {name} ({pid.strip()}) to end")
+        wait_until(lambda pid=pid: not alive(pid), timeout=60, what=f"the process of {name} ({pid.strip()}) to end")
 
 
 def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
@@ -504,7 +498,7 @@ def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
     proc = subprocess.Popen(
         ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True
     )
-    wait_until(lambda: pid_written(job / "task.pid"), 20, "the task to start")
+    wait_until(lambda: pid_written(job / "task.pid"), timeout=60, what="the task to start")
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     assert proc.returncode == 143

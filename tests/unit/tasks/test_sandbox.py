@@ -18,6 +18,7 @@ import pytest
 
 from ckpteval.tasks.harness_hook import ckpteval_sandbox as sandbox
 from ckpteval.tasks.harness_hook.ckpteval_code_eval import SandboxedCodeEval, estimate_pass_at_k
+from tests.support.waiting import wait_until
 
 ISOLATION = sandbox.isolation()
 NAMESPACES = (
@@ -34,15 +35,14 @@ needs_signal_isolation = pytest.mark.skipif(
 )
 
 
-def _nothing_else_arrived(port: int, received: list[bytes], timeout: float = 10.0) -> None:
+def _nothing_else_arrived(port: int, received: list[bytes], timeout: float = 60.0) -> None:
     """Assert that the listener got no connection before now: connect to it ourselves and wait (with a
     deadline) until ours is recorded; it accepts in arrival order, so an earlier one would come first."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
         conn.sendall(b"control")
-    deadline = time.monotonic() + timeout
-    while b"control" not in received:
-        assert time.monotonic() < deadline, f"the listener did not record our own connection in {timeout} s"
-        time.sleep(0.01)
+    wait_until(
+        lambda: b"control" in received, timeout=timeout, what="the listener to record our own connection", interval=0.01
+    )
     assert received == [b"control"]
 
 
@@ -143,11 +143,12 @@ def test_forked_children_do_not_outlive_the_program(tmp_path: Path) -> None:
         "time.sleep(60)\n"
     )
     assert sandbox.run_program(program, timeout=1.0) == sandbox.Outcome(False, "timed out")
-    # the kernel takes the PID namespace down as its init exits: the child is gone within the deadline
-    deadline = time.monotonic() + 10
-    while (found := subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)).stdout:
-        assert time.monotonic() < deadline, f"the forked child outlived the program: pid {found.stdout.strip()}"
-        time.sleep(0.05)
+
+    # the kernel takes the PID namespace down as its init exits: the child is gone (not merely later)
+    def child() -> str:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False).stdout.strip()
+
+    wait_until(lambda: not child(), timeout=60, what="the forked child to end with the program", context=child)
 
 
 def test_no_secrets_from_the_evaluator_environment(monkeypatch: pytest.MonkeyPatch) -> None:

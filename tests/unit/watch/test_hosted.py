@@ -21,6 +21,7 @@ from ckpteval.watch import hosted
 from ckpteval.watch import run as watch_run
 from ckpteval.watch.run import WatchOutcome
 from ckpteval.watch.state import WatchSpec, run_name, stop_file
+from tests.support.waiting import wait_until
 
 runner = CliRunner()
 PROFILE = Profile(
@@ -161,9 +162,7 @@ def _watch_until_stopped(spec: WatchSpec, **_kw: object) -> WatchOutcome:
     run = run_name(spec.save_dir, spec.profile)
     started = time.time()
     os.kill(os.getpid(), signal.SIGUSR1)  # the time limit is near
-    deadline = time.monotonic() + 10
-    while not stop_file(run).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(stop_file(run).exists, timeout=60, what="the signal's stop file", interval=0.05)
     assert float(stop_file(run).read_text()) >= started
     return WatchOutcome(run, "stopped", [], [], [])
 

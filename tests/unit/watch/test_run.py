@@ -17,6 +17,7 @@ import pytest
 from ckpteval.errors import ConfigError
 from ckpteval.watch.run import health, open_watch, request_stop, watch
 from ckpteval.watch.state import WatchSpec, load_state, lock_held, stop_file
+from tests.support.waiting import wait_until
 
 
 def _spec(root: Path, **kw) -> WatchSpec:  # type: ignore[no-untyped-def]
@@ -75,19 +76,23 @@ def test_watch_stop_waits_for_a_running_watcher_to_end(tmp_path: Path):
         env={**os.environ, "COLUMNS": "200"},
     )
     try:
-        deadline = time.monotonic() + 120
-        run = None
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def polled():  # type: ignore[no-untyped-def]
             states = list((Path(os.environ["XDG_STATE_HOME"]) / "ckpteval" / "watch").glob("*/state.json"))
-            if states:
-                state = load_state(states[0].parent.name)
-                if state is not None and state.polls and state.pid == proc.pid:
-                    run = state.run
-                    h = health(state)
-                    assert h.alive and h.pid == proc.pid and h.next_poll and h.next_poll > time.time()
-                    break
-            time.sleep(0.2)
-        assert run is not None, (tmp_path / "watcher.log").read_text()
+            state = load_state(states[0].parent.name) if states else None
+            return state if state is not None and state.polls and state.pid == proc.pid else None
+
+        state = wait_until(
+            polled,
+            timeout=300,
+            what="the watcher's first poll",
+            interval=0.2,
+            unless=lambda: proc.poll() is not None,
+            context=lambda: (tmp_path / "watcher.log").read_text(),
+        )
+        run = state.run
+        h = health(state)
+        assert h.alive and h.pid == proc.pid and h.next_poll and h.next_poll > time.time()
         result = request_stop(run, timeout=60)
         assert result.stopped and f"process {proc.pid}" in result.message
         assert proc.poll() == 0  # it has exited when `stop` says so, with the status of a stop
@@ -181,9 +186,8 @@ def test_watch_stop_cancel_is_honoured_at_any_moment_and_withdraws_what_is_in_fl
 
     def stop_now() -> None:
         threads.append(_stop_in_thread(run_of(), stops))
-        deadline = time.monotonic() + 10
-        while not stop_file(run_of()).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the stop is asked (its file written) while this poll is still going on
+        # the stop is asked (its file written) while this poll is still going on
+        wait_until(lambda: stop_file(run_of()).exists(), timeout=60, what="the stop file", interval=0.01)
 
     evaluations = FakeEvaluations(on_submit=stop_now if when == "poll" else lambda: None)
     monkeypatch.setattr(sys.modules["ckpteval.watch.run"], "SubmitPipeline", evaluations.pipeline)
@@ -194,9 +198,7 @@ def test_watch_stop_cancel_is_honoured_at_any_moment_and_withdraws_what_is_in_fl
         elif when == "evaluation":
 
             def when_running() -> None:
-                deadline = time.monotonic() + 30
-                while not evaluations.running and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_until(lambda: evaluations.running, timeout=60, what="an evaluation in flight", interval=0.05)
                 stops.append(request_stop(watcher.state.run, timeout=30, cancel=True))
 
             threads.append(threading.Thread(target=when_running))
