@@ -69,7 +69,9 @@ def test_run_from_python_prints_nothing_and_returns_the_scores(
     assert json.loads((job_dir / "results.json").read_text())["tasks"]["gsm8k"]["status"] == "succeeded"
 
 
-def test_the_builtin_server_honours_each_requests_settings(server: RunningServer, tmp_path: Path) -> None:
+def test_the_builtin_server_honours_each_requests_settings(
+    served_model: Callable[[str], ServedModel], tmp_path: Path
+) -> None:
     """The request-settings probe the job runs before any task's first request: straight against the builtin
     server it says `honoured` (a `-c tiny` job runs its groups side by side); behind fake_endpoint.py batching
     as Export-Deploy 0.5+ (a batch answered with its first request's settings) it says `mixed`."""
@@ -78,13 +80,15 @@ def test_the_builtin_server_honours_each_requests_settings(server: RunningServer
     from ckpteval.tasks.harness_hook.ckpteval_settings_probe import probe
     from tests.e2e.tasks.fake_endpoint import make_server
 
-    straight = probe({"completions": f"{server.url}/v1/completions"}, MODEL)
+    model = served_model("tiny")
+    base = model.url.removesuffix("/v1/completions")
+    straight = probe({"completions": model.url}, model.model_id)
     assert straight.verdict == "honoured", straight
     assert straight.left_out == []  # every probe request, the stop-word one included, answered alone
-    stand_in = make_server(["--port", "0", "--upstream", server.url, "--batch-window", "0.05"])
+    stand_in = make_server(["--port", "0", "--upstream", base, "--batch-window", "0.05"])
     threading.Thread(target=stand_in.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        behind = probe({"completions": f"http://127.0.0.1:{stand_in.server_address[1]}/v1/completions"}, MODEL)
+        behind = probe({"completions": f"http://127.0.0.1:{stand_in.server_address[1]}/v1/completions"}, model.model_id)
     finally:
         stand_in.shutdown()
         stand_in.server_close()

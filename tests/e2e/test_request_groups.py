@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ServedModel, ServerCommand, free_port, packaged_checkpoint, serve
+from tests.e2e.conftest import ServedModel, free_port, packaged_checkpoint
 from tests.e2e.tasks.fake_endpoint import make_server
 
 # long: two invocations; the turn-taking is tested with real job scripts and the real probe in
@@ -51,9 +51,25 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedModel
         device="cpu",
         publish_tokenizer=str(tokenizer),
     )
-    command = ServerCommand(argv=argv, cwd=root, model_id=MODEL, tokenizer=str(tokenizer))
-    with serve(command, port, root / "server.log") as served:
+    from ckpteval.deploy import wait_until_healthy
+
+    log = root / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_healthy(base, timeout=600, process=process, log_path=log)
+        served = ServedModel(
+            url=base + "/v1/completions",
+            model_id=MODEL,
+            tokenizer=str(tokenizer),
+            health_url=base + "/v1/health",
+            log=log,
+        )
         yield served, tokenizer
+    finally:
+        process.terminate()
+        process.wait(60)
 
 
 @contextlib.contextmanager
