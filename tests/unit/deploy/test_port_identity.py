@@ -19,6 +19,7 @@ import pytest
 from ckpteval.deploy.server import LoadingResponder, ServeOptions, bind_socket, bound_port, hold_port
 from ckpteval.errors import DeploymentError
 from tests.deploy_support import free_port
+from tests.support.waiting import wait_until
 from tests.unit.job.test_script import make_plan, write_job
 
 
@@ -74,24 +75,37 @@ def test_while_loading_the_server_answers_503_with_its_identity_and_hands_the_so
         sock.close()
 
 
-def test_servers_started_at_the_same_instant_on_the_same_port_never_share_it(tmp_path: Path) -> None:
+def test_servers_started_at_the_same_instant_on_the_same_port_never_share_it(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     """The race itself, many times over and cheaply: two servers started together on one port each hold a
-    port of their own and publish it before loading anything (here the checkpoint is missing, so each then
-    exits with that error)."""
+    port of their own, while both run, and publish it before loading anything (both are stopped as soon as
+    both have published, long before the model would be loaded)."""
     for attempt in range(8):
         port = free_port()
         files = [tmp_path / f"{attempt}-{i}.port" for i in range(2)]
-        argv = [sys.executable, "-m", "ckpteval.deploy", "serve", "--checkpoint", str(tmp_path / "missing")]
+        argv = [sys.executable, "-m", "ckpteval.deploy", "serve", "--checkpoint", str(tiny_checkpoint)]
         started = [
             subprocess.Popen(
                 [*argv, "--port", str(port), "--port-file", str(f), "--port-fallback"], stderr=subprocess.PIPE
             )
             for f in files
         ]
-        errors = [p.communicate(timeout=120)[1].decode() for p in started]
-        assert all("does not exist" in e for e in errors), errors
-        ports = {f.read_text().strip() for f in files}
-        assert len(ports) == 2 and str(port) in ports, (ports, errors)
+        try:
+            wait_until(
+                lambda files=files, started=started: (
+                    all(f.exists() for f in files) or any(p.poll() is not None for p in started)
+                ),
+                timeout=120,
+                what="both servers to publish their ports",
+            )
+            assert all(p.poll() is None for p in started), "a server exited before both held a port"
+            ports = {f.read_text().strip() for f in files}
+            assert len(ports) == 2 and str(port) in ports, ports
+        finally:
+            for p in started:
+                p.kill()
+                p.communicate(timeout=60)
 
 
 def test_jobs_started_at_the_same_instant_on_the_same_port_each_reach_their_own_server(
