@@ -151,8 +151,18 @@ class LoadingResponder:
         return self
 
     def stop(self) -> None:
+        """Stop answering (idempotent): the socket goes to the real server untouched."""
         self._stopping.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __enter__(self) -> Any:
+        """Start it; the block gets `stop`, to hand the socket over once the model serves (and the end of
+        the block stops it whatever happened)."""
+        return self.start().stop
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -257,30 +267,12 @@ def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
         if options.replicas > 1:
             from ckpteval.deploy.router import serve_replicas
 
-            with _Loading(sock, options.identity) as loaded_now:
+            with LoadingResponder(sock, options.identity) as loaded_now:
                 serve_replicas(options, sock, _say, ready=loaded_now)
             return
         _serve_one(options, sock)
     finally:
         sock.close()
-
-
-class _Loading:
-    """The loading responder on `sock` until `ready()` (or the end of the block) hands the socket over."""
-
-    def __init__(self, sock: socket.socket, identity: str | None) -> None:
-        self._responder: LoadingResponder | None = LoadingResponder(sock, identity).start()
-
-    def ready(self) -> None:
-        if self._responder is not None:
-            self._responder.stop()
-            self._responder = None
-
-    def __enter__(self) -> Any:
-        return self.ready
-
-    def __exit__(self, *exc: object) -> None:
-        self.ready()
 
 
 def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
@@ -296,7 +288,7 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
         log.setLevel(logging.INFO)
     scheduler = None
     try:
-        with _Loading(sock, options.identity) as ready:
+        with LoadingResponder(sock, options.identity) as ready:
             started = time.perf_counter()
             _say(f"Loading {options.checkpoint} ...")
             loaded = load_model(

@@ -96,6 +96,19 @@ class LateServer:
             self._httpd.server_close()
 
 
+def client_env(port: int) -> dict[str, str]:
+    """A task client's environment as the job gives it: the hook first on PYTHONPATH, the deployment's health
+    URL on `port`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return env | {
+        "HF_HUB_OFFLINE": "1",
+        "TQDM_DISABLE": "1",
+        "PYTHONPATH": hook_dir(),
+        wait_ready.HEALTH_ENV: f"http://127.0.0.1:{port}/v1/health",
+        wait_ready.WAIT_ENV: "60",
+    }
+
+
 @pytest.fixture
 def late_server() -> Iterator[LateServer]:
     server = LateServer()
@@ -106,14 +119,7 @@ def late_server() -> Iterator[LateServer]:
 @pytest.mark.slow
 def test_lm_eval_prepares_at_once_and_sends_only_once_the_deployment_is_healthy(late_server: LateServer) -> None:
     port = late_server.port
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {
-        "HF_HUB_OFFLINE": "1",
-        "TQDM_DISABLE": "1",
-        "PYTHONPATH": hook_dir(),
-        wait_ready.HEALTH_ENV: f"http://127.0.0.1:{port}/v1/health",
-        wait_ready.WAIT_ENV: "60",
-    }
+    env = client_env(port)
     url = f"http://127.0.0.1:{port}/v1/completions"
     client = subprocess.Popen(
         [sys.executable, "-c", HARNESS, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -190,16 +196,8 @@ def test_a_client_pointed_at_another_deployment_refuses_it_before_any_request(la
     the server received no completion request."""
     port = late_server.port
     late_server.start_in(0.0)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {
-        "HF_HUB_OFFLINE": "1",
-        "TQDM_DISABLE": "1",
-        "PYTHONPATH": hook_dir(),
-        wait_ready.HEALTH_ENV: f"http://127.0.0.1:{port}/v1/health",
-        wait_ready.WAIT_ENV: "60",
-        wait_ready.IDENTITY_ENV: "inv42-5e1f",
-        wait_ready.IDENTITY_URL_ENV: f"http://127.0.0.1:{port}/v1/health",
-    }
+    env = client_env(port)
+    env |= {wait_ready.IDENTITY_ENV: "inv42-5e1f", wait_ready.IDENTITY_URL_ENV: f"http://127.0.0.1:{port}/v1/health"}
     client = subprocess.run(
         [sys.executable, "-c", HARNESS, f"http://127.0.0.1:{port}/v1/completions"],
         capture_output=True,
