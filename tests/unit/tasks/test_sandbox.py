@@ -26,6 +26,9 @@ NAMESPACES = (
     "sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1 where it exists, and no "
     "kernel.apparmor_restrict_unprivileged_userns=1)"
 )
+# a program that ends by itself (passes, fails or is refused) gets a timeout no load reaches: only the tests of
+# the timeout itself depend on the clock (the 3 s default timed out starting Python at load 25)
+ENDS_BY_ITSELF = 120.0
 LANDLOCK = "Landlock (Linux >= 5.13 with `landlock` in /sys/kernel/security/lsm, or lsm=...,landlock at boot)"
 needs_namespaces = pytest.mark.skipif(not ISOLATION.network_namespace, reason=f"needs {NAMESPACES}")
 needs_landlock = pytest.mark.skipif(ISOLATION.landlock_abi < 1, reason=f"needs {LANDLOCK}")
@@ -75,18 +78,18 @@ def listener() -> Iterator[tuple[int, list[bytes]]]:
 
 def test_a_correct_program_passes_and_can_use_its_temp_dir() -> None:
     program = "open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\nimport math\n"
-    assert sandbox.run_program(program) == sandbox.Outcome(True, "passed")
+    assert sandbox.run_program(program, timeout=ENDS_BY_ITSELF) == sandbox.Outcome(True, "passed")
 
 
 def test_failures_are_failed() -> None:
-    assert sandbox.run_program("assert 1 == 2").result.startswith("failed: AssertionError")
-    assert sandbox.run_program("def f(:").result.startswith("failed: SyntaxError")
+    assert sandbox.run_program("assert 1 == 2", timeout=ENDS_BY_ITSELF).result.startswith("failed: AssertionError")
+    assert sandbox.run_program("def f(:", timeout=ENDS_BY_ITSELF).result.startswith("failed: SyntaxError")
     # exiting early is not passing, whatever the exit status
-    assert not sandbox.run_program("import sys; sys.exit(0)").passed
-    assert sandbox.run_program("import os; os._exit(0)") == sandbox.Outcome(
+    assert not sandbox.run_program("import sys; sys.exit(0)", timeout=ENDS_BY_ITSELF).passed
+    assert sandbox.run_program("import os; os._exit(0)", timeout=ENDS_BY_ITSELF) == sandbox.Outcome(
         False, "failed: the program ended without reporting a result"
     )
-    assert not sandbox.run_program("print('passed')\nraise SystemExit(0)").passed
+    assert not sandbox.run_program("print('passed')\nraise SystemExit(0)", timeout=ENDS_BY_ITSELF).passed
 
 
 def test_an_infinite_loop_times_out() -> None:
@@ -104,14 +107,14 @@ def test_a_program_that_ignores_the_alarm_is_killed(tmp_path: Path) -> None:
 
 def test_a_huge_allocation_fails_without_hurting_us() -> None:
     for program in ("x = bytearray(50 * 1024**3)", "x = [0] * (10**10)", "x = ' ' * (4 * 1024**3)"):
-        outcome = sandbox.run_program(program, memory_mb=512)
+        outcome = sandbox.run_program(program, memory_mb=512, timeout=ENDS_BY_ITSELF)
         assert outcome == sandbox.Outcome(False, "failed: MemoryError: "), program
 
 
 def test_no_network(listener: tuple[int, list[bytes]]) -> None:
     port, received = listener
     program = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')"
-    outcome = sandbox.run_program(program)
+    outcome = sandbox.run_program(program, timeout=ENDS_BY_ITSELF)
     assert not outcome.passed and outcome.result.startswith("failed:")
     _nothing_else_arrived(port, received)
 
@@ -127,7 +130,7 @@ def test_no_writes_outside_its_temp_dir(tmp_path: Path) -> None:
         f"import os; os.mkdir({str(tmp_path / 'newdir')!r})",
         f"import shutil; shutil.rmtree({str(tmp_path)!r})",
     ):
-        outcome = sandbox.run_program(program)
+        outcome = sandbox.run_program(program, timeout=ENDS_BY_ITSELF)
         assert not outcome.passed and "PermissionError" in outcome.result, (program, outcome)
     assert not target.exists() and victim.read_text() == "keep me" and not (tmp_path / "newdir").exists()
 
@@ -155,19 +158,19 @@ def test_no_secrets_from_the_evaluator_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("WANDB_API_KEY", "secret-value")
     monkeypatch.setenv("OPENAI_API_KEY", "secret-value")
     program = "import os\nassert 'secret-value' not in repr(dict(os.environ)), 'leaked'"
-    assert sandbox.run_program(program).passed
+    assert sandbox.run_program(program, timeout=ENDS_BY_ITSELF).passed
 
 
 @needs_signal_isolation
 def test_it_cannot_signal_the_evaluator() -> None:
     program = f"import os, signal\nos.kill({os.getpid()}, signal.SIGTERM)"
-    outcome = sandbox.run_program(program)
+    outcome = sandbox.run_program(program, timeout=ENDS_BY_ITSELF)
     assert not outcome.passed  # and we are still here
 
 
 def test_a_flood_of_output_does_not_block() -> None:
     program = "import sys\nfor _ in range(200000):\n    print('x' * 100)\n    sys.stderr.write('y' * 100)"
-    assert sandbox.run_program(program, timeout=10).passed
+    assert sandbox.run_program(program, timeout=ENDS_BY_ITSELF).passed
 
 
 def test_fallback_without_namespaces_or_landlock_still_blocks_sockets(
@@ -175,10 +178,12 @@ def test_fallback_without_namespaces_or_landlock_still_blocks_sockets(
 ) -> None:
     monkeypatch.setattr(sandbox, "_ISOLATION", sandbox.Isolation(network_namespace=False, landlock_abi=0))
     port, received = listener
-    outcome = sandbox.run_program(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)")
+    outcome = sandbox.run_program(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)", timeout=ENDS_BY_ITSELF
+    )
     assert outcome.result == "failed: PermissionError: network access is disabled in the ckpteval sandbox"
     assert sandbox.run_program("while True:\n    pass", timeout=1.0).result == "timed out"
-    assert sandbox.run_program("x = bytearray(50 * 1024**3)").result == "failed: MemoryError: "
+    assert sandbox.run_program("x = bytearray(50 * 1024**3)", timeout=ENDS_BY_ITSELF).result == "failed: MemoryError: "
     assert "socket constructors disabled" in sandbox.isolation().describe()
     _nothing_else_arrived(port, received)
 
@@ -205,7 +210,8 @@ cases = {{
     "net": "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)",
     "write": "open({target!r}, 'w').write('x')",
 }}
-print(json.dumps({{k: sb.run_program(v, timeout=1.0).result for k, v in cases.items()}}))
+timeouts = {{k: 1.0 if k == "loop" else {ends_by_itself} for k in cases}}
+print(json.dumps({{k: sb.run_program(v, timeout=timeouts[k]).result for k, v in cases.items()}}))
 """
 
 
@@ -225,7 +231,12 @@ def test_contained_when_run_by_an_unprivileged_user(shared_dir: Path, listener: 
     shutil.copytree(Path(sandbox.__file__).parent, hook)
     hook.chmod(0o755)
     target = shared_dir / "written-by-nobody"  # the directory is world-writable: only the sandbox stops this
-    argv = [sys.executable, "-c", UNPRIVILEGED_CHECK.format(port=port, target=str(target)), str(hook)]
+    argv = [
+        sys.executable,
+        "-c",
+        UNPRIVILEGED_CHECK.format(port=port, target=str(target), ends_by_itself=ENDS_BY_ITSELF),
+        str(hook),
+    ]
     if os.geteuid() == 0:  # as root: drop to nobody (the Slurm test user's situation)
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", *argv[1:]]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd="/")
@@ -256,7 +267,8 @@ def test_code_eval_scores_like_the_hub_metric(monkeypatch: pytest.MonkeyPatch) -
         ["def add(a, b):\n    return a + b", "def add(a, b):\n    return a - b"],
         ["def twice(x):\n    while True: pass", "def twice(x):\n    return 2 * x"],
     ]
-    pass_at_k, results = metric.compute(references=references, predictions=predictions, k=[1, 2, 3], timeout=1.0)
+    # one timeout for all four: long enough for the three that end by themselves to start at a high load
+    pass_at_k, results = metric.compute(references=references, predictions=predictions, k=[1, 2, 3], timeout=10.0)
     assert pass_at_k == {"pass@1": pytest.approx(0.5), "pass@2": pytest.approx(1.0)}  # no pass@3: 2 samples
     assert [r["passed"] for _, r in results[0]] == [True, False]
     assert [r["result"] for _, r in results[1]] == ["timed out", "passed"]
