@@ -34,7 +34,10 @@ TASK = "hellaswag"  # log-likelihood scoring: every choice's log-probability dec
 
 def cli(*argv: str):  # type: ignore[no-untyped-def]
     result = runner.invoke(app, list(argv))
-    assert "Traceback" not in result.output, result.output
+    # none of ours: the job's own log tail, quoted after a failure, may hold Ray's (a worker still joining
+    # a head that rank 0's failure took away raises in `ray start`, seen at load 10-20)
+    ours = result.output.split("last lines of its log")[0]
+    assert "Traceback" not in ours and isinstance(result.exception, (SystemExit, type(None))), result.output
     return result
 
 
