@@ -1,6 +1,6 @@
 """The command lines that start a deployment inside a job, by `deployment.type` (and megatron's backend).
 
-- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.deploy serve ...`)
+- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.server serve ...`)
 - vllm: `vllm serve` in the vLLM image
 - generic: the configured command, as written
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 
 from ckpteval.config.schema import FROM_CHECKPOINT, GenericDeployment, MegatronDeployment, VllmDeployment
-from ckpteval.deploy.launch import serve_command
+from ckpteval.server.launch import serve_command
 
 
 def builtin_command(

@@ -37,7 +37,7 @@ HOOK_SUBDIR = JobDir.HOOK
 class Toolchain:
     """Where the job finds ckpteval's Python and the harness client (differs between here and a cluster)."""
 
-    python: str  # runs `-m ckpteval.deploy` (builtin deployment)
+    python: str  # runs `-m ckpteval.server` (builtin deployment)
     evaluator: str  # the nemo-evaluator executable (inside the eval-factory image: "nemo-evaluator")
     hook_dir: str | None = None  # offline-data hook for the harness (None: not available there)
     # runs the hook directory's standard-library scripts in the job script itself (the request-settings probe)
@@ -95,7 +95,7 @@ def build_plan(
         dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
         base_url = None
     else:
-        from ckpteval.deploy.identity import new_identity
+        from ckpteval.server.identity import new_identity
 
         port = deployment.port
         base_url = f"http://127.0.0.1:{port}"
