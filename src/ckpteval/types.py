@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ckpteval.results.answers import DocumentAnswer, Flip, TaskFlips
     from ckpteval.results.compare import Comparison, MetricComparison
     from ckpteval.results.model import InvocationResults
-    from ckpteval.server.serve import ServeOptions
+    from ckpteval.server.options import ServeOptions
     from ckpteval.tasks.data_cache import FetchResult
     from ckpteval.watch.loop import WatchEvent
     from ckpteval.watch.run import DryRun as WatchDryRun
@@ -57,7 +57,7 @@ _WHERE = {
     "PreviewPanel": "ckpteval.config.preview",
     "DelegateSettings": "ckpteval.delegate.service",
     "CheckpointDescription": "ckpteval.checkpoint.description",
-    "ServeOptions": "ckpteval.server.serve",
+    "ServeOptions": "ckpteval.server.options",
     "InvocationStatus": "ckpteval.execution.backend",
     "FollowEnded": "ckpteval.execution.events",
     "LogLines": "ckpteval.execution.events",

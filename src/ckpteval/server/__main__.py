@@ -19,61 +19,14 @@ from ckpteval.errors import CkptevalError
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ckpteval.server.options import ServeOptions
     from ckpteval.server.prepare import PACKAGED_MODELS
-    from ckpteval.server.serve import DEFAULT_MODEL_NAME
 
     parser = argparse.ArgumentParser(prog="python -m ckpteval.server")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="Serve a Megatron checkpoint behind an OpenAI-compatible API.")
-    serve.add_argument("--checkpoint", required=True, type=Path)
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--served-model-name", default=DEFAULT_MODEL_NAME)
-    serve.add_argument("--device", default="auto")
-    serve.add_argument("--dtype", default="auto")
-    serve.add_argument("--max-batch-size", type=int, default=None)
-    serve.add_argument("--max-batch-tokens", type=int, default=None, help="padded tokens per scoring forward")
-    serve.add_argument(
-        "--replicas", type=int, default=1, help="server processes behind this port, each request to the least busy"
-    )
-    serve.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        help="compute every token of every request (the prefix cache is on by default)",
-    )
-    serve.add_argument(
-        "--prefix-cache-mib",
-        type=int,
-        default=None,
-        help="memory the prefix cache may hold, in MiB (default 1024)",
-    )
-    serve.add_argument(
-        "--tokenizer", default=None, help="a Hugging Face tokenizer dir or hub id (default: the checkpoint's)"
-    )
-    serve.add_argument(
-        "--publish-tokenizer",
-        type=Path,
-        default=None,
-        help="first write the tokenizer served with, as a Hugging Face directory, here (the task clients read it)",
-    )
-    serve.add_argument(
-        "--prepare",
-        choices=PACKAGED_MODELS,
-        default=None,
-        help="prepare this packaged model into --checkpoint first if missing",
-    )
-    serve.add_argument("--access-log", action="store_true")
-    serve.add_argument(
-        "--identity", default=None, help="a token naming this deployment, reported by /v1/health and /v1/models"
-    )
-    serve.add_argument("--port-file", type=Path, default=None, help="write the port held here as soon as it is held")
-    serve.add_argument(
-        "--port-fallback",
-        action="store_true",
-        help="if --port is taken, serve on a port the kernel assigns (with --port-file, to tell the clients)",
-    )
+    ServeOptions.add_arguments(serve)
 
     prepare = commands.add_parser("prepare", help="Write a packaged model as a Megatron checkpoint.")
     prepare.add_argument("name", choices=PACKAGED_MODELS)
@@ -94,37 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     show_notices()
     try:
         if args.command == "serve":
-            from ckpteval.server.serve import DEFAULT_PREFIX_CACHE_MIB, ServeOptions, hold_port, serve
+            from ckpteval.server.options import ServeOptions
+            from ckpteval.server.serve import hold_port, serve
 
-            options = ServeOptions(
-                checkpoint=args.checkpoint,
-                port=args.port,
-                host=args.host,
-                served_model_name=args.served_model_name,
-                device=args.device,
-                dtype=args.dtype,
-                max_batch_size=args.max_batch_size,
-                max_batch_tokens=args.max_batch_tokens,
-                replicas=args.replicas,
-                tokenizer=args.tokenizer,
-                access_log=args.access_log,
-                prefix_cache=args.prefix_cache,
-                prefix_cache_mib=DEFAULT_PREFIX_CACHE_MIB if args.prefix_cache_mib is None else args.prefix_cache_mib,
-                identity=args.identity,
-                port_file=args.port_file,
-                port_fallback=args.port_fallback,
-            )
+            options = ServeOptions.from_args(args)
             # the port first: held (and answering "loading") through the slow steps below
             sock = hold_port(options)
             try:
-                if args.prepare:
+                if options.prepare:
                     from ckpteval.server.prepare import ensure_prepared
 
-                    ensure_prepared(args.prepare, args.checkpoint)
-                if args.publish_tokenizer:
+                    ensure_prepared(options.prepare, options.checkpoint)
+                if options.publish_tokenizer:
                     from ckpteval.server.checkpoint import publish_tokenizer
 
-                    publish_tokenizer(args.checkpoint, args.publish_tokenizer, tokenizer=args.tokenizer)
+                    publish_tokenizer(options.checkpoint, options.publish_tokenizer, tokenizer=options.tokenizer)
             except BaseException:
                 sock.close()
                 raise

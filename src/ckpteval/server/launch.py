@@ -14,72 +14,23 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ckpteval.errors import DeploymentError
 from ckpteval.routes import HEALTH
+from ckpteval.server.options import ServeOptions
 
 HEALTH_ROUTE = HEALTH
 
 
-def serve_command(
-    *,
-    python: str,
-    checkpoint: str,
-    port: int,
-    host: str = "127.0.0.1",
-    served_model_name: str,
-    device: str = "auto",
-    max_batch_size: int | None = None,
-    prepare: str | None = None,
-    replicas: int = 1,
-    tokenizer: str | None = None,
-    publish_tokenizer: str | None = None,
-    prefix_cache: bool = True,
-    identity: str | None = None,
-    port_file: str | None = None,
-) -> list[str]:
-    """The argv that starts the server (`python -m ckpteval.server serve ...`), for a job script.
-
-    `prepare` names a packaged model ("smollm2", "tiny") to prepare into `checkpoint` first if it
-    is not there yet. `tokenizer` overrides the checkpoint's; the server first writes the one it serves
-    with to `publish_tokenizer` (a Hugging Face directory the task clients read). `identity` is the token
-    the server reports (`ckpteval.server.identity`); with `port_file` it serves on `port` or, if that is
-    taken, on a port the kernel assigns, and writes the one it holds there. Quote each element
-    (shlex.quote) when rendering it into a shell script.
+def serve_command(*, python: str, **options: Any) -> list[str]:
+    """The argv that starts the server (`python -m ckpteval.server serve ...`), for a job script: the flags of
+    `ServeOptions(**options)` (`ServeOptions.to_argv`). With `port_file` it also falls back to a port the
+    kernel assigns when `port` is taken (`port_fallback`), and writes the one it holds there. Quote each
+    element (shlex.quote) when rendering it into a shell script.
     """
-    command = [
-        python,
-        "-m",
-        "ckpteval.server",
-        "serve",
-        "--checkpoint",
-        checkpoint,
-        "--port",
-        str(port),
-        "--host",
-        host,
-        "--served-model-name",
-        served_model_name,
-        "--device",
-        device,
-    ]
-    if max_batch_size is not None:
-        command += ["--max-batch-size", str(max_batch_size)]
-    if prepare is not None:
-        command += ["--prepare", prepare]
-    if replicas != 1:
-        command += ["--replicas", str(replicas)]
-    if tokenizer is not None:
-        command += ["--tokenizer", tokenizer]
-    if publish_tokenizer is not None:
-        command += ["--publish-tokenizer", publish_tokenizer]
-    if not prefix_cache:
-        command += ["--no-prefix-cache"]
-    if identity is not None:
-        command += ["--identity", identity]
-    if port_file is not None:
-        command += ["--port-file", port_file, "--port-fallback"]
-    return command
+    options.setdefault("port_fallback", options.get("port_file") is not None)
+    return ServeOptions(**options).to_argv(python)
 
 
 def health_url(base_url: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import itertools
 import logging
 import os
@@ -37,7 +38,8 @@ from typing import Any
 import orjson
 
 from ckpteval.server.identity import identity_payload
-from ckpteval.server.launch import serve_command, wait_until_healthy
+from ckpteval.server.launch import wait_until_healthy
+from ckpteval.server.options import ServeOptions
 from ckpteval.server.runtime import free_port
 
 log = logging.getLogger("ckpteval.deploy")
@@ -323,28 +325,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def replica_command(options: Any, port: int) -> list[str]:
-    """The argv of one replica: the same server, on `port`, as a single process."""
-    command = serve_command(
-        python=sys.executable,
-        checkpoint=str(options.checkpoint),
+def replica_command(options: ServeOptions, port: int) -> list[str]:
+    """The argv of one replica: the same server, on `port` of 127.0.0.1, as a single process (the router
+    prepared the checkpoint, published the tokenizer and holds the public port; the replica logs no access)."""
+    replica = dataclasses.replace(
+        options,
         port=port,
         host="127.0.0.1",
-        served_model_name=options.served_model_name,
-        device=options.device,
-        max_batch_size=options.max_batch_size,
-        prefix_cache=options.prefix_cache,
+        replicas=1,
+        prepare=None,
+        publish_tokenizer=None,
+        access_log=False,
+        port_file=None,
+        port_fallback=False,
     )
-    command += ["--dtype", options.dtype]
-    if options.prefix_cache:
-        command += ["--prefix-cache-mib", str(options.prefix_cache_mib)]
-    if options.max_batch_tokens is not None:
-        command += ["--max-batch-tokens", str(options.max_batch_tokens)]
-    if options.tokenizer is not None:
-        command += ["--tokenizer", str(options.tokenizer)]
-    if getattr(options, "identity", None):
-        command += ["--identity", options.identity]  # /v1/models, forwarded to a replica, names the deployment
-    return command
+    return replica.to_argv(sys.executable)
 
 
 def _gpu_for(index: int) -> dict[str, str]:

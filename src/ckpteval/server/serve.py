@@ -34,34 +34,9 @@ from typing import Any
 
 from ckpteval.errors import DeploymentError
 from ckpteval.server.identity import identity_payload
-
-DEFAULT_MODEL_NAME = "megatron-model"
-DEFAULT_MAX_BATCH_SIZE = 16
-DEFAULT_PREFIX_CACHE_MIB = 1024  # half the working memory the scheduler lets one forward take
+from ckpteval.server.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MODEL_NAME, DEFAULT_PREFIX_CACHE_MIB, ServeOptions
 
 log = logging.getLogger("ckpteval.deploy")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Everything `serve` needs."""
-
-    checkpoint: Path
-    port: int = 8000
-    host: str = "127.0.0.1"
-    served_model_name: str = DEFAULT_MODEL_NAME
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch_size: int | None = None
-    max_batch_tokens: int | None = None
-    tokenizer: str | None = None  # a Hugging Face tokenizer dir or hub id; None: the checkpoint's
-    access_log: bool = False
-    replicas: int = 1  # > 1: that many server processes behind one router (see `server.router`)
-    prefix_cache: bool = True  # score each shared token prefix once (see `server.prefix_cache`)
-    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
-    identity: str | None = None  # the job's token for this deployment, reported by /v1/health and /v1/models
-    port_file: Path | None = None  # write the port held here as soon as it is held
-    port_fallback: bool = False  # a taken --port: take one the kernel assigns instead of failing
 
 
 @dataclass
