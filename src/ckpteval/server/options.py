@@ -146,8 +146,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("served_model_name", "The model name clients must send (or omit).", always=True),
     Flag("device", "auto (a GPU when there is one), cpu, cuda or cuda:N.", always=True),
     Flag("dtype", "auto (float32 on CPU, the training dtype on GPU), float32, bfloat16, float16."),
-    Flag("max_batch_size", f"Most requests run in one forward pass. [default: {DEFAULT_MAX_BATCH_SIZE}]"),
-    Flag("max_batch_tokens", "Most padded tokens in one scoring forward. [default: 32768]"),
+    Flag("max_batch_size", f"Most requests run in one forward pass (default {DEFAULT_MAX_BATCH_SIZE})."),
+    Flag("max_batch_tokens", "Most padded tokens in one scoring forward (default 32768)."),
     Flag(
         "prepare",
         "Prepare this packaged model into --checkpoint first if it is missing.",
