@@ -5,7 +5,7 @@
         --clients 1 --clients 16 --baseline 8778d15
 
 Checkpoints: random weights (normal, std 0.02) in the SmolLM2-135M and SmolLM2-1.7B shapes (or the
-packaged `tiny` model), written with the project's own checkpoint writer (`deploy.model.save_checkpoint`)
+packaged `tiny` model), written with the project's own checkpoint writer (`server.model.save_checkpoint`)
 into --work-dir, with SmolLM2's tokenizer from the packaged GGUF: nothing comes from the hub.
 Random weights cost what trained ones cost.
 
@@ -64,7 +64,7 @@ CHAT_PROMPT_TOKENS = 64
 def build_checkpoint(shape: str, work_dir: Path, dtype: str, device: str) -> Path:
     """A random-weight checkpoint of `shape` (reused when present); `tiny` is the packaged model."""
     if shape == "tiny":
-        from ckpteval.deploy import prepare_checkpoint
+        from ckpteval.server.prepare import prepare_checkpoint
 
         return prepare_checkpoint("tiny", work_dir / "tiny")
     out = work_dir / f"smollm2-{shape}-random-{dtype}"
@@ -73,11 +73,11 @@ def build_checkpoint(shape: str, work_dir: Path, dtype: str, device: str) -> Pat
     import torch
     from transformers import AutoTokenizer
 
-    from ckpteval.deploy.architecture import ModelArchitecture
-    from ckpteval.deploy.layout import TOKENIZER_DIR
-    from ckpteval.deploy.model import build_gpt_model, save_checkpoint
-    from ckpteval.deploy.packaged import smollm2_gguf
-    from ckpteval.deploy.runtime import init_runtime
+    from ckpteval.checkpoint.architecture import ModelArchitecture
+    from ckpteval.checkpoint.layout import TOKENIZER_DIR
+    from ckpteval.server.model import build_gpt_model, save_checkpoint
+    from ckpteval.server.packaged import smollm2_gguf
+    from ckpteval.server.runtime import init_runtime
 
     arch = ModelArchitecture(
         **SHAPES[shape],
@@ -227,8 +227,8 @@ class Server:
     """A server subprocess (this tree's, or a baseline's source via PYTHONPATH)."""
 
     def __init__(self, checkpoint: Path, device: str, *, batch: int, source: Path | None, replicas: int = 1) -> None:
-        from ckpteval.deploy.launch import serve_command, wait_until_healthy
-        from ckpteval.deploy.runtime import free_port
+        from ckpteval.server.launch import serve_command, wait_until_healthy
+        from ckpteval.server.runtime import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -270,8 +270,8 @@ def _median(values: list[float]) -> float:
 
 
 def bench_shape(shape: str, args: argparse.Namespace, baseline: Path | None) -> list[str]:
-    from ckpteval.deploy.engine import SamplingParams
-    from ckpteval.deploy.server import load_model
+    from ckpteval.server.engine import SamplingParams
+    from ckpteval.server.serve import load_model
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     checkpoint = build_checkpoint(shape, args.work_dir, dtype, args.device)
@@ -419,7 +419,7 @@ def main() -> None:
     args.clients = sorted(args.clients or [1, 16, 64])
     args.replicas = args.replicas or ([1, 2, 4] if args.device == "cuda" else [1, 2])
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    from ckpteval.deploy.runtime import quiet_library_logs
+    from ckpteval.server.runtime import quiet_library_logs
 
     quiet_library_logs()
     baseline = export_source(args.baseline, args.work_dir) if args.baseline else None

@@ -146,7 +146,8 @@ def run_invocation(work: Path, overrides: list[str]) -> tuple[Timeline, str]:
 
 def server_startup(work: Path) -> float:
     """Seconds from starting the builtin server directly on tiny's checkpoint to its health check answering."""
-    from ckpteval.deploy import default_checkpoint_dir, ensure_prepared, serve_command
+    from ckpteval.server.launch import serve_command
+    from ckpteval.server.prepare import default_checkpoint_dir, ensure_prepared
 
     checkpoint = ensure_prepared("smollm2", default_checkpoint_dir("smollm2"))  # where `-c tiny` finds it
     port = free_port()

@@ -82,7 +82,7 @@ def loglikelihoods(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def run_one(cache: bool, checkpoint: Path, work: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from ckpteval.deploy import start_local_server
+    from ckpteval.server.launch import start_local_server
 
     port = free_port()
     server = start_local_server(

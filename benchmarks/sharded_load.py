@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 TRIAL = r"""
 import json, resource, sys, time
 started = time.perf_counter()
-from ckpteval.deploy.checkpoint import load_checkpoint_info
-from ckpteval.deploy.model import build_gpt_model, load_weights
-from ckpteval.deploy.runtime import init_runtime, quiet_library_logs
+from ckpteval.server.checkpoint import load_checkpoint_info
+from ckpteval.server.model import build_gpt_model, load_weights
+from ckpteval.server.runtime import init_runtime, quiet_library_logs
 quiet_library_logs()
 info = load_checkpoint_info(sys.argv[1])
 runtime = init_runtime("cpu")

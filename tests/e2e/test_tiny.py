@@ -129,9 +129,9 @@ def test_accuracy_recomputed_from_the_model_itself(tiny_run: TinyRun):
     import torch
     from transformers import AutoTokenizer
 
-    from ckpteval.deploy import load_checkpoint_info
-    from ckpteval.deploy.model import build_gpt_model, load_weights
-    from ckpteval.deploy.runtime import init_runtime
+    from ckpteval.server.checkpoint import load_checkpoint_info
+    from ckpteval.server.model import build_gpt_model, load_weights
+    from ckpteval.server.runtime import init_runtime
 
     results = json.loads((tiny_run.job_dir / "results.json").read_text())
     reported = results["tasks"]["adlr_mmlu"]["metrics"]["exact_match"]["value"]

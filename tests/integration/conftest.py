@@ -145,7 +145,7 @@ def compile_for_the_ci_user() -> None:
 def tiny_checkpoint(infra: Infra) -> Iterator[str]:
     """The tiny Megatron checkpoint, written once per session where the CI user's jobs (and this machine) can
     read it: the modules that evaluate it on the cluster share it (writing it costs a megatron import)."""
-    from ckpteval.deploy import prepare_checkpoint
+    from ckpteval.server.prepare import prepare_checkpoint
 
     tests_dir = Path(infra.user_home) / "ckpteval-tests"
     # the CI user's jobs make their own directories in it: if this (root) creates it first, it is the CI user's

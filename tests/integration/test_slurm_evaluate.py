@@ -164,7 +164,7 @@ def test_bad_cluster_input_is_one_clear_message(job_profile, tmp_path: Path, ove
 
 
 def test_a_profile_python_without_ckpteval_is_refused_before_sbatch(job_profile, infra, remote_job_dir):
-    # the builtin server runs `<python> -m ckpteval.deploy` on the node: the system python3 there has no ckpteval
+    # the builtin server runs `<python> -m ckpteval.server` on the node: the system python3 there has no ckpteval
     result = cli(*tiny_args(job_profile(python="/usr/bin/python3"), "--batch", "CI"))
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())

@@ -1,13 +1,13 @@
 """A cluster checkpoint's small files, brought here in one round trip so it can be described before submission.
 
-One remote shell command finds the iteration directory (as `deploy.layout` does: an iteration directory
+One remote shell command finds the iteration directory (as `checkpoint.layout` does: an iteration directory
 itself, the tracker's iteration, else the newest `iter_*`) and writes a gzipped tar of the files a
 description reads: the trackers, `common.pt`, the torch_dist index (`.metadata`, `metadata.json`),
 Megatron-Bridge's `run_config.yaml`, the tokenizer directories and a Hugging Face `config.json`; never a
 weight shard (a Hugging Face directory's weight files come back as their sizes). The tar comes back
 base64-encoded on stdout and is unpacked into a local directory with the same relative layout, so
 `describe_checkpoint` reads it like a local checkpoint. The iteration directory's file list (names and sizes)
-comes back too, for the checkpoint's identity (`deploy.checkpoint_identity`).
+comes back too, for the checkpoint's identity (`checkpoint.identity`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from ckpteval.errors import ClusterError, DeploymentError
 
 if TYPE_CHECKING:
+    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.cluster.remote import Remote
-    from ckpteval.deploy.description import CheckpointDescription
 
 MAX_FILE_MB = 64  # a tokenizer.json or a big model's tensor index fits; a weight shard never does
 _MISSING = "ckpteval-checkpoint-missing"
@@ -70,7 +70,7 @@ echo "ITER=$it"
 def fetch_checkpoint_files(remote: Remote, path: str, into: Path) -> tuple[Path, list[tuple[str, int]]]:
     """Copy the small files of the checkpoint at `path` on the cluster into `into`; return the local path
     that stands for `path` (the root, or the iteration directory when `path` named one), and the iteration
-    directory's files with their sizes (as `deploy.checkpoint_identity.list_files` lists them).
+    directory's files with their sizes (as `checkpoint.identity.list_files` lists them).
 
     One remote command. Raises DeploymentError when `path` does not exist there or is not a directory.
     """
@@ -123,14 +123,14 @@ def describe_remote_checkpoint(
     Hugging Face directory here or a hub id in the local cache."""
     import tempfile
 
-    from ckpteval.deploy.description import describe_checkpoint, with_paths_replaced
+    from ckpteval.checkpoint.description import describe_checkpoint, with_paths_replaced
 
     with tempfile.TemporaryDirectory(prefix="ckpteval-inspect-") as tmp:
         local, listing = fetch_checkpoint_files(remote, path, Path(tmp))
         description = describe_checkpoint(local, tokenizer=tokenizer, origin=origin)
         if description.identity is not None:  # the shards are there, not here: their names and sizes
-            from ckpteval.deploy.checkpoint_identity import checkpoint_identity
-            from ckpteval.deploy.layout import locate_checkpoint
+            from ckpteval.checkpoint.identity import checkpoint_identity
+            from ckpteval.checkpoint.layout import locate_checkpoint
 
             identity = checkpoint_identity(locate_checkpoint(local).iter_dir, listing)
             description = dataclasses.replace(description, identity=identity)

@@ -1,7 +1,7 @@
 """Checks on the cluster before anything is submitted, so a job does not fail in the queue for a reason
 one round trip could have told.
 
-`check_builtin_python`: a builtin deployment outside a container runs `<profile python> -m ckpteval.deploy`
+`check_builtin_python`: a builtin deployment outside a container runs `<profile python> -m ckpteval.server`
 on the compute node; if that Python cannot import ckpteval the job would start, wait for its turn, and die
 with "No module named ckpteval". The login node shares the compute nodes' filesystem, so asking it once
 tells the user before the job is queued.

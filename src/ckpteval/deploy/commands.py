@@ -1,19 +1,21 @@
 """The command lines that start a deployment inside a job, by `deployment.type` (and megatron's backend).
 
-- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.deploy serve ...`)
+- megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.server serve ...`, its flags
+  from `ServeOptions.to_argv`: the config's settings become the server's options here, and only here)
 - vllm: `vllm serve` in the vLLM image
 - generic: the configured command, as written
 
-(megatron/export-deploy's Ray Serve script lives with the job plan, `ckpteval.job.build`.)
+(megatron/export-deploy's Ray Serve command is `deploy.export_deploy.export_deploy_command`.)
 Each returns one bash command line; every argument that comes from the config is quoted.
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from ckpteval.config.schema import FROM_CHECKPOINT, GenericDeployment, MegatronDeployment, VllmDeployment
-from ckpteval.deploy.launch import serve_command
+from ckpteval.server.options import ServeOptions
 
 
 def builtin_command(
@@ -28,9 +30,8 @@ def builtin_command(
     """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval); it writes the
     tokenizer it serves with to `publish_tokenizer` first, for the task clients. `identity`: the token it
     reports; `port_file`: where it writes the port it holds (`port`, or another if that one is taken)."""
-    argv = serve_command(
-        python=python,
-        checkpoint=deployment.checkpoint_path,
+    options = ServeOptions(
+        checkpoint=Path(deployment.checkpoint_path),
         port=port,
         host="127.0.0.1",
         served_model_name=deployment.served_model_name,
@@ -39,11 +40,13 @@ def builtin_command(
         prepare=deployment.prepare,
         replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
         tokenizer=None if deployment.tokenizer in (None, FROM_CHECKPOINT) else deployment.tokenizer,
-        publish_tokenizer=publish_tokenizer,
+        publish_tokenizer=None if publish_tokenizer is None else Path(publish_tokenizer),
         prefix_cache=deployment.prefix_cache,
         identity=identity,
-        port_file=port_file,
+        port_file=None if port_file is None else Path(port_file),
+        port_fallback=port_file is not None,
     )
+    argv = options.to_argv(python)
     return "exec " + shlex.join(argv)
 
 

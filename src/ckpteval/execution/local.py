@@ -42,7 +42,7 @@ from ckpteval.job.plan import task_entries
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
-    from ckpteval.deploy.description import CheckpointDescription
+    from ckpteval.checkpoint.description import CheckpointDescription
 
 LOG_TAIL_LINES = 40
 DEPLOYMENT_FAILED = 3  # the job script's exit code when the deployment never became healthy
@@ -85,7 +85,7 @@ class LocalPreparedJob:
     def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
         """The checkpoint on this machine, described and checked against the backend that will serve it
         (nothing to read yet when the job prepares a packaged model on first use)."""
-        from ckpteval.deploy.description import (
+        from ckpteval.checkpoint.description import (
             backend_of,
             checkpoint_panel,
             clients_read,
@@ -102,7 +102,7 @@ class LocalPreparedJob:
         checkpoint = checkpoint if checkpoint.is_absolute() else self.compiled.request.cwd / checkpoint
         if getattr(deployment, "prepare", None) and not checkpoint.exists():
             return []
-        from ckpteval.deploy.description import describe_checkpoint, refuse_origin_mismatch
+        from ckpteval.checkpoint.description import describe_checkpoint, refuse_origin_mismatch
 
         description = describe_checkpoint(
             checkpoint, tokenizer=user_tokenizer(deployment), origin=getattr(deployment, "origin", None)

@@ -85,7 +85,7 @@ from ckpteval.results.model import InvocationResults
 from ckpteval.tasks.data_status import TaskDataStatus
 
 if TYPE_CHECKING:
-    from ckpteval.deploy.description import CheckpointDescription
+    from ckpteval.checkpoint.description import CheckpointDescription
 
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
@@ -157,8 +157,7 @@ class SlurmPreparedJob:
 
     def _checked_checkpoint(self, remote: Remote) -> PreviewPanel | None:
         """Describe the job's checkpoint on the cluster; DeploymentError when its backend cannot serve it."""
-        from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
-        from ckpteval.deploy.description import (
+        from ckpteval.checkpoint.description import (
             backend_of,
             checkpoint_panel,
             clients_read,
@@ -166,6 +165,7 @@ class SlurmPreparedJob:
             refuse_unservable,
             user_tokenizer,
         )
+        from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
 
         deployment = self.compiled.config.deployment
         backend = backend_of(deployment, on_cluster=True)

@@ -1,8 +1,7 @@
 """Make a `JobPlan` from a compiled config: which command serves the model, which client runs each task.
 
-Deployment commands by `deployment.type` (and megatron's backend) come from `ckpteval.deploy.commands`
-(builtin, vllm, generic); megatron/export-deploy's Ray in-framework deployment inside the NeMo container
-is `_export_deploy_step` here; none: nothing (an endpoint runs).
+The deployment's command, and what the job may rely on it for (its identity, its own port, a published
+tokenizer), come from its registered backend (`ckpteval.deploy.backends`); none: nothing (an endpoint runs).
 Task clients are what the launcher runs in each eval-factory container: `nemo-evaluator run_eval`.
 """
 
@@ -17,15 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
-from ckpteval.config.schema import (
-    FROM_CHECKPOINT,
-    GenericDeployment,
-    MegatronDeployment,
-    NoDeployment,
-    SlurmExecution,
-    VllmDeployment,
-)
-from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
+from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment, SlurmExecution
+from ckpteval.deploy.backends import LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
 
@@ -37,7 +29,7 @@ HOOK_SUBDIR = JobDir.HOOK
 class Toolchain:
     """Where the job finds ckpteval's Python and the harness client (differs between here and a cluster)."""
 
-    python: str  # runs `-m ckpteval.deploy` (builtin deployment)
+    python: str  # runs `-m ckpteval.server` (builtin deployment)
     evaluator: str  # the nemo-evaluator executable (inside the eval-factory image: "nemo-evaluator")
     hook_dir: str | None = None  # offline-data hook for the harness (None: not available there)
     # runs the hook directory's standard-library scripts in the job script itself (the request-settings probe)
@@ -65,21 +57,17 @@ def local_toolchain() -> Toolchain:
     )
 
 
-def _builtin(deployment: object) -> bool:
-    return isinstance(deployment, MegatronDeployment) and deployment.backend == "builtin"
-
-
 def _reports_identity(deployment: object) -> bool:
-    """Deployments that can report the job's identity token: the builtin server (`--identity`) and vLLM
-    (the token as a second served model name, listed by /v1/models). Export-Deploy and a generic command
-    cannot: their endpoints are recorded as unverified."""
-    return _builtin(deployment) or isinstance(deployment, VllmDeployment)
+    """Deployments that can report the job's identity token (the builtin server: `--identity`; vLLM: the token
+    as a second served model name, listed by /v1/models). Export-Deploy and a generic command cannot: their
+    endpoints are recorded as unverified."""
+    return backend_for(deployment).reports_identity
 
 
 def _port_file(deployment: object, job_dir: str) -> str | None:
-    """The builtin server takes its port when it starts (the planned one, or any free one if that is
+    """A backend that holds its own port takes it when it starts (the planned one, or any free one if that is
     taken: no race with another job on the machine) and writes it here for the job."""
-    return JobDir(job_dir).join(JobDir.DEPLOYMENT_PORT) if _builtin(deployment) else None
+    return JobDir(job_dir).join(JobDir.DEPLOYMENT_PORT) if backend_for(deployment).holds_port else None
 
 
 def build_plan(
@@ -95,7 +83,7 @@ def build_plan(
         dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
         base_url = None
     else:
-        from ckpteval.deploy.identity import new_identity
+        from ckpteval.server.identity import new_identity
 
         port = deployment.port
         base_url = f"http://127.0.0.1:{port}"
@@ -119,7 +107,7 @@ def build_plan(
             readiness_timeout=readiness,
             port=port,
             identity=identity,
-            identity_url=(base_url + "/v1/models" if isinstance(deployment, VllmDeployment) else health_url)
+            identity_url=(base_url + "/v1/models" if backend_for(deployment).identity_route == "models" else health_url)
             if identity
             else None,
             port_file=port_file,
@@ -188,14 +176,13 @@ def _request_groups(
 
 
 def _known_mixing(compiled: CompiledConfig) -> str:
-    """Why the deployment is known to mix request settings across a batch before any probe: Export-Deploy's
-    entry point, unprobed, is the 0.5+ layout (`with_entry_point` puts in what the image really has)."""
+    """Why the deployment is known to mix request settings across a batch before any probe (Export-Deploy's
+    entry point, unprobed, is the 0.5+ layout: `with_entry_point` puts in what the image really has)."""
     deployment = compiled.config.deployment
-    if isinstance(deployment, MegatronDeployment) and deployment.backend != "builtin":
-        from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, mixes_settings
-
-        return mixes_settings(DEFAULT_ENTRY_POINT)
-    return ""
+    if isinstance(deployment, NoDeployment):
+        return ""
+    known_mixing = backend_for(deployment).known_mixing
+    return known_mixing(deployment) if known_mixing else ""
 
 
 def _execution_env(compiled: CompiledConfig) -> dict[str, str]:
@@ -221,7 +208,7 @@ def published_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
     clients; None for other deployments. The checkpoint may name its tokenizer only in its args (a SentencePiece
     model, a GPT-2 vocabulary, a TikToken file): the server turns it into that directory first."""
     deployment = compiled.config.deployment
-    if isinstance(deployment, MegatronDeployment) and deployment.backend == "builtin":
+    if not isinstance(deployment, NoDeployment) and backend_for(deployment).publishes_tokenizer:
         return JobDir(job_dir).join(JobDir.TOKENIZER)
     return None
 
@@ -262,39 +249,27 @@ def _deployment_step(
     identity: str | None,
     port_file: str | None,
 ) -> tuple[Step, str]:
+    """The deployment's step, as its registered backend launches it, and the backend's kind."""
     deployment = compiled.config.deployment
+    backend = backend_for(deployment)
+    context = LaunchContext(
+        python=toolchain.python,
+        port=port,
+        identity=identity,
+        port_file=port_file,
+        publish_tokenizer=published_tokenizer(compiled, job_dir),
+        containers=launcher == "slurm",
+    )
+    launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})
-    if isinstance(deployment, MegatronDeployment):
-        if deployment.backend == "builtin":
-            command = builtin_command(
-                deployment,
-                python=toolchain.python,
-                port=port,
-                publish_tokenizer=published_tokenizer(compiled, job_dir),
-                identity=identity,
-                port_file=port_file,
-            )
-            # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
-            image = deployment.image if launcher == "slurm" else None
-            return Step(command=command, env=env, image=image, mounts=mounts if image else ()), "megatron/builtin"
-        return _export_deploy_step(deployment, port=port, env=env, mounts=mounts)
-    if isinstance(deployment, VllmDeployment):
-        command = vllm_command(deployment, port=port, identity=identity)
-        return Step(command=command, env=env, image=deployment.image, mounts=mounts), "vllm"
-    assert isinstance(deployment, GenericDeployment)
-    return Step(command=generic_command(deployment), env=env, image=deployment.image, mounts=mounts), "generic"
-
-
-def _export_deploy_step(
-    deployment: MegatronDeployment, *, port: int, env: dict[str, str], mounts: tuple[str, ...]
-) -> tuple[Step, str]:
-    """Export-Deploy's Ray Serve deployment in the NeMo container (see `ckpteval.deploy.export_deploy`);
-    unprobed, the entry point is the 0.4+ layout (a cluster run swaps in what the image really has)."""
-    from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, export_deploy_command
-
-    command = export_deploy_command(deployment, DEFAULT_ENTRY_POINT, port=port)
-    step = Step(command=command, env=env, image=deployment.image, mounts=mounts, nodes=deployment.num_nodes)
-    return step, "megatron/export-deploy"
+    step = Step(
+        command=launch.command,
+        env=env,
+        image=launch.image,
+        mounts=mounts if launch.mounted else (),
+        nodes=launch.nodes,
+    )
+    return step, backend.kind
 
 
 def _task_plan(

@@ -17,7 +17,7 @@ from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import Launcher, render_job_script
 
 if TYPE_CHECKING:
-    from ckpteval.deploy.description import CheckpointDescription
+    from ckpteval.checkpoint.description import CheckpointDescription
 
 VERSIONED = (
     "ckpteval",

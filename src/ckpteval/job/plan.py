@@ -47,7 +47,7 @@ class DeploymentPlan:
     health_url: str | None
     readiness_timeout: int
     port: int | None = None
-    # the token the deployment reports (`ckpteval.deploy.identity`) and the URL it reports it at; None where
+    # the token the deployment reports (`ckpteval.server.identity`) and the URL it reports it at; None where
     # the deployment cannot report one (export-deploy, generic, none): then nothing can be verified
     identity: str | None = None
     identity_url: str | None = None

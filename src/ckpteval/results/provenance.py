@@ -48,7 +48,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
     tokenizer = dict(submitted["tokenizer"]) if submitted.get("tokenizer") else None
     published = job_dir / JobDir.TOKENIZER
     if published.is_dir():
-        from ckpteval.deploy.tokenizer_source import tokenizer_sha256
+        from ckpteval.checkpoint.tokenizer_source import tokenizer_sha256
 
         tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
     images = submitted.get("task_images") or {}

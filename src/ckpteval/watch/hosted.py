@@ -422,7 +422,7 @@ def _clean_slurm_env() -> None:
 
 def _say(message: str) -> None:
     """A line of the link's own story on its stdout (its `watcher-<job>.out`), as the builtin server tells its
-    own on its log (deploy/server.py): through a logger, not print."""
+    own on its log (server/serve.py): through a logger, not print."""
     import logging
 
     story = logging.getLogger("ckpteval.watch.link")

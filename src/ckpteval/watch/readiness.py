@@ -19,8 +19,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from ckpteval.checkpoint.layout import COMMON_STATE_FILE, DCP_METADATA_FILE, DIST_METADATA_FILE, TRACKER_FILE
 from ckpteval.cluster.remote import Remote
-from ckpteval.deploy.layout import COMMON_STATE_FILE, DCP_METADATA_FILE, DIST_METADATA_FILE, TRACKER_FILE
 from ckpteval.errors import ClusterError, ConfigError
 
 MARKERS = (COMMON_STATE_FILE, DCP_METADATA_FILE, DIST_METADATA_FILE)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.api import compile_config, make_request  # api's compile_config resolves W&B model artifacts too
+from ckpteval.checkpoint.layout import TOKENIZER_DIR
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.compose import CompileRequest
-from ckpteval.deploy.layout import TOKENIZER_DIR
 from ckpteval.errors import ConfigError
 from ckpteval.invocation.record import WatchOrigin, new_invocation_id
 from ckpteval.results.model import InvocationResults

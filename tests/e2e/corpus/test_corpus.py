@@ -63,7 +63,7 @@ def test_inspect_describes_the_checkpoint(corpus: dict[str, Path], name: str) ->
 @pytest.fixture(scope="module")
 def served(corpus: dict[str, Path]) -> dict[str, Any]:
     """Each checkpoint loaded by the builtin server's own loader, in this process (megatron imported once)."""
-    from ckpteval.deploy.server import load_model
+    from ckpteval.server.serve import load_model
 
     return {name: load_model(path, device="cpu") for name, path in corpus.items()}
 
@@ -90,11 +90,11 @@ def test_the_server_tokenizes_like_megatrons_own_tokenizer_classes(
 ) -> None:
     """The tokenizer the server converted from the files a checkpoint's args name (and publishes for the task
     clients) gives the ids megatron.core.tokenizers gives for the same args. (GPT-2 BPE needs megatron's
-    hub "gpt2" entry: its parity is proven in tests/unit/deploy/test_tokenizer_source.py.)"""
+    hub "gpt2" entry: its parity is proven in tests/unit/checkpoint/test_tokenizer_source.py.)"""
     import subprocess
     import sys
 
-    from ckpteval.deploy.torchfiles import read_torch_save
+    from ckpteval.checkpoint.torchfiles import read_torch_save
     from tests.support.megatron_tokenizers import DEFAULT_ARGS
 
     texts = ["Hello world", "  two  spaces\tand a tab\n", "日本語 emoji 😀 café", "the model answer."]

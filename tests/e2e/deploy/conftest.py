@@ -20,7 +20,7 @@ def smollm2_checkpoint() -> Path:
 @pytest.fixture(scope="module")
 def smollm2_loaded(smollm2_checkpoint: Path) -> Any:
     """The converted checkpoint loaded in this process, as the server loads it."""
-    from ckpteval.deploy.server import load_model
+    from ckpteval.server.serve import load_model
 
     return load_model(smollm2_checkpoint, device="cpu")
 
@@ -28,6 +28,6 @@ def smollm2_loaded(smollm2_checkpoint: Path) -> Any:
 @pytest.fixture(scope="module")
 def smollm2_hf() -> tuple[Any, Any]:
     """(tokenizer, transformers model) straight from the packaged GGUF: the reference."""
-    from ckpteval.deploy.packaged import load_smollm2_hf
+    from ckpteval.server.packaged import load_smollm2_hf
 
     return load_smollm2_hf()

@@ -33,7 +33,7 @@ def hf_logprobs(hf: tuple[Any, Any], text: str, continuation: str) -> float:
 def test_logits_match_transformers(smollm2_loaded: Any, smollm2_hf: tuple[Any, Any]) -> None:
     import torch
 
-    from ckpteval.deploy.packaged import megatron_logits
+    from ckpteval.server.packaged import megatron_logits
 
     tokenizer, model = smollm2_hf
     for text in PROMPTS:
@@ -103,7 +103,7 @@ def test_chat_answers(smollm2_server: RunningServer) -> None:
 
 
 def test_kv_cache_generation_equals_recompute(smollm2_loaded: Any) -> None:
-    from ckpteval.deploy.engine import SamplingParams
+    from ckpteval.server.engine import SamplingParams
 
     runner = smollm2_loaded.runner
     prompts = [runner.tokenizer.encode(p) for p in ("The capital of France is", "Here is a list of three fruits:")]

@@ -3,7 +3,7 @@
     python trainer.py SAVE_DIR GO_FILE
 
 Every save is written by the project's own checkpoint writer (megatron-core's `dist_checkpointing.save`,
-torch_dist, through `ckpteval.deploy.model.save_checkpoint`, which also writes the tracker file as
+torch_dist, through `ckpteval.server.model.save_checkpoint`, which also writes the tracker file as
 Megatron-LM does). To be seen half-written, a save is first written to a staging dir and its files are
 then moved into `SAVE_DIR/iter_NNNNNNN` in the order the writer produces them: `common.pt` and the
 `*.distcp` shards, then `.metadata`, then `metadata.json`, then the tracker.
@@ -40,11 +40,11 @@ def _move(staging: Path, iter_dir: Path, names: list[str]) -> None:
 def main(save_dir: Path, go_file: Path | None, gap: float = 0.0, last: int = 60) -> None:
     import torch
 
-    from ckpteval.deploy.layout import TRACKER_FILE, iteration_dir_name
-    from ckpteval.deploy.model import build_gpt_model, save_checkpoint
-    from ckpteval.deploy.packaged import TINY_ARCHITECTURE, TINY_INIT_STD, TINY_SEED
-    from ckpteval.deploy.runtime import init_runtime
-    from ckpteval.deploy.tokenizer import write_byte_tokenizer
+    from ckpteval.checkpoint.layout import TRACKER_FILE, iteration_dir_name
+    from ckpteval.server.model import build_gpt_model, save_checkpoint
+    from ckpteval.server.packaged import TINY_ARCHITECTURE, TINY_INIT_STD, TINY_SEED
+    from ckpteval.server.runtime import init_runtime
+    from ckpteval.server.tokenizer import write_byte_tokenizer
 
     init_runtime("cpu")
     torch.manual_seed(TINY_SEED)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ckpteval.deploy.architecture import ModelArchitecture
+from ckpteval.checkpoint.architecture import ModelArchitecture
 
 VOCAB = 257  # the byte tokenizer's ids
 SEED = 22
@@ -270,10 +270,10 @@ def write_architecture(name: str, out_dir: Path) -> Path:
     import torch
     import transformers
 
-    from ckpteval.deploy.layout import TOKENIZER_DIR
-    from ckpteval.deploy.model import build_gpt_model, save_checkpoint
-    from ckpteval.deploy.runtime import init_runtime, quiet_library_logs
-    from ckpteval.deploy.tokenizer import write_byte_tokenizer
+    from ckpteval.checkpoint.layout import TOKENIZER_DIR
+    from ckpteval.server.model import build_gpt_model, save_checkpoint
+    from ckpteval.server.runtime import init_runtime, quiet_library_logs
+    from ckpteval.server.tokenizer import write_byte_tokenizer
 
     quiet_library_logs()
     config = _config(name)

@@ -2,7 +2,7 @@
 
 `build_bridge_llama(out_dir, release=...)` writes a tiny Llama-3-style model (GQA, RoPE with Llama-3
 scaling, RMSNorm, SwiGLU, tied embeddings, bf16) the way Megatron-Bridge's `save_checkpoint` does
-for that release (see `ckpteval.deploy.bridge` for the files each release writes):
+for that release (see `ckpteval.checkpoint.bridge` for the files each release writes):
 
     <out>/latest_train_state.pt, <out>/latest_checkpointed_iteration.txt (not for 0.1.x)
     <out>/iter_0000010/{run_config.yaml, train_state.pt, common.pt (no args), .metadata, *.distcp}
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ckpteval.deploy.architecture import ModelArchitecture
+from ckpteval.checkpoint.architecture import ModelArchitecture
 
 RELEASES = ("0.1.0rc4", "0.2.0rc6", "0.3.1")
 TEMPLATE = Path(__file__).with_name("bridge_run_config_0.3.1.yaml")
@@ -147,9 +147,9 @@ def _build(out_dir: Path, release: str, twin: Path | None) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-    from ckpteval.deploy.model import build_gpt_model, save_checkpoint
-    from ckpteval.deploy.runtime import init_runtime
-    from ckpteval.deploy.tokenizer import write_byte_tokenizer
+    from ckpteval.server.model import build_gpt_model, save_checkpoint
+    from ckpteval.server.runtime import init_runtime
+    from ckpteval.server.tokenizer import write_byte_tokenizer
 
     init_runtime("cpu")
     torch.manual_seed(SEED)

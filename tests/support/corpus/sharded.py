@@ -67,7 +67,7 @@ def sharded_architecture(model: str = "tiny") -> Any:
     """The architecture of the saved model: "tiny" (tests), or "bench", SmolLM2-135M's size for the
     load benchmark (30 layers, hidden 576, vocab 49152; 8 heads in 4 groups instead of 9 in 3, which
     TP=2 cannot split)."""
-    from ckpteval.deploy.packaged import TINY_ARCHITECTURE
+    from ckpteval.server.packaged import TINY_ARCHITECTURE
 
     tiny = dataclasses.replace(TINY_ARCHITECTURE, padded_vocab_size=PADDED_VOCAB)
     if model == "tiny":
@@ -115,7 +115,7 @@ def _run_world(model: str, root: Path, names: tuple[str, ...]) -> None:
     import megatron.core.models.gpt  # noqa: F401
     import torch.multiprocessing as mp
 
-    from ckpteval.deploy.runtime import free_port
+    from ckpteval.server.runtime import free_port
 
     world = max(LAYOUTS[name].model_parallel for name in names)
     with tempfile.TemporaryDirectory(dir=root, prefix=".tp1-source-") as scratch:
@@ -167,8 +167,8 @@ def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str
     """One rank of the world: make the TP=1 source, then reshard it into each target layout."""
     import torch.distributed as dist
 
-    from ckpteval.deploy.cpu import apply_cpu_patches
-    from ckpteval.deploy.runtime import quiet_library_logs
+    from ckpteval.server.cpu import apply_cpu_patches
+    from ckpteval.server.runtime import quiet_library_logs
 
     quiet_library_logs()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -196,7 +196,7 @@ def _rank_main(rank: int, world: int, port: int, source: Path, targets: dict[str
 def _save_in_world(out: Path, layout: Parallelism, world: int, source: Path | None, model: str) -> None:
     from megatron.core import parallel_state
 
-    from ckpteval.deploy.cpu import initialize_rng_tracker
+    from ckpteval.server.cpu import initialize_rng_tracker
 
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
@@ -213,7 +213,7 @@ def _save_in_world(out: Path, layout: Parallelism, world: int, source: Path | No
 def build_moe_model(arch: Any, *, initialize: bool = False, init_std: float = 0.02) -> Any:
     """The tiny GPT with MoE MLPs (MOE_ARGS), from megatron-core's local spec, for the current parallel state.
 
-    Built here, not with `deploy.model.build_gpt_model`, until the builtin serves MoE (branch arch).
+    Built here, not with `server.model.build_gpt_model`, until the builtin serves MoE (branch arch).
     """
     import torch
     import torch.nn.functional as F
@@ -271,10 +271,10 @@ def _save_layout(out: Path, layout: Parallelism, world: int, *, source: Path | N
     import torch
     import torch.distributed as dist
 
-    from ckpteval.deploy.layout import TOKENIZER_DIR
-    from ckpteval.deploy.model import build_gpt_model, load_weights, save_checkpoint
-    from ckpteval.deploy.packaged import TINY_INIT_STD, TINY_SEED
-    from ckpteval.deploy.tokenizer import write_byte_tokenizer
+    from ckpteval.checkpoint.layout import TOKENIZER_DIR
+    from ckpteval.server.model import build_gpt_model, load_weights, save_checkpoint
+    from ckpteval.server.packaged import TINY_INIT_STD, TINY_SEED
+    from ckpteval.server.tokenizer import write_byte_tokenizer
 
     arch = sharded_architecture(model)
     build = build_moe_model if layout.moe else build_gpt_model
@@ -317,8 +317,8 @@ def _save_legacy(model: Any, root: Path, *, args: Any) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from ckpteval.deploy.layout import TRACKER_FILE
-    from ckpteval.deploy.model import CHECKPOINT_VERSION
+    from ckpteval.checkpoint.layout import TRACKER_FILE
+    from ckpteval.server.model import CHECKPOINT_VERSION
 
     args.iteration = 0
     keys_map = model.decoder.layers[0].submodules_config.sharded_state_dict_keys_map

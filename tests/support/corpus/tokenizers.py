@@ -116,11 +116,11 @@ def write_gpt2_files(directory: Path) -> tuple[Path, Path]:
 def write_tiktoken_vocab(path: Path, *, size: int = 400) -> Path:
     """Nemotron's TikToken vocabulary (what megatron's reload_mergeable_ranks reads): a JSON list of
     {"rank": i, "token_bytes": base64, "token_str": text}, ranks 0-255 the single bytes, then merges in order."""
-    from ckpteval.deploy.tokenizer import _bytes_to_unicode
+    from ckpteval.checkpoint.tokenizer_convert import bytes_to_unicode
 
     tokenizer = _train_byte_bpe(size, [])
     model = json.loads(tokenizer.to_str())["model"]
-    char_to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    char_to_byte = {c: b for b, c in bytes_to_unicode().items()}
     entries = [bytes([b]) for b in range(256)]
     for merge in model["merges"]:
         left, right = merge.split(" ") if isinstance(merge, str) else merge

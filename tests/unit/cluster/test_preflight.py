@@ -31,7 +31,7 @@ class CountingRemote(LocalRemote):
 
 
 def plan(kind: str = "megatron/builtin", image: str | None = None) -> JobPlan:
-    step = Step(command="exec python -m ckpteval.deploy serve", image=image)
+    step = Step(command="exec python -m ckpteval.server serve", image=image)
     deployment = DeploymentPlan(kind=kind, step=step, health_url=None, readiness_timeout=60)
     return JobPlan(invocation="inv", job_dir="/j", deployment=deployment, tasks=())
 

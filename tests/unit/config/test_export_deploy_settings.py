@@ -105,6 +105,6 @@ def test_the_builtin_server_refuses_export_deploy_settings(isolated_user: Path, 
 
 
 def test_the_builtin_server_takes_num_replicas(isolated_user: Path):
-    """The builtin backend runs num_replicas server processes behind one port (deploy/router.py)."""
+    """The builtin backend runs num_replicas server processes behind one port (server/router.py)."""
     compiled = compile_config(CompileRequest(configs=("tiny",), overrides=("deployment.num_replicas=2",)))
     assert compiled.config.deployment.num_replicas == 2

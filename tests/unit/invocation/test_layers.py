@@ -22,6 +22,8 @@ LAYERS = [
     ["report", "cluster", "results", "job"],
     ["invocation"],
     ["deploy"],
+    ["server"],
+    ["checkpoint"],
     ["config"],
     ["tasks"],
     ["errors", "notices", "merge", "routes"],

@@ -153,7 +153,7 @@ def test_golden(launcher: str):
     plan = make_plan(
         Path("/jobs/abcd1234"),
         port=8000,
-        deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
+        deploy_cmd="exec python3 -m ckpteval.server serve --port 8000",
         tasks=[
             ("adlr_mmlu", "nemo-evaluator run_eval --run_config tasks/adlr_mmlu/run_config.yml"),
             ("hellaswag", "nemo-evaluator run_eval --run_config tasks/hellaswag/run_config.yml"),
@@ -226,7 +226,7 @@ def test_golden_repeats():
     plan = make_plan(
         Path("/jobs/abcd1234"),
         port=8000,
-        deploy_cmd="exec python3 -m ckpteval.deploy serve --port 8000",
+        deploy_cmd="exec python3 -m ckpteval.server serve --port 8000",
         tasks=[("gsm8k", "nemo-evaluator run_eval --run_config tasks/gsm8k/run_config-rs$REPEAT.yml")],
         repeats=2,
         waits=False,

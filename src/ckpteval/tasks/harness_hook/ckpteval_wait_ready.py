@@ -18,7 +18,7 @@ and may run tasks whose request settings differ one group after another).
 
 Before the first request the client also checks that the endpoint is *its job's* deployment: the job names
 the identity token its deployment reports (`CKPTEVAL_DEPLOYMENT_IDENTITY`) and where it reports it
-(`CKPTEVAL_DEPLOYMENT_IDENTITY_URL`, see `ckpteval.deploy.identity`). An endpoint that answers without it is
+(`CKPTEVAL_DEPLOYMENT_IDENTITY_URL`, see `ckpteval.server.identity`). An endpoint that answers without it is
 another deployment (another job's server on this port): the client says so and exits (code 3) without
 sending a single request, so no score can come from a model the job did not start.
 

@@ -95,7 +95,7 @@ mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 TASK_DIRS=(tasks/gsm8k)
 say 'starting the deployment (megatron/builtin)'
-setsid bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python3 -m ckpteval.deploy serve --port 8000' > logs/deployment.log 2>&1 &
+setsid bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python3 -m ckpteval.server serve --port 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
 HEALTH_URL="http://127.0.0.1:8000/v1/health"

@@ -157,7 +157,7 @@ def make_deployment(model_id, checkpoint, max_batch_size):
         def __init__(self):
             from pathlib import Path
 
-            from ckpteval.deploy.server import build_app, load_model
+            from ckpteval.server.serve import build_app, load_model
 
             loaded = load_model(Path(checkpoint), device="cpu")
             asgi, self.scheduler = build_app(loaded, served_model_name=model_id, max_batch_size=max_batch_size)
@@ -168,7 +168,7 @@ def make_deployment(model_id, checkpoint, max_batch_size):
         async def __call__(self, request):
             from starlette.responses import JSONResponse, RedirectResponse, Response
 
-            from ckpteval.deploy.protocol import ApiError
+            from ckpteval.server.protocol import ApiError
 
             path, method = request.url.path, request.method
             if (method, path) not in ROUTES:

@@ -1,0 +1,160 @@
+"""Deployment backends, in one registry: how a job starts each kind of deployment, and what it can do.
+
+An entry is keyed by its kind (`deployment.type`, and megatron's `backend`: "megatron/builtin") and carries its
+config section (the dataclass `deployment` is typed as), `launch` (the command that starts it inside the job,
+with its image and nodes), and what the job may rely on: whether it reports the job's identity token (and on
+which route), whether it holds its own port and writes it down, whether it publishes the tokenizer it serves
+with, and why it is known to mix request settings in a batch. `job.build` asks the registry, never the type.
+
+The backends ckpteval ships are registered at the end of this module; their command lines live beside them
+(`deploy.commands`, `deploy.export_deploy`). Adding one: its module with a launch function, one
+`register_backend(...)`, and its section in `config.schema` (where the config is typed).
+"""
+
+from __future__ import annotations
+
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ckpteval.config.schema import GenericDeployment, MegatronDeployment, VllmDeployment
+from ckpteval.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What the job tells a backend about the deployment it starts."""
+
+    python: str  # the interpreter that imports ckpteval (for the builtin server)
+    port: int
+    identity: str | None  # the token to report, where the backend `reports_identity`
+    port_file: str | None  # where to write the port held, where the backend `holds_port`
+    publish_tokenizer: str | None  # where to write the tokenizer served with, where it `publishes_tokenizer`
+    containers: bool  # the job runs steps in their images (Slurm); else the profile's own processes
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a deployment starts inside the job: one bash command line, in `image` (if any), on `nodes`;
+    `mounted`: the step gets the job's container mounts."""
+
+    command: str
+    image: str | None = None
+    nodes: int = 1
+    mounted: bool = True
+
+
+@dataclass(frozen=True)
+class DeploymentBackend:
+    """One kind of deployment (see the module docstring)."""
+
+    kind: str
+    section: type
+    launch: Callable[[Any, LaunchContext], Launch]
+    identity_route: Literal["health", "models"] | None = None  # where it reports the job's identity; None: cannot
+    holds_port: bool = False
+    publishes_tokenizer: bool = False
+    known_mixing: Callable[[Any], str] | None = None  # why it mixes request settings, known before any probe
+
+    @property
+    def reports_identity(self) -> bool:
+        return self.identity_route is not None
+
+
+_REGISTRY: dict[str, DeploymentBackend] = {}
+
+
+def register_backend(backend: DeploymentBackend) -> DeploymentBackend:
+    """Add (or replace) the backend of `backend.kind`."""
+    _REGISTRY[backend.kind] = backend
+    return backend
+
+
+def unregister_backend(kind: str) -> None:
+    """Remove the backend of `kind` (a test's double, when the test ends)."""
+    _REGISTRY.pop(kind, None)
+
+
+def deployment_kind(deployment: Any) -> str:
+    """The registry key of a typed deployment section: its type, and megatron's backend after a slash."""
+    backend = getattr(deployment, "backend", None)
+    return f"{deployment.type}/{backend}" if backend else str(deployment.type)
+
+
+def backend_for(deployment: Any) -> DeploymentBackend:
+    """The registered backend that starts `deployment`; ConfigError for a kind none is registered for."""
+    kind = deployment_kind(deployment)
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ConfigError(f"No deployment backend is registered for {kind!r}.", hint=f"Known: {known}.") from None
+
+
+def registered_backends() -> dict[str, DeploymentBackend]:
+    """Kind -> backend, for documentation and tests."""
+    return dict(_REGISTRY)
+
+
+def _builtin(deployment: MegatronDeployment, context: LaunchContext) -> Launch:
+    from ckpteval.deploy.commands import builtin_command
+
+    command = builtin_command(
+        deployment,
+        python=context.python,
+        port=context.port,
+        publish_tokenizer=context.publish_tokenizer,
+        identity=context.identity,
+        port_file=context.port_file,
+    )
+    # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
+    image = deployment.image if context.containers else None
+    return Launch(command=command, image=image, mounted=bool(image))
+
+
+def _export_deploy(deployment: MegatronDeployment, context: LaunchContext) -> Launch:
+    """Export-Deploy's Ray Serve deployment in the NeMo container; unprobed, the entry point is the 0.4+ layout
+    (a cluster run swaps in what the image really has)."""
+    from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, export_deploy_command
+
+    command = export_deploy_command(deployment, DEFAULT_ENTRY_POINT, port=context.port)
+    return Launch(command=command, image=deployment.image, nodes=deployment.num_nodes)
+
+
+def _export_deploy_mixing(deployment: MegatronDeployment) -> str:
+    from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, mixes_settings
+
+    return mixes_settings(DEFAULT_ENTRY_POINT)
+
+
+def _vllm(deployment: VllmDeployment, context: LaunchContext) -> Launch:
+    from ckpteval.deploy.commands import vllm_command
+
+    return Launch(
+        command=vllm_command(deployment, port=context.port, identity=context.identity), image=deployment.image
+    )
+
+
+def _generic(deployment: GenericDeployment, context: LaunchContext) -> Launch:
+    from ckpteval.deploy.commands import generic_command
+
+    return Launch(command=generic_command(deployment), image=deployment.image)
+
+
+register_backend(
+    DeploymentBackend(
+        "megatron/builtin",
+        MegatronDeployment,
+        _builtin,
+        identity_route="health",
+        holds_port=True,
+        publishes_tokenizer=True,
+    )
+)
+register_backend(
+    DeploymentBackend("megatron/export-deploy", MegatronDeployment, _export_deploy, known_mixing=_export_deploy_mixing)
+)
+register_backend(DeploymentBackend("vllm", VllmDeployment, _vllm, identity_route="models"))
+register_backend(DeploymentBackend("generic", GenericDeployment, _generic))
