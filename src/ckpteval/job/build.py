@@ -22,7 +22,6 @@ from ckpteval.config.schema import (
     GenericDeployment,
     MegatronDeployment,
     NoDeployment,
-    SlurmExecution,
     VllmDeployment,
 )
 from ckpteval.deploy.commands import builtin_command, generic_command, vllm_command
@@ -242,8 +241,7 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     config = compiled.config
     out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
     out.extend(compiled.profile.mounts)
-    if isinstance(config.execution, SlurmExecution):
-        out.extend(f"{src}:{dst}" for src, dst in config.execution.mounts.items())
+    out.extend(f"{src}:{dst}" for src, dst in config.execution.container_mounts().items())
     checkpoint = getattr(config.deployment, "checkpoint_path", None)
     if checkpoint:
         prepared_here = getattr(config.deployment, "prepare", None) is not None
