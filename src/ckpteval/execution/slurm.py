@@ -1,13 +1,16 @@
 """`SlurmBackend`: the job runs as one Slurm job on a cluster, submitted with nemo-run over SSH.
 
-Submitting (`SlurmPreparedJob.submit`), over one connection that is reopened if it drops:
-1. connect (a clear error for an unknown host key, failed login, unreachable host) and check the
-   partition and account against the cluster (before the slow nemo-run import);
-2. squash every container image of the job to a cached .sqsh and point the job's steps at the files;
-3. render the job files — refusing any secret value in them — and upload them, with the harness's
-   offline-data hook, to `<output_dir>/<invocation>/` (`ckpteval.cluster.submission`);
-4. record the invocation locally (so status/logs/cancel/results work from any shell), then submit
-   through nemo-run (`SlurmExecutor`, see `ckpteval.cluster.sbatch` for the shape of the job).
+Submitting is the invocation pipeline's (`ckpteval.execution.pipeline`); what this backend gives it,
+over one connection that is reopened if it drops (`SlurmHost`):
+1. the connection, checked as it opens (a clear error for an unknown host key, failed login, unreachable
+   host; the partition and account against the cluster, before the slow nemo-run import; the job's Python);
+2. the checkpoint's small files over SSH, the cluster's filesystem for staging (images squashed with
+   `enroot import` in a compute step, datasets, the W&B key), and the refusal of any secret value in the
+   job's files;
+3. the upload of the job files, with the harness's offline-data hook, to `<output_dir>/<invocation>/`
+   (`ckpteval.cluster.submission`);
+4. once the pipeline has recorded the invocation, the submission through nemo-run (`SlurmExecutor`, see
+   `ckpteval.cluster.sbatch` for the shape of the job).
 
 Following (`SlurmJob.follow`): the job's state files and log, read in one round trip per tick, and a
 note whenever Slurm's view changes (pending with its reason, running). Ctrl-C leaves the job running:
