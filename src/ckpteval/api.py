@@ -24,7 +24,8 @@ from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.compile import compile_config as _compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import CkptevalError, ConfigError, ExportError
-from ckpteval.execution.backend import InvocationStatus, Job, JobBackend
+from ckpteval.execution.backend import InvocationStatus, Job
+from ckpteval.execution.backends import backend_for
 from ckpteval.execution.events import Preview, Reporter, ResultsReady, Submitted, silent
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, list_records, load_record, new_invocation_id, records_dir
@@ -134,16 +135,18 @@ def run(
     compiled = _compile(request)
     invocation = new_invocation_id()
     # plan the one job of this invocation (deployment once, every task against it) where it runs
-    prepared = backend_for(compiled.execution_type).prepare(compiled, invocation, force_squash=force_squash)
+    from ckpteval.execution.pipeline import plan_job
+
+    planned = plan_job(compiled, invocation, force_squash=force_squash)
     # 4b. the checkpoint, read (on a cluster only with check_squash; a real run reads it before submitting):
     # a backend that cannot serve it is refused here, before any side effect
-    checkpoint = prepared.check_checkpoint(check=check_squash)
+    checkpoint = planned.check_checkpoint(check=check_squash)
     # 5. preview: compiled config, checkpoint, job script, squash plan — all that --dry-run shows
-    report(Preview(compiled, invocation, [*checkpoint, *prepared.preview(check=check_squash)], dry_run))
+    report(Preview(compiled, invocation, [*checkpoint, *planned.preview(check=check_squash)], dry_run))
     if dry_run:
         return Outcome(invocation, "dry-run", 0)
-    # 6-7. (squash,) write the job's files, record the invocation, submit
-    job = prepared.submit(report)
+    # 6-7. stage (images, data, secrets), write the job's files, record the invocation, start it
+    job = planned.submit(report)
     try:
         if compiled.mode == "batch":
             report(Submitted(job.record))
@@ -172,9 +175,11 @@ def submit(
     if invocation is not None and (records_dir() / invocation).exists():
         raise ConfigError(f"Invocation {invocation} is already recorded; submit it under a new id.")
     invocation = invocation or new_invocation_id()
-    prepared = backend_for(compiled.execution_type).prepare(compiled, invocation, force_squash=force_squash)
-    prepared.check_checkpoint()
-    job = prepared.submit(report)
+    from ckpteval.execution.pipeline import plan_job
+
+    planned = plan_job(compiled, invocation, force_squash=force_squash)
+    planned.check_checkpoint()
+    job = planned.submit(report)
     try:
         report(Submitted(job.record))
         return Outcome(invocation, "submitted", 0, record=job.record)
@@ -224,20 +229,6 @@ def _export(
     return export_invocation(
         results, JobDir(record.job_dir).path(), export, task_dirs=dict(record.task_dirs), report=report
     )
-
-
-def backend_for(executor: str) -> JobBackend:
-    """The job backend of an executor (`local` or `slurm`: a profile's, or a record's): the one place that
-    asks where a job runs."""
-    if executor == "local":
-        from ckpteval.execution.local import LocalBackend
-
-        return LocalBackend()
-    if executor == "slurm":
-        from ckpteval.execution.slurm import SlurmBackend
-
-        return SlurmBackend()
-    raise ConfigError(f"Unknown executor {executor!r}.", hint='Use executor = "local" or "slurm" in env.toml.')
 
 
 def _record(invocation: str | InvocationRecord) -> InvocationRecord:
@@ -382,10 +373,11 @@ def inspect_checkpoint(
 
     if profile is None:
         return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
+    from ckpteval.config.executors import find_executor
     from ckpteval.config.profiles import load_env_file
 
     chosen = load_env_file(Path(env_file) if env_file else None).profile(profile)
-    if chosen.executor == "local":
+    if not find_executor(chosen.executor).on_cluster:
         return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
     from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
     from ckpteval.cluster.session import ClusterSession

@@ -257,13 +257,15 @@ def prepare(model: str, output: str | Path | None = None, *, force: bool = False
 
 
 def _slurm_profile(name: str, env_file: str | Path | None, what: str) -> Profile:
+    from ckpteval.config.executors import cluster_executors, find_executor
     from ckpteval.config.profiles import load_env_file
 
     profile = load_env_file(Path(env_file) if env_file else None).profile(name)
-    if profile.executor != "slurm":
+    if not find_executor(profile.executor).on_cluster:
+        choices = " or ".join(f'executor = "{name}"' for name in cluster_executors())
         raise ConfigError(
             f'Profile [{profile.name}] does not run on a Slurm cluster (executor = "{profile.executor}").',
-            hint=f'{what} is for Slurm profiles; pick one with executor = "slurm".',
+            hint=f"{what} is for Slurm profiles; pick one with {choices}.",
         )
     return profile
 

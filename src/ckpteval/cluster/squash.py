@@ -131,7 +131,9 @@ EventCallback = Callable[[SquashEvent], None]
 
 def squash_applies(profile: Profile) -> bool:
     """Whether runs on this profile need .sqsh images (Slurm clusters, reached by SSH or locally)."""
-    return profile.executor == "slurm"
+    from ckpteval.config.executors import find_executor
+
+    return find_executor(profile.executor).on_cluster
 
 
 def containers_dir(profile: Profile) -> str:

@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 from ckpteval.config.compose import CompileRequest, Mode, compose
 from ckpteval.config.profiles import Profile
 from ckpteval.config.schema import (
+    EXECUTION_TYPES,
     EvalConfig,
     Execution,
-    LocalExecution,
     MegatronDeployment,
     NemoEvaluatorConfig,
     NoDeployment,
-    SlurmExecution,
 )
 from ckpteval.config.secrets import SecretValues
 from ckpteval.config.typed import from_mapping
@@ -127,7 +126,8 @@ def _settle_backend(data: dict[str, Any]) -> list[str]:
     deployment = data.get("deployment") or {}
     if deployment.get("type") != "megatron" or deployment.get("backend") != "auto":
         return []
-    chosen = "builtin" if (data.get("execution") or {}).get("type") == "local" else "export-deploy"
+    section = EXECUTION_TYPES.get((data.get("execution") or {}).get("type"))
+    chosen = "builtin" if section is not None and not section.runs_containers else "export-deploy"
     deployment["backend"] = chosen
     return [f"deployment.backend auto -> {chosen}"]
 
@@ -327,9 +327,7 @@ def _check_ranges(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
             ("deployment.num_replicas", deployment.num_replicas, 1, None),
             ("deployment.max_batch_size", deployment.max_batch_size, 1, None),
         ]
-    if isinstance(execution, SlurmExecution):
-        bounds += [("execution.num_nodes", execution.num_nodes, 1, None)]
-        bounds += [("execution.gpus_per_node", execution.gpus_per_node, 0, None)]
+    bounds += execution.resource_bounds()
     for key, value, low, high in bounds:
         if value is not None and (value < low or (high is not None and value > high)):
             allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
@@ -347,7 +345,7 @@ def check_cluster_paths(config: EvalConfig, profile: Profile) -> None:
     """A Slurm run needs the profile's `remote_job_dir`, and its output_dir absolute on the cluster
     (nothing there expands ~ or $HOME). Checked here, before anything is contacted or written."""
     execution = config.execution
-    if not isinstance(execution, SlurmExecution):
+    if not execution.on_cluster:
         return
     if not profile.remote_job_dir:
         raise ConfigError(
@@ -436,7 +434,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             endpoint_url_for(config, task.endpoint_type)
         return
     if not isinstance(deployment, MegatronDeployment):
-        if isinstance(execution, LocalExecution):
+        if not execution.runs_containers:
             raise ConfigError(
                 f"deployment: {deployment.type} runs a container image; this machine runs no containers.",
                 hint="Evaluate on a Slurm profile (--run/--batch PROFILE), or serve the model yourself and use "
@@ -444,7 +442,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             )
         return
     _check_megatron_parallelism(deployment, execution)
-    if isinstance(execution, LocalExecution) and deployment.prepare is None:
+    if not execution.on_cluster and deployment.prepare is None:
         path = Path(deployment.checkpoint_path).expanduser()
         path = path if path.is_absolute() else cwd / path
         if not path.exists():
@@ -453,7 +451,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
                 hint="Pass run.model=/path/to/checkpoint (a Megatron checkpoint dir), or "
                 "`evaluate prepare smollm2` to make one.",
             )
-    if isinstance(execution, SlurmExecution) and deployment.backend == "export-deploy" and not deployment.image:
+    if execution.runs_containers and deployment.backend == "export-deploy" and not deployment.image:
         raise ConfigError(
             "deployment.backend=export-deploy needs the NeMo container image.",
             hint="Set container_image in the env.toml profile, or deployment.image=...",
@@ -507,7 +505,7 @@ def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execu
                 )
         return
     gpus = deployment.num_gpus
-    if isinstance(execution, LocalExecution):
+    if not execution.runs_containers:
         raise ConfigError(
             "deployment.backend=export-deploy runs in the NeMo container on GPUs, which this machine lacks.",
             hint="Use deployment.backend=builtin here, or --run/--batch a Slurm profile.",
@@ -547,11 +545,11 @@ def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execu
             f"max_batch_size={deployment.max_batch_size}.",
             hint="A micro batch is a slice of a batch: keep micro_batch_size <= max_batch_size.",
         )
-    if isinstance(execution, SlurmExecution):
-        available = execution.gpus_per_node * deployment.num_nodes
+    node_gpus = execution.node_gpus()
+    if node_gpus is not None:
+        available = node_gpus * deployment.num_nodes
         if gpus > available:
             raise ConfigError(
-                f"deployment.num_gpus={gpus} is more than {deployment.num_nodes} node(s) × "
-                f"{execution.gpus_per_node} GPUs.",
+                f"deployment.num_gpus={gpus} is more than {deployment.num_nodes} node(s) × {node_gpus} GPUs.",
                 hint="Raise deployment.num_nodes (and the profile's nodes) or lower num_gpus.",
             )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ckpteval.config.executors import find_executor
 from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.profiles import EnvFile, Profile, load_env_file, user_config_dir
 from ckpteval.config.secrets import SecretValues, collect_environment_secrets
@@ -145,7 +146,7 @@ def profile_node(profile: Profile, env: EnvFile) -> dict[str, Any]:
     wandb = {k: v for k, v in (("entity", env.wandb.entity), ("project", env.wandb.project)) if v is not None}
     if wandb:
         node["run"]["wandb"] = wandb
-    group = "slurm/default" if profile.executor == "slurm" else "local"
+    group = find_executor(profile.executor).config_group
     node["defaults"] = [{"override /execution": group}, "_self_"]
     return node
 
@@ -175,7 +176,7 @@ def _compose_unresolved(
 ) -> tuple[Any, Profile, EnvFile, tuple[Path, ...], list[Path], tuple[str, ...]]:
     env = load_env_file(request.env_file, cwd=request.cwd)
     profile = env.profile(request.profile)
-    if request.mode != "local" and profile.executor == "local" and request.profile is None:
+    if request.mode != "local" and request.profile is None:  # the built-in profile runs attached only
         raise ConfigError("--run/--batch need a profile name.")
     search_path = config_search_path(env)
 

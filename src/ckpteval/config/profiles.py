@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ckpteval.config.executors import find_executor
 from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.typed import from_mapping
 from ckpteval.errors import ConfigError, did_you_mean
@@ -47,7 +48,7 @@ class Profile:
     """Where and how an invocation runs. Every key of an env.toml profile is a field here."""
 
     name: str
-    executor: Literal["local", "slurm"] = "slurm"
+    executor: str = "slurm"  # a registered executor (`ckpteval.config.executors`)
     extends: str | None = None
     # How to reach the cluster: "ssh" from a laptop, "local" when the CLI runs on the login node.
     tunnel: Literal["ssh", "local"] = "ssh"
@@ -129,6 +130,7 @@ class EnvFile:
         merged = self._merged(name, chain=())
         merged.pop("extends", None)
         profile = from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
+        find_executor(profile.executor, where=f"{self.path} [{name}]")
         _check_numbers(profile, where=f"{self.path} [{name}]")
         return profile
 

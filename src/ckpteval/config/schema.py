@@ -8,7 +8,7 @@ plus `run` (profile, W&B defaults, model). A resolved config dict becomes an `Ev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 EndpointType = Literal["completions", "chat"]
 
@@ -27,6 +27,10 @@ class RunSection:
     name: str | None = None
 
 
+# What validation and planning ask of an execution section is what its jobs can do (run container images,
+# live on another machine, offer GPUs), never which executor it is: a new executor's section answers the same.
+
+
 @dataclass(frozen=True, kw_only=True)
 class LocalExecution:
     type: Literal["local"]
@@ -34,6 +38,21 @@ class LocalExecution:
     cache_dir: str
     endpoint_readiness_timeout: int = 600
     env_vars: dict[str, str] = field(default_factory=dict)
+
+    on_cluster: ClassVar[bool] = False  # output_dir and the checkpoint are paths on this machine
+    runs_containers: ClassVar[bool] = False  # steps run as plain processes: no container image
+
+    def resource_bounds(self) -> list[tuple[str, int, int, int | None]]:
+        """(key, value, at least, at most) of the section's resource requests: none here."""
+        return []
+
+    def node_gpus(self) -> int | None:
+        """GPUs per node (None: not known; nothing is checked against it)."""
+        return None
+
+    def container_mounts(self) -> dict[str, str]:
+        """Mounts into every container step (none: no containers)."""
+        return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +71,24 @@ class SlurmExecution:
     mounts: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     sbatch_extra_flags: dict[str, Any] = field(default_factory=dict)
+
+    on_cluster: ClassVar[bool] = True  # output_dir and the checkpoint are paths on the cluster
+    runs_containers: ClassVar[bool] = True  # each step runs in its container image (enroot/pyxis)
+
+    def resource_bounds(self) -> list[tuple[str, int, int, int | None]]:
+        """(key, value, at least, at most) of the section's resource requests."""
+        return [
+            ("execution.num_nodes", self.num_nodes, 1, None),
+            ("execution.gpus_per_node", self.gpus_per_node, 0, None),
+        ]
+
+    def node_gpus(self) -> int | None:
+        """GPUs per node."""
+        return self.gpus_per_node
+
+    def container_mounts(self) -> dict[str, str]:
+        """Mounts into every container step: `execution.mounts` (host path -> container path)."""
+        return dict(self.mounts)
 
 
 Execution = LocalExecution | SlurmExecution

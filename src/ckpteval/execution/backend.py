@@ -1,12 +1,14 @@
-"""The job-backend interface: everything that differs between running a job on this machine and on Slurm.
+"""The job-backend interface: everything that differs between the places a job runs.
 
-A backend plans a job for a compiled config (`prepare`, which touches nothing), and acts on a recorded
-invocation (`status`, `log_lines`, `cancel`, `results`, `resume`). A prepared job previews itself and is
-submitted into a `Job` handle (submitit's / PSI/J's shape): follow it to its end, stop it on Ctrl-C,
+The steps of an invocation are the same everywhere (`ckpteval.execution.pipeline`); a backend is the
+transport under them (submitit's / NeMo-Run's sense): where the job directory is and how the job script
+starts its steps, a `JobHost` (one connection to where the job runs) to read the checkpoint, write the job's
+files and start the job, and the record-keyed `status`, `log_lines`, `cancel`, `results` and `resume`. A
+started job is a `Job` handle (submitit's / PSI/J's shape): follow it to its end, stop it on Ctrl-C,
 collect its results. `LocalBackend` (`ckpteval.execution.local`) runs the job script as a process group
 here; `SlurmBackend` (`ckpteval.execution.slurm`) submits it with nemo-run over SSH. Nothing outside the
-two implementations asks where a job runs: `ckpteval.api.backend_for` picks one, from the config or from
-the record.
+backends asks where a job runs: `ckpteval.execution.backends.backend_for` picks one by the executor a
+profile or a record names, from the registry `ckpteval.config.executors`.
 """
 
 from __future__ import annotations
@@ -15,15 +17,20 @@ from __future__ import annotations
 # and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import PreviewPanel
+    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.execution.events import Reporter
+    from ckpteval.execution.planned import PlannedJob
     from ckpteval.execution.snapshot import JobSnapshot
     from ckpteval.execution.state import State
     from ckpteval.invocation.record import InvocationRecord
+    from ckpteval.job.build import Launcher, Toolchain
+    from ckpteval.job.plan import JobPlan
     from ckpteval.results.model import InvocationResults
 
 
@@ -77,30 +84,77 @@ class Job(Protocol):
         ...
 
 
-class PreparedJob(Protocol):
-    """A planned job: nothing written, nothing contacted (unless a preview is asked to check)."""
+class JobHost(Protocol):
+    """Where a new job goes, over one connection (opened by `JobBackend.connect`, with its checks)."""
 
-    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
-        """Describe the checkpoint the job serves and refuse (DeploymentError) when its backend cannot serve it;
-        the description as a preview panel. Read-only; on a cluster only with `check` (a real run reads it in
-        `submit`, before anything is written)."""
+    description: str  # where, in words: "this machine", "user@login:22"
+    remote: Remote  # its filesystem and commands (staging asks it)
+
+    def checkpoint_to_read(self, compiled: CompiledConfig) -> str | None:
+        """The path of the checkpoint to describe there (None: nothing to read yet, the job prepares it)."""
         ...
 
-    def preview(self, *, check: bool = False) -> list[PreviewPanel]:
-        """The panels after the compiled config: the job script, and on Slurm the sbatch script and squash plan."""
+    def describe_checkpoint(self, path: str, *, tokenizer: str | None, origin: str | None) -> CheckpointDescription:
+        """The checkpoint at `path` there, described (small files only)."""
         ...
 
-    def submit(self, report: Reporter) -> Job:
-        """Write the job's files, record the invocation, start or submit the job."""
+    def write_job_files(self, job_dir: str, files: dict[str, str]) -> None:
+        """Write the job's files into its directory there."""
         ...
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the invocation record keeps of this host (e.g. how to reach the cluster again)."""
+        ...
+
+    def place_results(self, record: InvocationRecord) -> None:
+        """Set where this machine will hold the job's results (`record.local_results_dir`)."""
+        ...
+
+    def start(self, record: InvocationRecord, files: dict[str, str], report: Reporter) -> Job:
+        """Start (or submit) the recorded job; its handle keeps the connection for following."""
+        ...
+
+    def close(self) -> None:
+        """Drop the connection."""
+        ...
+
+    def __enter__(self) -> JobHost: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class JobBackend(Protocol):
-    """Where jobs run: this machine, or a Slurm cluster."""
+    """Where jobs run: this machine, a Slurm cluster, or any registered executor's."""
 
     executor: str
+    launcher: Launcher  # how the job script starts its steps: processes here, or srun in containers
+    exports_here: bool  # True: the caller exports the results; False: the job exports them itself
+    reads_remotely: bool  # reading the checkpoint or staging means contacting another machine
 
-    def prepare(self, compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> PreparedJob: ...
+    def accept(self, compiled: CompiledConfig) -> None:
+        """Refuse (ConfigError) a config this backend cannot run (e.g. --batch on this machine)."""
+        ...
+
+    def job_dir(self, compiled: CompiledConfig, invocation: str) -> str:
+        """The job's directory (absolute, where the job runs)."""
+        ...
+
+    def toolchain(self, compiled: CompiledConfig, job_dir: str) -> Toolchain:
+        """Where the job finds ckpteval's Python and the harness client."""
+        ...
+
+    def refuse_secrets(self, compiled: CompiledConfig, plan: JobPlan) -> None:
+        """Refuse (ConfigError) a secret value that would be written into the job's files where it runs."""
+        ...
+
+    def preview(self, job: PlannedJob, *, check: bool = False) -> list[PreviewPanel]:
+        """The panels after the compiled config: the job script, and what this backend adds."""
+        ...
+
+    def connect(self, job: PlannedJob, report: Reporter | None = None) -> JobHost:
+        """Open where `job` goes; with `report` (to submit), checked there: an unknown host key, a failed login,
+        a partition that does not exist end here. Without, a read-only look."""
+        ...
 
     def status(self, record: InvocationRecord) -> InvocationStatus: ...
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import PreviewPanel
@@ -27,22 +27,19 @@ from ckpteval.errors import ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
+from ckpteval.execution.processes import process_start_time
 from ckpteval.execution.snapshot import LocalJobView, take_snapshot
 from ckpteval.execution.state import end_state
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import (
-    InvocationRecord,
-    LocalProcess,
-    new_record,
-    write_text_atomic,
-)
-from ckpteval.job.build import build_plan, local_toolchain
+from ckpteval.invocation.record import InvocationRecord, LocalProcess
+from ckpteval.job.build import Launcher, Toolchain, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
-from ckpteval.job.plan import task_entries
 from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
+    from ckpteval.execution.planned import PlannedJob
+    from ckpteval.job.plan import JobPlan
 
 LOG_TAIL_LINES = 40
 DEPLOYMENT_FAILED = 3  # the job script's exit code when the deployment never became healthy
@@ -56,94 +53,53 @@ def local_job_dir(compiled: CompiledConfig, invocation: str) -> Path:
     return base.resolve() / invocation
 
 
-@dataclass
-class LocalPreparedJob:
-    """The job of a new invocation, planned for this machine."""
+class LocalHost:
+    """This machine, as where a new job goes: its files written here, the job started as a child process."""
 
-    compiled: CompiledConfig
-    invocation: str
+    description = "this machine"
 
-    def __post_init__(self) -> None:
-        if self.compiled.mode == "batch":
-            # a local job is a child of this process (Ctrl-C stops it): there is no detached local run
-            name = self.compiled.profile.name
-            raise ConfigError(
-                f"--batch submits to a cluster and returns; profile [{name}] runs on this machine.",
-                hint=f"Use --run {name} (or neither flag) to run here, attached; or --batch with a Slurm profile.",
-            )
-        self.job_dir = JobDir(str(local_job_dir(self.compiled, self.invocation)))
-        self.plan = build_plan(
-            self.compiled,
-            invocation=self.invocation,
-            job_dir=self.job_dir.root,
-            toolchain=local_toolchain(),
-            launcher="local",
-        )
-        self.files = job_files(self.compiled, self.plan, launcher="local")
-        self.description: CheckpointDescription | None = None  # check_checkpoint's
+    def __init__(self) -> None:
+        from ckpteval.cluster.remote import LocalRemote
 
-    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
-        """The checkpoint on this machine, described and checked against the backend that will serve it
-        (nothing to read yet when the job prepares a packaged model on first use)."""
-        from ckpteval.checkpoint.description import (
-            backend_of,
-            checkpoint_panel,
-            clients_read,
-            refuse_unservable,
-            user_tokenizer,
-        )
+        self.remote = LocalRemote()
 
-        deployment = self.compiled.config.deployment
-        backend = backend_of(deployment, on_cluster=False)
+    def __enter__(self) -> LocalHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def checkpoint_to_read(self, compiled: CompiledConfig) -> str | None:
+        """The checkpoint's absolute path (relative ones are per cwd); None while the job is still to prepare it."""
+        deployment = compiled.config.deployment
         path = getattr(deployment, "checkpoint_path", None)
-        if backend is None or not path:
-            return []
+        if not path:
+            return None
         checkpoint = Path(path).expanduser()
-        checkpoint = checkpoint if checkpoint.is_absolute() else self.compiled.request.cwd / checkpoint
+        checkpoint = checkpoint if checkpoint.is_absolute() else compiled.request.cwd / checkpoint
         if getattr(deployment, "prepare", None) and not checkpoint.exists():
-            return []
-        from ckpteval.checkpoint.description import describe_checkpoint, refuse_origin_mismatch
+            return None
+        return str(checkpoint)
 
-        description = describe_checkpoint(
-            checkpoint, tokenizer=user_tokenizer(deployment), origin=getattr(deployment, "origin", None)
-        )
-        refuse_unservable(description, backend, clients_read=clients_read(deployment, str(checkpoint)))
-        refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
-        self.description = description
-        return [checkpoint_panel(description, backend)]
+    def describe_checkpoint(self, path: str, *, tokenizer: str | None, origin: str | None) -> CheckpointDescription:
+        from ckpteval.checkpoint.description import describe_checkpoint
 
-    def preview(self, *, check: bool = False) -> list[PreviewPanel]:
-        """The job script, and how the tasks' requests go (nothing to squash here)."""
-        from ckpteval.job.request_groups import request_groups_panel
+        return describe_checkpoint(Path(path), tokenizer=tokenizer, origin=origin)
 
-        requests = request_groups_panel(self.plan)
-        return [
-            PreviewPanel(
-                title=f"job script {self.job_dir.join(JobDir.SCRIPT)}",
-                body=self.files[JobDir.SCRIPT],
-                language="bash",
-                full_only_in_dry_run=True,
-            ),
-            *([requests] if requests else []),
-        ]
+    def write_job_files(self, job_dir: str, files: dict[str, str]) -> None:
+        write_job_files(Path(job_dir), files)
 
-    def submit(self, report: Reporter) -> LocalJob:
-        """Record the invocation, write the job's files, start the job."""
-        record = new_record(
-            self.compiled,
-            self.invocation,
-            executor="local",
-            job_dir=self.job_dir.root,
-            tasks=task_entries(self.plan),
-        )
-        record.local_results_dir = self.job_dir.root
-        record.save()
-        # job.yaml with what check_checkpoint found (the checkpoint's identity, tokenizer, origin)
-        self.files = job_files(self.compiled, self.plan, launcher="local", checkpoint=self.description)
-        for name in JobDir.RECORDED:
-            write_text_atomic(record.path / name, self.files[name])
-        write_job_files(self.job_dir.path(), self.files)
+    def record_fields(self) -> dict[str, Any]:
+        return {}
+
+    def place_results(self, record: InvocationRecord) -> None:
+        record.local_results_dir = record.job_dir  # the job writes them here
+
+    def start(self, record: InvocationRecord, files: dict[str, str], report: Reporter) -> LocalJob:
         return LocalJob.start(record)
+
+    def close(self) -> None:
+        self.remote.close()
 
 
 @dataclass
@@ -211,9 +167,46 @@ class LocalBackend:
     """Jobs on this machine."""
 
     executor = "local"
+    launcher: Launcher = "local"
+    exports_here = True  # the caller exports the results once the job has ended
+    reads_remotely = False
 
-    def prepare(self, compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> LocalPreparedJob:
-        return LocalPreparedJob(compiled, invocation)
+    def accept(self, compiled: CompiledConfig) -> None:
+        if compiled.mode == "batch":
+            # a local job is a child of this process (Ctrl-C stops it): there is no detached local run
+            name = compiled.profile.name
+            raise ConfigError(
+                f"--batch submits to a cluster and returns; profile [{name}] runs on this machine.",
+                hint=f"Use --run {name} (or neither flag) to run here, attached; or --batch with a Slurm profile.",
+            )
+
+    def job_dir(self, compiled: CompiledConfig, invocation: str) -> str:
+        return str(local_job_dir(compiled, invocation))
+
+    def toolchain(self, compiled: CompiledConfig, job_dir: str) -> Toolchain:
+        return local_toolchain()
+
+    def refuse_secrets(self, compiled: CompiledConfig, plan: JobPlan) -> None:
+        """Nothing to refuse: the job's files stay on this machine, and secret values are redacted in them."""
+
+    def preview(self, job: PlannedJob, *, check: bool = False) -> list[PreviewPanel]:
+        """The job script, and how the tasks' requests go (nothing to squash here)."""
+        from ckpteval.job.request_groups import request_groups_panel
+
+        files = job_files(job.compiled, job.plan, launcher=self.launcher)
+        requests = request_groups_panel(job.plan)
+        return [
+            PreviewPanel(
+                title=f"job script {JobDir(job.job_dir).join(JobDir.SCRIPT)}",
+                body=files[JobDir.SCRIPT],
+                language="bash",
+                full_only_in_dry_run=True,
+            ),
+            *([requests] if requests else []),
+        ]
+
+    def connect(self, job: PlannedJob, report: Reporter | None = None) -> LocalHost:
+        return LocalHost()
 
     def status(self, record: InvocationRecord) -> InvocationStatus:
         from ckpteval.tasks.progress import progress_reader
@@ -337,21 +330,6 @@ def process_group_members(pgid: int) -> list[int]:
         if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             members.append(int(proc.name))
     return members
-
-
-def process_start_time(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, from /proc/<pid>/stat), or None if it has exited.
-
-    Recorded with the job's pid: a pid the system reuses later belongs to a process with another start time.
-    """
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on, after "pid (comm)"
-    if fields[0] in ("Z", "X"):
-        return None  # exited, not yet reaped by its parent: it runs no more
-    return fields[19]  # field 22: starttime
 
 
 def job_process_alive(record: InvocationRecord) -> bool:

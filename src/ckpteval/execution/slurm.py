@@ -1,13 +1,16 @@
 """`SlurmBackend`: the job runs as one Slurm job on a cluster, submitted with nemo-run over SSH.
 
-Submitting (`SlurmPreparedJob.submit`), over one connection that is reopened if it drops:
-1. connect (a clear error for an unknown host key, failed login, unreachable host) and check the
-   partition and account against the cluster (before the slow nemo-run import);
-2. squash every container image of the job to a cached .sqsh and point the job's steps at the files;
-3. render the job files — refusing any secret value in them — and upload them, with the harness's
-   offline-data hook, to `<output_dir>/<invocation>/` (`ckpteval.cluster.submission`);
-4. record the invocation locally (so status/logs/cancel/results work from any shell), then submit
-   through nemo-run (`SlurmExecutor`, see `ckpteval.cluster.sbatch` for the shape of the job).
+Submitting is the invocation pipeline's (`ckpteval.execution.pipeline`); what this backend gives it,
+over one connection that is reopened if it drops (`SlurmHost`):
+1. the connection, checked as it opens (a clear error for an unknown host key, failed login, unreachable
+   host; the partition and account against the cluster, before the slow nemo-run import; the job's Python);
+2. the checkpoint's small files over SSH, the cluster's filesystem for staging (images squashed with
+   `enroot import` in a compute step, datasets, the W&B key), and the refusal of any secret value in the
+   job's files;
+3. the upload of the job files, with the harness's offline-data hook, to `<output_dir>/<invocation>/`
+   (`ckpteval.cluster.submission`);
+4. once the pipeline has recorded the invocation, the submission through nemo-run (`SlurmExecutor`, see
+   `ckpteval.cluster.sbatch` for the shape of the job).
 
 Following (`SlurmJob.follow`): the job's state files and log, read in one round trip per tick, and a
 note whenever Slurm's view changes (pending with its reason, running). Ctrl-C leaves the job running:
@@ -25,11 +28,10 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
 from ckpteval.cluster.remote import Remote
@@ -38,13 +40,11 @@ from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import ClusterFacts, SlurmJobState, cancel_job, job_state
 from ckpteval.cluster.submission import (
     check_no_secrets,
-    job_images,
     local_hook_dir,
     remote_job_dir,
     sbatch_spec,
     upload_job_files,
     with_images,
-    with_staged_data,
 )
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import PreviewPanel
@@ -69,240 +69,102 @@ from ckpteval.execution.slurm_state import (
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
-from ckpteval.export.job import with_export_step
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import (
-    InvocationRecord,
-    SlurmSubmission,
-    new_record,
-    write_text_atomic,
-)
-from ckpteval.job.build import build_plan, slurm_toolchain
-from ckpteval.job.files import job_files
-from ckpteval.job.plan import JobPlan, task_entries
+from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, write_text_atomic
+from ckpteval.job.build import Launcher, Toolchain, slurm_toolchain
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
-from ckpteval.tasks.data_status import TaskDataStatus
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
+    from ckpteval.execution.planned import PlannedJob
+    from ckpteval.job.plan import JobPlan
 
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
 FOLLOW_INTERVAL_S = 2.0  # a redraw costs a remote command or two: cheap, but not free on a busy login node
 
 
-@dataclass
-class SlurmPreparedJob:
-    """The job of a new invocation, planned for a Slurm cluster."""
+class SlurmHost:
+    """A Slurm cluster, as where a new job goes: one connection (reopened if it drops), checked as it opens
+    (the partition and account against the cluster, before the slow nemo-run import; the job's Python)."""
 
-    compiled: CompiledConfig
-    invocation: str
-    force_squash: bool = False
-
-    def __post_init__(self) -> None:
-        self.profile: Profile = self.compiled.profile
-        self.job_dir = remote_job_dir(self.compiled, self.invocation)
-        self.toolchain = slurm_toolchain(self.profile.python, self.job_dir)
-        self.plan = build_plan(
-            self.compiled, invocation=self.invocation, job_dir=self.job_dir, toolchain=self.toolchain, launcher="slurm"
-        )
-        self.spec = sbatch_spec(self.compiled, self.invocation, self.job_dir)
-        self.images = job_images(self.plan)
-        self.plan = with_export_step(self.plan, self.compiled, self.profile.python, key_file=self._planned_key_file())
-        self.description: CheckpointDescription | None = None  # _checked_checkpoint's
-
-    def _planned_key_file(self) -> str | None:
-        """Where the job will read the W&B key (shown by a dry run), when W&B export is on and online."""
-        from ckpteval.export.credentials import key_file_path, wandb_mode
-
-        if not self.compiled.config.export.wandb.enabled or wandb_mode(os.environ) != "online":
-            return None
-        return key_file_path(self.job_dir)
-
-    def data_statuses(self, remote: Remote | None) -> list[TaskDataStatus]:
-        """Per task, whether its datasets are staged on the cluster (asked on `remote`, one round trip),
-        fetched here (pushed at submission), or missing; without `remote` the cluster is not asked."""
-        from ckpteval.cluster.data_push import datasets_dir, staged_status
-        from ckpteval.tasks.data_cache import default_cache_dir, is_cached
-        from ckpteval.tasks.data_status import data_statuses
-        from ckpteval.tasks.datasets import task_data
-
-        local = default_cache_dir()
-        specs = [task.spec for task in self.compiled.tasks]
-        there = None
-        if remote is not None:
-            refs = [ref for spec in specs for ref in (task_data(spec).datasets or ())]
-            answer = staged_status(remote, datasets_dir(self.profile), list(dict.fromkeys(refs)), local)
-            there = answer.__getitem__
-        return data_statuses(specs, cached_here=lambda ref: is_cached(local, ref), staged_there=there)
-
-    def _with_data(self, plan: JobPlan, statuses: list[TaskDataStatus]) -> JobPlan:
-        from ckpteval.cluster.data_push import datasets_dir
-
-        staged = {s.task for s in statuses if s.staged}
-        return with_staged_data(plan, datasets_dir(self.profile), staged)
-
-    def check_checkpoint(self, *, check: bool = False) -> list[PreviewPanel]:
-        """With `check`, the checkpoint on the cluster described (its small files over SSH, one round trip)
-        and checked against the backend that will serve it; without, nothing is contacted."""
-        if not check:
-            return []
-        session = ClusterSession(self.profile)
-        try:
-            panel = session.call(self._checked_checkpoint)
-        finally:
-            session.close()
-        return [panel] if panel else []
-
-    def _checked_checkpoint(self, remote: Remote) -> PreviewPanel | None:
-        """Describe the job's checkpoint on the cluster; DeploymentError when its backend cannot serve it."""
-        from ckpteval.checkpoint.description import (
-            backend_of,
-            checkpoint_panel,
-            clients_read,
-            refuse_origin_mismatch,
-            refuse_unservable,
-            user_tokenizer,
-        )
-        from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
-
-        deployment = self.compiled.config.deployment
-        backend = backend_of(deployment, on_cluster=True)
-        path = getattr(deployment, "checkpoint_path", None)
-        if backend is None or not path or getattr(deployment, "prepare", None):
-            return None  # a packaged model the job prepares: ckpteval's own, nothing to read yet
-        description = describe_remote_checkpoint(
-            remote, path, tokenizer=user_tokenizer(deployment), origin=getattr(deployment, "origin", None)
-        )
-        refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
-        refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
-        self.description = description
-        return checkpoint_panel(description, backend)
-
-    def preview(self, *, check: bool = False) -> list[PreviewPanel]:
-        """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
-        asked unless `check`)."""
-        from ckpteval.cluster.export_deploy import preview_entry_point
-        from ckpteval.cluster.squash import plan_squash
-        from ckpteval.job.request_groups import request_groups_panel
-
-        squash = plan_squash(self.images, self.profile, check=check, force=self.force_squash)
-        # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
-        plan, entry_panel = preview_entry_point(self.plan, self.compiled, squash, check=check)
-        data_panels: list[PreviewPanel] = []
-        if not self.profile.compute_internet:
-            from ckpteval.tasks.data_status import render_statuses
-
-            if check:  # --dry-run --check: the cluster is asked, read-only, which datasets it has
-                from ckpteval.cluster.connect import connect_remote
-
-                with connect_remote(self.profile) as remote:
-                    statuses = self.data_statuses(remote)
-            else:
-                statuses = self.data_statuses(None)
-            plan = self._with_data(plan, statuses)
-            body = render_statuses(statuses)
-            if not check:
-                body += (
-                    "\n\n(the cluster was not asked: `unchecked` tasks were fetched here and are pushed at "
-                    "submission unless staged already; --check asks it)"
-                )
-            data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
-        # the script as it will run: images shown as their .sqsh files
-        script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
-        requests = request_groups_panel(plan)  # Export-Deploy's entry point may say it mixes request settings
-        return [
-            PreviewPanel(
-                title="sbatch script (submitted by nemo-run)", body=render_sbatch_preview(self.spec), language="bash"
-            ),
-            PreviewPanel(title=f"job script ({self.spec.job_script})", body=script, language="bash"),
-            PreviewPanel(title="squash plan", body="", squash=squash),
-            *data_panels,
-            *([entry_panel] if entry_panel else []),
-            *([requests] if requests else []),
-        ]
-
-    def submit(self, report: Reporter) -> SlurmJob:
-        """Squash, upload, record, submit (the connection stays open for following)."""
-        from ckpteval.cluster.export_deploy import resolve_for_run
+    def __init__(self, job: PlannedJob, report: Reporter | None) -> None:
         from ckpteval.cluster.preflight import check_builtin_python
         from ckpteval.cluster.slurm import check_request, cluster_facts
-        from ckpteval.cluster.squash import ensure_squashed
 
-        check_no_secrets(self.compiled, self.plan)  # before anything is contacted
-        session = ClusterSession(self.profile, on_reconnect=lambda m: report(Note(m, "warning")))
+        self.compiled = job.compiled
+        self.profile: Profile = job.profile
+        self.spec = sbatch_spec(job.compiled, job.invocation, job.job_dir)
+        warn = (lambda m: report(Note(m, "warning"))) if report is not None else None
+        self.session = ClusterSession(self.profile, on_reconnect=warn)
+        self.facts: ClusterFacts | None = None
+        if report is None:
+            return  # a read-only look (the checkpoint, for a dry run with --check): nothing is submitted
         try:
-            remote = session.remote  # connects: unknown host key, failed login, unreachable host end here
+            remote = self.session.remote  # connects: unknown host key, failed login, unreachable host end here
             report(Note(f"connected to {remote.description}"))
-            facts = cluster_facts(remote)
-            check_request(facts, partition=self.spec.partition, account=self.spec.account, where=remote.description)
-            check_builtin_python(remote, self.plan, self.profile)  # the job's python imports ckpteval there
-            checkpoint = self._checked_checkpoint(remote)  # a checkpoint its backend cannot serve ends here
-            if checkpoint is not None:
-                report(Note(checkpoint.title))
-            statuses = None
-            if not self.profile.compute_internet:  # a task whose data the offline job cannot read ends here
-                from ckpteval.tasks.data_status import refuse_missing
-
-                statuses = self.data_statuses(remote)
-                refuse_missing(statuses, profile=self.profile.name, where=remote.description)
-            plan = self.plan
-            if plan.after_tasks and self.compiled.config.export.wandb.enabled:
-                from ckpteval.export.job import stage_wandb_key
-
-                # the key goes to an owner-only file on the cluster (never into the script or the preview)
-                key_file = stage_wandb_key(
-                    remote, self.job_dir, secrets=self.compiled.secrets, on_note=lambda m: report(Note(m, "warning"))
-                )
-                plan = with_export_step(plan, self.compiled, self.profile.python, key_file=key_file)
-            if self.images:
-                squashed = ensure_squashed(
-                    self.images, self.profile, remote=remote, force=self.force_squash, on_event=report
-                )
-                plan = with_images(plan, squashed.mapping)
-            if statuses is not None:
-                plan = self._stage_data(remote, plan, statuses, report)
-            plan, entry_note = resolve_for_run(plan, self.compiled, remote)  # probe/cache Export-Deploy's script
-            if entry_note:
-                report(Note(entry_note))
-            files = job_files(self.compiled, plan, launcher="slurm", checkpoint=self.description)
-            hook = local_hook_dir() if self.toolchain.hook_dir else None
-            upload_job_files(remote, self.job_dir, files, hook)
-            submission = SlurmSubmission(
-                connection=self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
-                sbatch=dataclasses.asdict(self.spec),
-            )
-            record = new_record(
-                self.compiled,
-                self.invocation,
-                executor="slurm",
-                job_dir=self.job_dir,
-                tasks=task_entries(plan),
-                slurm=submission,
-            )
-            record.local_results_dir = str(local_job_copy(record))
-            record.save()
-            for name in (*JobDir.RECORDED, JobDir.SCRIPT):
-                write_text_atomic(record.path / name, files[name])
-            submit_job(record, self.spec, self.profile, report, facts=facts)
+            self.facts = cluster_facts(remote)
+            where = remote.description
+            check_request(self.facts, partition=self.spec.partition, account=self.spec.account, where=where)
+            check_builtin_python(remote, job.plan, self.profile)  # the job's python imports ckpteval there
         except BaseException:
-            session.close()
+            self.session.close()
             raise
-        return SlurmJob(record, session)
 
-    def _stage_data(self, remote: Remote, plan: JobPlan, statuses: list[TaskDataStatus], report: Reporter) -> JobPlan:
-        """Push the datasets fetched here and not yet on the cluster; `plan` with every task step reading them."""
-        from ckpteval.cluster.data_push import datasets_dir, push_datasets
-        from ckpteval.tasks.data_cache import default_cache_dir
+    @property
+    def remote(self) -> Remote:
+        return self.session.remote
 
-        to_push = list(dict.fromkeys(ref for s in statuses for ref in s.to_push))
-        if to_push:
-            report(Note(f"pushing {len(to_push)} dataset(s) to {datasets_dir(self.profile)} ..."))
-            pushed = push_datasets(remote, datasets_dir(self.profile), to_push, default_cache_dir())
-            sent = f"{len(pushed.staged)} sent ({pushed.bytes_sent} bytes)"
-            report(Note(f"datasets staged: {sent}, {len(pushed.present)} already there"))
-        return self._with_data(plan, statuses)
+    @property
+    def description(self) -> str:
+        return self.session.remote.description
+
+    def __enter__(self) -> SlurmHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def checkpoint_to_read(self, compiled: CompiledConfig) -> str | None:
+        """The checkpoint's path on the cluster; None for a packaged model the job prepares (ckpteval's own)."""
+        deployment = compiled.config.deployment
+        path = getattr(deployment, "checkpoint_path", None)
+        if not path or getattr(deployment, "prepare", None):
+            return None
+        return str(path)
+
+    def describe_checkpoint(self, path: str, *, tokenizer: str | None, origin: str | None) -> CheckpointDescription:
+        """Its small files over SSH, in one round trip."""
+        from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
+
+        return self.session.call(
+            lambda remote: describe_remote_checkpoint(remote, path, tokenizer=tokenizer, origin=origin)
+        )
+
+    def write_job_files(self, job_dir: str, files: dict[str, str]) -> None:
+        """Upload them, with the harness's offline-data hook, to the job directory on the cluster."""
+        upload_job_files(self.remote, job_dir, files, local_hook_dir())
+
+    def record_fields(self) -> dict[str, Any]:
+        """How to reach the cluster again (secrets redacted) and the Slurm request."""
+        submission = SlurmSubmission(
+            connection=self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
+            sbatch=dataclasses.asdict(self.spec),
+        )
+        return {"slurm": submission}
+
+    def place_results(self, record: InvocationRecord) -> None:
+        record.local_results_dir = str(local_job_copy(record))  # fetched there when the job has ended
+
+    def start(self, record: InvocationRecord, files: dict[str, str], report: Reporter) -> SlurmJob:
+        """Keep the job script beside the record, then submit through nemo-run."""
+        write_text_atomic(record.path / JobDir.SCRIPT, files[JobDir.SCRIPT])
+        submit_job(record, self.spec, self.profile, report, facts=self.facts)
+        return SlurmJob(record, self.session)
+
+    def close(self) -> None:
+        self.session.close()
 
 
 def submit_job(
@@ -430,9 +292,69 @@ class SlurmBackend:
     """Jobs on a Slurm cluster."""
 
     executor = "slurm"
+    launcher: Launcher = "slurm"
+    exports_here = False  # the job exports its own results as it ends (the pipeline adds the export step)
+    reads_remotely = True
 
-    def prepare(self, compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> SlurmPreparedJob:
-        return SlurmPreparedJob(compiled, invocation, force_squash=force_squash)
+    def accept(self, compiled: CompiledConfig) -> None:
+        remote_job_dir(compiled, "")  # a config whose execution section is not Slurm's ends here
+
+    def job_dir(self, compiled: CompiledConfig, invocation: str) -> str:
+        return remote_job_dir(compiled, invocation)
+
+    def toolchain(self, compiled: CompiledConfig, job_dir: str) -> Toolchain:
+        return slurm_toolchain(compiled.profile.python, job_dir)
+
+    def refuse_secrets(self, compiled: CompiledConfig, plan: JobPlan) -> None:
+        check_no_secrets(compiled, plan)
+
+    def connect(self, job: PlannedJob, report: Reporter | None = None) -> SlurmHost:
+        return SlurmHost(job, report)
+
+    def preview(self, job: PlannedJob, *, check: bool = False) -> list[PreviewPanel]:
+        """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
+        asked unless `check`)."""
+        from ckpteval.cluster.export_deploy import preview_entry_point
+        from ckpteval.cluster.squash import plan_squash
+        from ckpteval.execution.pipeline import data_statuses, with_data
+        from ckpteval.job.request_groups import request_groups_panel
+
+        spec = sbatch_spec(job.compiled, job.invocation, job.job_dir)
+        squash = plan_squash(job.images, job.profile, check=check, force=job.force_squash)
+        # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
+        plan, entry_panel = preview_entry_point(job.plan, job.compiled, squash, check=check)
+        data_panels: list[PreviewPanel] = []
+        if not job.profile.compute_internet:
+            from ckpteval.tasks.data_status import render_statuses
+
+            if check:  # --dry-run --check: the cluster is asked, read-only, which datasets it has
+                from ckpteval.cluster.connect import connect_remote
+
+                with connect_remote(job.profile) as remote:
+                    statuses = data_statuses(job.compiled, remote) or []
+            else:
+                statuses = data_statuses(job.compiled, None) or []
+            plan = with_data(job.compiled, plan, statuses)
+            body = render_statuses(statuses)
+            if not check:
+                body += (
+                    "\n\n(the cluster was not asked: `unchecked` tasks were fetched here and are pushed at "
+                    "submission unless staged already; --check asks it)"
+                )
+            data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
+        # the script as it will run: images shown as their .sqsh files
+        script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
+        requests = request_groups_panel(plan)  # Export-Deploy's entry point may say it mixes request settings
+        return [
+            PreviewPanel(
+                title="sbatch script (submitted by nemo-run)", body=render_sbatch_preview(spec), language="bash"
+            ),
+            PreviewPanel(title=f"job script ({spec.job_script})", body=script, language="bash"),
+            PreviewPanel(title="squash plan", body="", squash=squash),
+            *data_panels,
+            *([entry_panel] if entry_panel else []),
+            *([requests] if requests else []),
+        ]
 
     def status(self, record: InvocationRecord) -> InvocationStatus:
         """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection.

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import ConfigError
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 STATE_DIR_VAR = "CKPTEVAL_STATE_DIR"
 RECORD_FILE = "record.json"
 RECORD_VERSION = 2
-Executor = Literal["local", "slurm"]
+Executor = str  # a registered executor (`ckpteval.config.executors`)
 
 
 def state_dir() -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
-from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment, SlurmExecution
+from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment
 from ckpteval.deploy.backends import LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
@@ -229,8 +229,7 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     config = compiled.config
     out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
     out.extend(compiled.profile.mounts)
-    if isinstance(config.execution, SlurmExecution):
-        out.extend(f"{src}:{dst}" for src, dst in config.execution.mounts.items())
+    out.extend(f"{src}:{dst}" for src, dst in config.execution.container_mounts().items())
     checkpoint = getattr(config.deployment, "checkpoint_path", None)
     if checkpoint:
         prepared_here = getattr(config.deployment, "prepare", None) is not None

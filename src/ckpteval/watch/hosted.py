@@ -141,12 +141,13 @@ def render_watcher_script(hosted: HostedWatch) -> str:
 
 def plan_hosted(spec: WatchSpec) -> HostedWatch:
     """The cluster-hosted watcher of `spec` (a Slurm profile, an absolute save dir); nothing contacted."""
+    from ckpteval.config.executors import find_executor
     from ckpteval.config.profiles import load_env_file
     from ckpteval.watch.run import absolute_save_dir
 
     env = load_env_file(Path(spec.env_file) if spec.env_file else None)
     profile = env.profile(spec.profile)
-    if profile.executor != "slurm" or profile.tunnel != "ssh":
+    if not find_executor(profile.executor).on_cluster or profile.tunnel != "ssh":
         raise ConfigError(
             "--detach puts the watcher on a Slurm cluster reached over SSH: name such a profile with --run.",
             hint="evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER --detach",

@@ -26,7 +26,7 @@ from typing import Any
 
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
-from ckpteval.execution.local import process_start_time
+from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
 from ckpteval.watch.loop import Watcher, WatchEvent
 from ckpteval.watch.readiness import SaveDirListing, list_save_dir
@@ -74,7 +74,7 @@ class SaveDirLister:
 
     def __call__(self) -> SaveDirListing:
         self.round_trips += 1
-        if self.profile.executor == "local" or self.profile.tunnel == "local":
+        if runs_here(self.profile):
             from ckpteval.cluster.remote import LocalRemote
 
             return list_save_dir(LocalRemote(), self.save_dir)
@@ -93,7 +93,7 @@ def absolute_save_dir(save_dir: str, profile: Profile) -> str:
     """The save dir as an absolute path: relative ones are relative to here (only for local profiles)."""
     if save_dir.startswith("/"):
         return posixpath.normpath(save_dir)
-    if profile.executor == "local" or profile.tunnel == "local":
+    if runs_here(profile):
         return str(Path(save_dir).expanduser().resolve())
     raise ConfigError(
         f"The save directory {save_dir!r} is on the cluster: give it as an absolute path there.",
@@ -108,9 +108,12 @@ def resolve_profile(spec: WatchSpec) -> Profile:
     return load_env_file(Path(spec.env_file) if spec.env_file else None).profile(spec.profile)
 
 
-DEFAULT_MAX_PENDING = {"slurm": 4, "local": 1}
-# a status query costs a file read here, an SSH round trip with a Slurm query on a cluster
-DEFAULT_FOLLOW_EVERY = {"slurm": 30.0, "local": 5.0}
+def runs_here(profile: Profile) -> bool:
+    """Whether the profile's files (the save dir) are on this machine: its executor's jobs run here, or this
+    is the cluster's login node (`tunnel = "local"`)."""
+    from ckpteval.config.executors import find_executor
+
+    return not find_executor(profile.executor).on_cluster or profile.tunnel == "local"
 
 
 def _resolve(spec: WatchSpec) -> Profile:
@@ -119,8 +122,11 @@ def _resolve(spec: WatchSpec) -> Profile:
         raise ConfigError("--max-pending and --max-attempts must be at least 1, --every and --follow-every above 0.")
     profile = resolve_profile(spec)
     spec.save_dir = absolute_save_dir(spec.save_dir, profile)
-    spec.max_pending = spec.max_pending or DEFAULT_MAX_PENDING[profile.executor]
-    spec.follow_every = spec.follow_every or DEFAULT_FOLLOW_EVERY[profile.executor]
+    from ckpteval.config.executors import find_executor
+
+    executor = find_executor(profile.executor)
+    spec.max_pending = spec.max_pending or executor.watch_max_pending
+    spec.follow_every = spec.follow_every or executor.watch_follow_every
     return profile
 
 

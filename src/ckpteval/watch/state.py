@@ -257,7 +257,7 @@ def _from_json(data: dict[str, Any]) -> WatchState:
 
 def process_alive(pid: int | None, started: str | None) -> bool:
     """Whether the watcher process `pid` still runs (and is the one that started at `started`)."""
-    from ckpteval.execution.local import process_start_time
+    from ckpteval.execution.processes import process_start_time
 
     if not pid:
         return False

@@ -85,11 +85,11 @@ def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: s
 
 def preview(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tuple[CompiledConfig, str, list[Any]]:
     """What `--dry-run` shows for one iteration: the compiled config, an invocation id, the job's panels."""
-    from ckpteval.api import backend_for
+    from ckpteval.execution.pipeline import plan_job
 
     compiled = compile_evaluation(spec, iteration, iter_dir, run=run)
     invocation = new_invocation_id()
-    return compiled, invocation, backend_for(compiled.execution_type).prepare(compiled, invocation).preview()
+    return compiled, invocation, plan_job(compiled, invocation).preview()
 
 
 def submit(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, invocation: str | None = None) -> str:

@@ -51,7 +51,7 @@ def test_results_json_records_what_produced_the_numbers(
     tiny_checkpoint: Path, isolated_user: Path, tmp_path: Path
 ) -> None:
     from ckpteval.api import compile_config
-    from ckpteval.execution.local import LocalPreparedJob
+    from ckpteval.execution.pipeline import plan_job
     from ckpteval.invocation.jobdir import JobDir
     from ckpteval.job.files import job_files, write_job_files
     from ckpteval.results.collect import collect_results
@@ -60,7 +60,7 @@ def test_results_json_records_what_produced_the_numbers(
     compiled = compile_config(
         configs=["tiny"], tasks=["adlr_mmlu"], overrides=["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
     )
-    prepared = LocalPreparedJob(compiled, "abcd1234")
+    prepared = plan_job(compiled, "abcd1234")
     prepared.check_checkpoint()
     assert prepared.description is not None
 

@@ -1,0 +1,84 @@
+"""The executors an env.toml profile can name (`executor = "..."`): the one registry of where jobs run.
+
+Each entry says which job backend runs its jobs (a `module:attribute` path, imported only when a job is
+planned or acted on: `ckpteval.execution.backends.backend_for`), which packaged `execution` config it
+selects, and the few traits the code before a backend asks about: whether its jobs run on a cluster reached
+through the profile's tunnel (their files, checkpoints and save dirs are there; images are squashed and
+datasets staged there; the cluster-hosted watcher runs there), and how `evaluate watch` paces itself.
+Nothing else in ckpteval names an executor: a new one is its backend module and one `register_executor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpteval.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Executor:
+    """One place jobs run."""
+
+    name: str
+    backend: str  # "package.module:Class", a JobBackend made with no arguments
+    config_group: str  # the packaged conf/execution option a profile of this executor selects
+    on_cluster: bool  # jobs run on a cluster reached through the profile's tunnel (`host`, `remote_job_dir`)
+    watch_max_pending: int  # `evaluate watch`: evaluations submitted and not yet ended, by default
+    watch_follow_every: float  # `evaluate watch`: seconds between status queries, by default
+
+
+_EXECUTORS: dict[str, Executor] = {}
+
+
+def register_executor(executor: Executor) -> None:
+    """Make `executor` nameable in env.toml (a later registration of the same name replaces it)."""
+    _EXECUTORS[executor.name] = executor
+
+
+def unregister_executor(name: str) -> None:
+    """Forget an executor (a test's, when the test ends)."""
+    _EXECUTORS.pop(name, None)
+
+
+def executor_names() -> list[str]:
+    """The executors a profile can name, in registration order."""
+    return list(_EXECUTORS)
+
+
+def find_executor(name: str, *, where: str = "env.toml") -> Executor:
+    """The registered executor `name`; ConfigError naming the ones that exist otherwise."""
+    found = _EXECUTORS.get(name)
+    if found is None:
+        allowed = ", ".join(repr(n) for n in _EXECUTORS)
+        raise ConfigError(
+            f"{where}: 'executor' is {name!r}; it must be one of {allowed}." + did_you_mean(name, list(_EXECUTORS))
+        )
+    return found
+
+
+def cluster_executors() -> list[str]:
+    """The executors whose jobs run on a cluster (for messages that say which to pick)."""
+    return [e.name for e in _EXECUTORS.values() if e.on_cluster]
+
+
+# a status query costs a file read here, an SSH round trip with a Slurm query on a cluster
+register_executor(
+    Executor(
+        name="local",
+        backend="ckpteval.execution.local:LocalBackend",
+        config_group="local",
+        on_cluster=False,
+        watch_max_pending=1,
+        watch_follow_every=5.0,
+    )
+)
+register_executor(
+    Executor(
+        name="slurm",
+        backend="ckpteval.execution.slurm:SlurmBackend",
+        config_group="slurm/default",
+        on_cluster=True,
+        watch_max_pending=4,
+        watch_follow_every=30.0,
+    )
+)

@@ -1,0 +1,77 @@
+"""The planned job of a new invocation: what every backend is handed to preview, stage and start.
+
+Pure planning (nothing written, nothing contacted): the job directory and the toolchain where the job runs,
+the plan (one deployment, every task against it), the container images to squash, and for a job that
+exports its own results the export step (reading the W&B key from where `stage_secrets` will put it).
+"""
+
+from __future__ import annotations
+
+# ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
+# and `--dry-run` load only what they use), not to break an import cycle.
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.profiles import Profile
+from ckpteval.job.build import Launcher, Toolchain, build_plan
+from ckpteval.job.plan import JobPlan
+
+if TYPE_CHECKING:
+    from ckpteval.cluster.images import ImageRef
+    from ckpteval.checkpoint.description import CheckpointDescription
+
+
+@dataclass
+class PlannedJob:
+    """A new invocation's job, planned for where it runs."""
+
+    compiled: CompiledConfig
+    invocation: str
+    job_dir: str  # absolute, where the job runs
+    plan: JobPlan
+    images: list[ImageRef]  # registry images its steps run in (squashed before submission)
+    force_squash: bool = False
+    description: CheckpointDescription | None = field(default=None)  # set once the checkpoint is checked
+
+    @classmethod
+    def make(
+        cls,
+        compiled: CompiledConfig,
+        invocation: str,
+        *,
+        job_dir: str,
+        toolchain: Toolchain,
+        launcher: Launcher,
+        exports_itself: bool,
+        force_squash: bool = False,
+    ) -> PlannedJob:
+        """The job of `compiled` in `job_dir`; with `exports_itself`, the export step after the tasks."""
+        from ckpteval.cluster.submission import job_images
+
+        plan = build_plan(compiled, invocation=invocation, job_dir=job_dir, toolchain=toolchain, launcher=launcher)
+        images = job_images(plan)
+        if exports_itself:
+            plan = add_export_step(plan, compiled, key_file=_planned_key_file(compiled, job_dir))
+        return cls(compiled, invocation, job_dir, plan, images, force_squash=force_squash)
+
+    @property
+    def profile(self) -> Profile:
+        return self.compiled.profile
+
+
+def add_export_step(plan: JobPlan, compiled: CompiledConfig, *, key_file: str | None) -> JobPlan:
+    """`plan` with the step that exports the results from inside the job, after the tasks (W&B, MLflow)."""
+    from ckpteval.export.job import with_export_step
+
+    return with_export_step(plan, compiled, compiled.profile.python, key_file=key_file)
+
+
+def _planned_key_file(compiled: CompiledConfig, job_dir: str) -> str | None:
+    """Where the job will read the W&B key (shown by a dry run), when W&B export is on and online."""
+    from ckpteval.export.credentials import key_file_path, wandb_mode
+
+    if not compiled.config.export.wandb.enabled or wandb_mode(os.environ) != "online":
+        return None
+    return key_file_path(job_dir)
