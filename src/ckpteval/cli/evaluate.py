@@ -42,8 +42,33 @@ def evaluate_command(
         bool, typer.Option("-d", "--dry-run", help="Show the compiled config, job script and squash plan; do nothing.")
     ] = False,
     task: Annotated[
-        list[str] | None, typer.Option("-t", "--task", metavar="TASK", help="Evaluate only this task (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "-t", "--task", "--tasks", metavar="TASK[,TASK]", help="Evaluate only these tasks (repeatable, or a,b)."
+        ),
     ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            metavar="N",
+            help="Samples per task (evaluation.nemo_evaluator_config.config.params.limit_samples).",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", metavar="PATH|ARTIFACT", help="The checkpoint to evaluate (run.model)."),
+    ] = None,
+    override: Annotated[
+        list[str] | None,
+        typer.Option("-o", "--override", metavar="KEY=VALUE", help="An override, as nel writes it (repeatable)."),
+    ] = None,
+    show_config: Annotated[
+        bool,
+        typer.Option(
+            "-v", "--show-config", help="Before running, show the compiled config and job script (as --dry-run does)."
+        ),
+    ] = False,
     force_squash: Annotated[
         bool, typer.Option("--force-squash", help="Re-import container images even if their .sqsh exists.")
     ] = False,
@@ -71,6 +96,8 @@ def evaluate_command(
       evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
       evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
     """
+    import time
+
     from ckpteval import CompileRequest
     from ckpteval import run as run_invocation
     from ckpteval.cli.console import ConsoleReporter, render_outcome
@@ -81,20 +108,38 @@ def evaluate_command(
             "--run and --batch are mutually exclusive.",
             hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.",
         )
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be a positive number of samples, not {limit}.")
     request = CompileRequest(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
-        overrides=tuple(overrides or ()),
-        tasks=tuple(task or ()),
+        overrides=shortcut_overrides(limit=limit, model=model) + tuple(override or ()) + tuple(overrides or ()),
+        tasks=tuple(name for value in task or () for name in value.split(",") if name),
         env_file=env_file,
     )
     if check and not dry_run:
         raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
-    with ConsoleReporter() as reporter:
+    started = time.monotonic()
+    with ConsoleReporter(show_config=show_config) as reporter:
         outcome = run_invocation(
             request, reporter=reporter, dry_run=dry_run, force_squash=force_squash, check_squash=check
         )
-    render_outcome(outcome, reporter.console)
+    render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
+
+
+def shortcut_overrides(*, limit: int | None, model: str | None) -> tuple[str, ...]:
+    """The overrides that `--limit` and `--model` stand for (first, so an explicit override wins)."""
+    out = []
+    if limit is not None:
+        out.append(f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}")
+    if model is not None:
+        out.append(f"run.model={_quoted(model)}")
+    return tuple(out)
+
+
+def _quoted(value: str) -> str:
+    # a path with Hydra's special characters (',', '=', spaces, brackets) is one string value
+    return "'" + value.replace("'", "\\'") + "'"

@@ -13,11 +13,14 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import importlib
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 import typer.core
 import typer.main
+
+# Typer 0.29 carries its own copy of Click: its usage errors are these classes, not the `click` package's
+from typer._click.exceptions import NoSuchOption, UsageError
 
 from ckpteval.errors import CkptevalError
 
@@ -82,9 +85,21 @@ class EvaluateGroup(typer.core.TyperGroup):
         return _typer_command(func, cmd_name)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        from ckpteval.cli.habits import is_bare_word, unknown_first_word
+
+        if args and args[0] == "help":  # `evaluate help [COMMAND]`, as git and nel read it
+            args = [args[1], "--help"] if len(args) > 1 and args[1] in COMMANDS else ["--help"]
+        if args and args[0] not in COMMANDS and is_bare_word(args[0]) and not ctx.resilient_parsing:
+            raise unknown_first_word(args, COMMANDS)
         if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
+
+    def make_context(self, info_name: Any, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except (CkptevalError, UsageError) as exc:
+            _exit_with(exc)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -97,14 +112,34 @@ class EvaluateGroup(typer.core.TyperGroup):
         show_notices()  # the library's notices (a W&B login found, a converter's progress) as lines on stderr
         try:
             return super().invoke(ctx)
-        except CkptevalError as exc:
-            report_error(exc)
-            raise typer.Exit(exc.exit_code) from None
+        except (CkptevalError, UsageError) as exc:  # a subcommand's usage mistake lands here
+            _exit_with(exc)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from ckpteval.cli.help import render_root_help
 
         render_root_help(ctx, COMMANDS)
+
+
+def _exit_with(exc: CkptevalError | UsageError) -> NoReturn:
+    """Report a mistake as one line (plus its hint) and exit: the framework's usage errors too, so an
+    unknown flag reads like every other mistake instead of a boxed usage message."""
+    if isinstance(exc, UsageError):
+        exc = _as_config_error(exc)
+    report_error(exc)
+    raise typer.Exit(exc.exit_code) from None
+
+
+def _as_config_error(exc: UsageError) -> CkptevalError:
+    from ckpteval.cli.habits import unknown_option
+    from ckpteval.errors import ConfigError
+
+    command = exc.ctx.command.name if exc.ctx is not None and exc.ctx.parent is not None else None
+    command = None if command == DEFAULT_COMMAND else command
+    if isinstance(exc, NoSuchOption):
+        return unknown_option(exc.option_name, exc.format_message(), command)
+    where = f"evaluate {command} --help" if command else "evaluate --help"
+    return ConfigError(exc.format_message().rstrip(".") + ".", hint=f"`{where}` shows the usage.")
 
 
 def _typer_command(func: Any, name: str) -> Any:
