@@ -48,12 +48,11 @@ def deploy_command(
             help="A Hugging Face tokenizer directory or hub id. Default: the checkpoint's own (evaluate inspect).",
         ),
     ] = None,
-    prefix_cache: Annotated[
+    # one flag, not an on/off pair: the pair's second name takes a help column of its own at 80 columns
+    no_prefix_cache: Annotated[
         bool,
-        typer.Option(
-            "--prefix-cache/--no-prefix-cache", help="Compute each shared token prefix once (scoring requests)."
-        ),
-    ] = True,
+        typer.Option("--no-prefix-cache", help="Compute every token (by default a shared prefix is computed once)."),
+    ] = False,
     prefix_cache_mib: Annotated[
         int, typer.Option("--prefix-cache-mib", help="Memory the prefix cache may hold, in MiB.")
     ] = 1024,
@@ -83,7 +82,7 @@ def deploy_command(
             replicas=replicas,
             tokenizer=None if tokenizer is None else str(tokenizer),
             access_log=access_log,
-            prefix_cache=prefix_cache,
+            prefix_cache=not no_prefix_cache,
             prefix_cache_mib=prefix_cache_mib,
         )
     )

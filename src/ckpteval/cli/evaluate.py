@@ -52,7 +52,7 @@ def evaluate_command(
         typer.Option(
             "--limit",
             metavar="N",
-            help="Samples per task (evaluation.nemo_evaluator_config.config.params.limit_samples).",
+            help="Samples per task (the config's limit_samples).",
         ),
     ] = None,
     model: Annotated[
@@ -90,11 +90,11 @@ def evaluate_command(
 
     [bold]Examples[/]
 
-      evaluate -c tiny                                   [dim]# this machine, CPU, offline, a real model[/]
-      evaluate -c sft --run MY-CLUSTER                   [dim]# submit, follow, print the scores[/]
-      evaluate -c sft --batch MY-CLUSTER                 [dim]# submit and return the invocation id[/]
-      evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
-      evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
+      evaluate -c tiny                            [dim]# this machine, CPU, offline[/]
+      evaluate -c sft --run MY-CLUSTER            [dim]# submit, follow, print the scores[/]
+      evaluate -c sft --batch MY-CLUSTER          [dim]# submit, print the invocation id[/]
+      evaluate -c sft --run MY-CLUSTER --dry-run  [dim]# show everything, do nothing[/]
+      evaluate -c sft -t adlr_mmlu,hellaswag --limit 10 deployment=vllm
     """
     import time
 

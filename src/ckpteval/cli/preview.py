@@ -6,6 +6,7 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ckpteval.types import CompiledConfig, PreviewPanel
@@ -97,13 +98,19 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
         served += f", {backend} backend" if backend else ""
         served += f" on {device}" if device and device != "auto" else ""
     model = (data.get("run") or {}).get("model") or deployment.get("checkpoint_path") or "(none)"
-    where = "this machine" if compiled.execution_type == "local" else f"on {compiled.profile.name}'s cluster"
     mode = {"local": "attached", "run": "attached", "batch": "detached"}[compiled.mode]
-    output_dir = (data.get("execution") or {}).get("output_dir", "")
+    output_dir = str((data.get("execution") or {}).get("output_dir", "")).rstrip("/")
+    if compiled.execution_type == "local":
+        profile = f"{compiled.profile.name} (this machine, {mode})"
+        results = f"{Path(output_dir).resolve() / invocation}/"
+    else:
+        profile = f"{compiled.profile.name} ({compiled.profile.executor}, {mode})"
+        results = f"{output_dir}/{invocation}/ on the cluster"
     return [
         ("invocation", invocation),
-        ("model", f"{model} (served by {served})"),
+        ("model", str(model)),
+        ("served by", served),
         ("tasks", ", ".join(t.name for t in compiled.tasks)),
-        ("profile", f"{compiled.profile.name} ({compiled.profile.executor}, {mode})"),
-        ("results", f"{output_dir.rstrip('/')}/{invocation}/" + ("" if where == "this machine" else f" ({where})")),
+        ("profile", profile),
+        ("results", results),
     ]

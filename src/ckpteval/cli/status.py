@@ -25,6 +25,7 @@ def status_command(
         print(json.dumps([_as_json(s) for s in statuses], indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -33,12 +34,16 @@ def status_command(
         return
     if invocation:
         s = statuses[0]
-        from rich.markup import escape
-
         where = s.record.executor + (f" job {s.slurm_job}" if s.slurm_job else "")
         console.print(
             f"[bold]{s.record.id}[/]  {s.state}  ({where}, profile {s.record.profile})"
             + (f"  [dim]{escape(s.detail)}[/]" if s.detail else "")
+        )
+        took = duration(s)
+        console.print(
+            f"model: {escape(s.record.model or '')}" + (f"  took: {took}" if took else ""),
+            highlight=False,
+            soft_wrap=True,
         )
         table = Table(header_style="bold")
         for col in ("task", "state", "progress"):
@@ -61,19 +66,64 @@ def status_command(
             console.print("[red]last lines of the job's log:[/]")
             console.print(escape(s.log_tail), highlight=False)
         return
-    table = Table(header_style="bold")
-    for col in ("invocation", "created", "where", "state", "tasks"):
+    from rich import box
+
+    from ckpteval.cli.fit import print_fitting
+
+    header = ("invocation", "created", "model", "where", "state", "took", "tasks")
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False)  # no vertical rules: fits 80
+    for col in header:
         table.add_column(col)
+    rows = []
     for s in statuses:
-        where = s.record.where
-        table.add_row(
-            s.record.id,
-            s.record.created,
-            where,
-            s.state + (f" ({s.detail})" if s.detail else ""),
-            ", ".join(s.record.task_names),
+        rows.append(
+            [
+                s.record.id,
+                s.record.created.replace("T", " ").removesuffix("Z")[:16],
+                escape(model_name(s.record)),
+                escape(s.record.where),
+                escape(s.state + (f" ({s.detail})" if s.detail else "")),
+                duration(s),
+                escape(", ".join(s.record.task_names)),
+            ]
         )
-    console.print(table)
+        table.add_row(*rows[-1])
+    print_fitting(console, table, header, rows)
+
+
+def model_name(record) -> str:
+    """The model of an invocation in a few words: its label, or the last two parts of its checkpoint path."""
+    if record.label:
+        return record.label
+    if not record.model:
+        return ""
+    parts = [p for p in record.model.rstrip("/").split("/") if p]
+    return "/".join(parts[-2:]) if len(parts) > 1 else record.model
+
+
+def duration(s) -> str:
+    """How long it ran: until it ended (its job dir's `finished` mark, where this machine has it), or until
+    now while it runs; "" when nothing says."""
+    import time
+    from datetime import datetime
+    from pathlib import Path
+
+    from ckpteval.cli.console import format_duration
+    from ckpteval.invocation.jobdir import JobDir
+
+    try:
+        created = datetime.fromisoformat(s.record.created.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return ""
+    if s.state in ("running", "pending"):
+        return format_duration(max(0.0, time.time() - created))
+    if s.record.executor != "local":  # the cluster's job dir keeps the time it finished; a fetched copy does not
+        return ""
+    finished = Path(s.record.job_dir) / JobDir.FINISHED
+    try:
+        return format_duration(max(0.0, finished.stat().st_mtime - created))
+    except OSError:
+        return ""
 
 
 def _as_json(s) -> dict:
@@ -95,6 +145,7 @@ def _as_json(s) -> dict:
         "executor": s.record.executor,
         "profile": s.record.profile,
         "created": s.record.created,
+        "model": s.record.model,
         "deployment": s.snapshot.deployment if s.snapshot else None,
         "requests": (s.snapshot.requests or None) if s.snapshot else None,
         "tasks": tasks,
