@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -16,7 +17,12 @@ if TYPE_CHECKING:
 
 
 def compare_command(
-    invocations: Annotated[list[str], typer.Argument(help="Invocation ids (or prefixes); the first is the baseline.")],
+    invocations: Annotated[
+        list[str],
+        typer.Argument(
+            autocompletion=completion.invocations, help="Invocation ids (or prefixes); the first is the baseline."
+        ),
+    ],
     baseline: Annotated[
         str | None, typer.Option("--baseline", "-b", help="The invocation the others are compared with.")
     ] = None,

@@ -199,19 +199,17 @@ def render_outcome(outcome: Outcome, console: Console, *, elapsed: float | None 
 
 def print_run_end(outcome: Outcome, console: Console, elapsed: float | None) -> None:
     """The last lines of an attached run: state and elapsed time, the results file, what to run next."""
-    from pathlib import Path
-
     from rich.markup import escape
 
-    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.views import results_file
 
     record = outcome.record
     assert record is not None
     took = f" in {format_duration(elapsed)}" if elapsed is not None else ""
     color = "green" if outcome.state == "succeeded" else "red"
     console.print(f"[{color}]{outcome.state}[/]{took} · invocation [bold]{record.id}[/]")
-    if record.local_results_dir:
-        results = Path(record.local_results_dir) / JobDir.RESULTS
+    results = results_file(record)
+    if results is not None:
         console.print(f"results: {escape(str(results))}", highlight=False, soft_wrap=True)
     if outcome.results is None or not outcome.results.tasks:
         console.print(f"  evaluate logs {record.id}   [dim]# what happened[/]")

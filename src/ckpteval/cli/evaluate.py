@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def evaluate_command(
     config: Annotated[
@@ -17,6 +19,7 @@ def evaluate_command(
             "-c",
             "--config",
             metavar="NAME|PATH",
+            autocompletion=completion.configs,
             help="A stage config (sft, tiny, ...) or a YAML path; repeat to compose left to right.",
         ),
     ] = None,
@@ -26,6 +29,7 @@ def evaluate_command(
             "-r",
             "--run",
             metavar="PROFILE",
+            autocompletion=completion.profiles,
             help="Run attached on this env.toml profile: submit, follow, print the scores.",
         ),
     ] = None,
@@ -35,6 +39,7 @@ def evaluate_command(
             "-b",
             "--batch",
             metavar="PROFILE",
+            autocompletion=completion.profiles,
             help="Run detached on this env.toml profile: submit, print the invocation id, exit.",
         ),
     ] = None,
@@ -44,7 +49,12 @@ def evaluate_command(
     task: Annotated[
         list[str] | None,
         typer.Option(
-            "-t", "--task", "--tasks", metavar="TASK[,TASK]", help="Evaluate only these tasks (repeatable, or a,b)."
+            "-t",
+            "--task",
+            "--tasks",
+            metavar="TASK[,TASK]",
+            autocompletion=completion.tasks,
+            help="Evaluate only these tasks (repeatable, or a,b).",
         ),
     ] = None,
     limit: Annotated[

@@ -68,7 +68,7 @@ class EvaluateGroup(typer.core.TyperGroup):
     """A group whose first word is either a subcommand or the start of the default action's arguments."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [DEFAULT_COMMAND, *COMMANDS]
+        return list(COMMANDS)  # the default action has no word of its own (completion offers these)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name == DEFAULT_COMMAND:
@@ -91,7 +91,8 @@ class EvaluateGroup(typer.core.TyperGroup):
             args = [args[1], "--help"] if len(args) > 1 and args[1] in COMMANDS else ["--help"]
         if args and args[0] not in COMMANDS and is_bare_word(args[0]) and not ctx.resilient_parsing:
             raise unknown_first_word(args, COMMANDS)
-        if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
+        own = {name for param in self.get_params(ctx) for name in param.opts}  # --help, --version, completion
+        if args and args[0] not in COMMANDS and args[0].partition("=")[0] not in own:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -160,7 +161,7 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     cls=EvaluateGroup,
     name="evaluate",
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion; the completers: ckpteval.cli.completion
     no_args_is_help=True,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},

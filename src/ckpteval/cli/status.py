@@ -9,9 +9,14 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def status_command(
-    invocation: Annotated[str | None, typer.Argument(help="An invocation id (or prefix); omit for all.")] = None,
+    invocation: Annotated[
+        str | None,
+        typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix); omit for all."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many recent invocations to list.")] = 20,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -106,10 +111,9 @@ def duration(s) -> str:
     now while it runs; "" when nothing says."""
     import time
     from datetime import datetime
-    from pathlib import Path
 
     from ckpteval.cli.console import format_duration
-    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.views import finished_at
 
     try:
         created = datetime.fromisoformat(s.record.created.replace("Z", "+00:00")).timestamp()
@@ -117,13 +121,8 @@ def duration(s) -> str:
         return ""
     if s.state in ("running", "pending"):
         return format_duration(max(0.0, time.time() - created))
-    if s.record.executor != "local":  # the cluster's job dir keeps the time it finished; a fetched copy does not
-        return ""
-    finished = Path(s.record.job_dir) / JobDir.FINISHED
-    try:
-        return format_duration(max(0.0, finished.stat().st_mtime - created))
-    except OSError:
-        return ""
+    finished = finished_at(s.record)
+    return "" if finished is None else format_duration(max(0.0, finished - created))
 
 
 def _as_json(s) -> dict:
