@@ -14,11 +14,13 @@ _SEPARATOR = " · "
 
 
 def fits(console: Console, table: Table) -> bool:
-    """Whether the table's natural width fits the console (so rich would not squeeze a column)."""
+    """Whether the table fits the console without cutting a cell: its natural width, or, when some of its
+    columns may wrap (their words go onto more lines, none is cut), its narrowest."""
     from rich.measure import Measurement
 
-    natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
-    return natural <= console.width
+    measured = Measurement.get(console, console.options.update_width(10_000), table)
+    wraps = any(not column.no_wrap for column in table.columns)
+    return (measured.minimum if wraps else measured.maximum) <= console.width
 
 
 def print_fitting(

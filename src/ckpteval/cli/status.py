@@ -75,21 +75,24 @@ def status_command(
 
     from ckpteval.cli.fit import print_fitting
 
-    header = ("invocation", "created", "model", "where", "state", "took", "tasks")
-    table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False)  # no vertical rules: fits 80
+    # `where` only when it tells invocations apart (not every one ran here)
+    where = any(s.record.where != "local" for s in statuses)
+    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "tasks")
+    # no vertical rules, no outer padding: the list fits 80 columns
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "tasks", overflow="fold")  # a long task list wraps between names
     rows = []
     for s in statuses:
         rows.append(
             [
                 s.record.id,
-                s.record.created.replace("T", " ").removesuffix("Z")[:16],
+                s.record.created.replace("T", " ").removesuffix("Z")[5:16],  # 11-27 21:12 (UTC)
                 escape(model_name(s.record)),
-                escape(s.record.where),
+                *([escape(s.record.where)] if where else []),
                 escape(s.state + (f" ({s.detail})" if s.detail else "")),
                 duration(s),
-                escape(", ".join(s.record.task_names)),
+                escape(" ".join(s.record.task_names)),  # spaces: a narrow column wraps between names
             ]
         )
         table.add_row(*rows[-1])

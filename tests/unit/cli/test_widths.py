@@ -97,7 +97,7 @@ def _finish(jobs: Path, invocation: str, *, seconds: float, code: int = 0) -> No
 def test_status_lists_model_and_duration(recorded, width):
     _finish(recorded, "aaaa0001", seconds=125)
     out = _render(["status"], width)
-    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu, hellaswag"):
+    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu", "hellaswag"):
         assert text in out, text
     single = _render(["status", "aaaa0001"], width)
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
