@@ -23,7 +23,6 @@ def render_preview(
     """Print the preview: summary, compiled config, extra panels."""
     from rich.console import Console
     from rich.panel import Panel
-    from rich.syntax import Syntax
     from rich.table import Table
 
     console = Console(soft_wrap=False)
@@ -46,14 +45,9 @@ def render_preview(
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
-    console.print(
-        Panel(
-            Syntax(config_yaml(compiled), "yaml", theme="ansi_dark", background_color="default"),
-            title="[bold green]compiled config[/]",
-            border_style="green",
-            expand=False,
-        )
-    )
+    # the config, like the scripts below, as plain lines under a rule: copyable, no border inside
+    console.rule("[bold green]compiled config[/]", align="left", style="green")
+    console.print(config_yaml(compiled), markup=False, highlight=False, soft_wrap=True, crop=False)
     for panel in panels:
         if panel.full_only_in_dry_run and not dry_run:
             console.print(f"[bold green]{panel.title}[/] [dim](shown in full by --dry-run)[/]")
