@@ -214,12 +214,14 @@ def print_run_end(outcome: Outcome, console: Console, elapsed: float | None) -> 
     if outcome.results is None or not outcome.results.tasks:
         console.print(f"  evaluate logs {record.id}   [dim]# what happened[/]")
         return
-    for command, why in (
+    nexts = (
         (f"report {record.id}", "one HTML page: scores, CIs, charts"),
         (f"samples {record.id} --wrong", "the documents it got wrong"),
         (f"compare OTHER_ID {record.id}", "is it better than another invocation?"),
-    ):
-        console.print(f"  evaluate {command}   [dim]# {why}[/]")
+    )
+    width = max(len(command) for command, _ in nexts)
+    for command, why in nexts:
+        console.print(f"  evaluate {command:<{width}}  [dim]# {why}[/]")
 
 
 def format_duration(seconds: float) -> str:
