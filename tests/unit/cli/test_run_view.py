@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 import ckpteval
 from ckpteval import Outcome
 from ckpteval.cli.console import ConsoleReporter, format_duration, render_outcome
+from ckpteval.cli.main import app
 from ckpteval.errors import ClusterError
 from ckpteval.invocation.record import load_record
 from ckpteval.types import Note, Preview, PreviewPanel
@@ -93,3 +95,17 @@ def test_the_end_of_a_run_says_how_long_where_and_what_next(isolated_user):
 @pytest.mark.parametrize(("seconds", "shown"), [(4.4, "4s"), (65, "1m 05s"), (7325, "2h 02m")])
 def test_durations_read_like_a_person_says_them(seconds, shown):
     assert format_duration(seconds) == shown
+
+
+def test_an_unreachable_host_is_the_first_thing_a_cluster_run_says(isolated_user):
+    # `.invalid` never resolves (RFC 2606): the run stops at the connection, before anything is shown
+    (isolated_user / "env.toml").write_text(
+        '[cluster]\nexecutor = "slurm"\nhost = "no-such-host.invalid"\naccount = "acct"\n'
+        'remote_job_dir = "/lustre/me"\ncontainer_image = "nvcr.io/nvidia/nemo:25.09"\n'
+    )
+    argv = ["-c", "sft", "--run", "cluster", "-t", "hellaswag", "run.model=/lustre/ckpt", "export.wandb.enabled=false"]
+    result = CliRunner().invoke(app, argv, terminal_width=80)
+    assert result.exit_code == 1, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert lines[0] == "error: Cannot resolve host 'no-such-host.invalid'."
+    assert len(lines) == 2 and "Traceback" not in result.output
