@@ -51,7 +51,7 @@ def status_command(
             soft_wrap=True,
         )
         table = Table(header_style="bold")
-        for col in ("task", "state", "progress"):
+        for col in ("task", "state", "requests"):  # progress counts requests; results count documents
             table.add_column(col)
         if s.snapshot:
             table.add_row("deployment", s.snapshot.deployment or "not started", "")

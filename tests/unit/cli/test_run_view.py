@@ -109,3 +109,22 @@ def test_an_unreachable_host_is_the_first_thing_a_cluster_run_says(isolated_user
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert lines[0] == "error: Cannot resolve host 'no-such-host.invalid'."
     assert len(lines) == 2 and "Traceback" not in result.output
+
+
+def test_progress_names_its_unit_requests():
+    from ckpteval.cli.progress import Rates, render_progress
+    from ckpteval.types import JobSnapshot, TaskSnapshot
+
+    snapshot = JobSnapshot(
+        deployment="ready",
+        tasks=(
+            TaskSnapshot("hellaswag", "tasks/hellaswag", "succeeded", 8, 8),
+            TaskSnapshot("gsm8k", "tasks/gsm8k", "pending"),
+        ),
+        finished=None,
+    )
+    console, out = _console()
+    console.print(render_progress(snapshot, Rates()))
+    lines = out.getvalue().splitlines()
+    assert lines[1].split()[:2] == ["hellaswag", "succeeded"] and lines[1].rstrip().endswith("8/8 requests")
+    assert lines[2].split() == ["gsm8k", "pending"]
