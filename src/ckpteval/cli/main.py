@@ -135,8 +135,9 @@ def _as_config_error(exc: UsageError) -> CkptevalError:
     from ckpteval.cli.habits import unknown_option
     from ckpteval.errors import ConfigError
 
-    command = exc.ctx.command.name if exc.ctx is not None and exc.ctx.parent is not None else None
-    command = None if command == DEFAULT_COMMAND else command
+    # the words of the command the mistake is in: `evaluate`, `evaluate status`, `evaluate watch stop`
+    path = exc.ctx.command_path.split() if exc.ctx is not None else []
+    command = " ".join(w for w in path[1:] if w != DEFAULT_COMMAND) or None
     if isinstance(exc, NoSuchOption):
         return unknown_option(exc.option_name, exc.format_message(), command)
     where = f"evaluate {command} --help" if command else "evaluate --help"
