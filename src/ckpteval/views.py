@@ -1,6 +1,7 @@
 """Plain data for presenting the library's values, shared by every front end (no rich, no Typer): the
 score table's cells, a compiled config as YAML, a checkpoint description in words, a watched checkpoint's
-verdicts in words.
+verdicts in words; the names a shell completes (profiles, configs, tasks, invocations); where an
+invocation's results file is and when its job finished.
 
 Part of the public API (docs/architecture.md). Each name loads its module on first use.
 """
@@ -8,11 +9,13 @@ Part of the public API (docs/architecture.md). Each name loads its module on fir
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import summary as checkpoint_summary
     from ckpteval.config.preview import config_yaml
+    from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.answers import shorten
     from ckpteval.results.compare import REGRESSION_EXIT_CODE
     from ckpteval.results.table import FAILED_MARK, table_rows
@@ -32,11 +35,69 @@ __all__ = [
     "FAILED_MARK",
     "REGRESSION_EXIT_CODE",
     "checkpoint_summary",
+    "config_names",
     "config_yaml",
+    "finished_at",
+    "invocation_ids",
+    "profile_names",
+    "results_file",
     "shorten",
     "table_rows",
+    "task_names",
     "verdict_lines",
 ]
+
+
+def profile_names(env_file: str | Path | None = None) -> list[str]:
+    """The env.toml profiles `--run`/`--batch` accept (the built-in `local` included). Raises ConfigError
+    on a broken env.toml."""
+    from ckpteval.config.profiles import load_env_file
+
+    return load_env_file(Path(env_file) if env_file else None).profile_names
+
+
+def config_names(env_file: str | Path | None = None) -> list[str]:
+    """The config names `-c` accepts (packaged stage configs and the user's own)."""
+    from ckpteval.config.compose import available_configs, config_search_path
+    from ckpteval.config.profiles import load_env_file
+
+    names = available_configs(config_search_path(load_env_file(Path(env_file) if env_file else None)))
+    return [n for n in names if n != "default"]
+
+
+def task_names() -> list[str]:
+    """The task names `-t` accepts, bare (`hellaswag`; `harness.task` is accepted too)."""
+    from ckpteval.tasks.catalog import load_catalog
+
+    return [n for n in load_catalog().names() if "." not in n]
+
+
+def invocation_ids() -> list[str]:
+    """The recorded invocations' ids, newest first."""
+    from ckpteval.invocation.record import list_records
+
+    return [r.id for r in list_records()]
+
+
+def results_file(record: InvocationRecord) -> Path | None:
+    """Where this machine holds the invocation's results.json (None: nowhere yet)."""
+    from ckpteval.invocation.jobdir import JobDir
+
+    return Path(record.local_results_dir) / JobDir.RESULTS if record.local_results_dir else None
+
+
+def finished_at(record: InvocationRecord) -> float | None:
+    """When the invocation's job finished (a POSIX time), where this machine has its job directory: the
+    time of the job's `finished` mark. None for a job on a cluster (a fetched copy's times are the fetch's)
+    or one that has not finished."""
+    from ckpteval.invocation.jobdir import JobDir
+
+    if record.executor != "local":
+        return None
+    try:
+        return (Path(record.job_dir) / JobDir.FINISHED).stat().st_mtime
+    except OSError:
+        return None
 
 
 def __getattr__(name: str) -> Any:

@@ -8,8 +8,14 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
 
-def cancel_command(invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")]) -> None:
+
+def cancel_command(
+    invocation: Annotated[
+        str, typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix).")
+    ],
+) -> None:
     """Cancel a running invocation; finished tasks keep their results."""
     from ckpteval import cancel
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -16,7 +17,12 @@ if TYPE_CHECKING:
 
 
 def compare_command(
-    invocations: Annotated[list[str], typer.Argument(help="Invocation ids (or prefixes); the first is the baseline.")],
+    invocations: Annotated[
+        list[str],
+        typer.Argument(
+            autocompletion=completion.invocations, help="Invocation ids (or prefixes); the first is the baseline."
+        ),
+    ],
     baseline: Annotated[
         str | None, typer.Option("--baseline", "-b", help="The invocation the others are compared with.")
     ] = None,
@@ -128,6 +134,8 @@ def print_comparison(result: Comparison) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from ckpteval.cli.fit import print_fitting
+
     console = Console()
     for warning in result.warnings:
         console.print(f"[bold yellow]warning:[/] {escape(warning)}; the difference is not only the model's")
@@ -151,11 +159,15 @@ def print_comparison(result: Comparison) -> None:
         for i, col in enumerate(header):
             left = i < 2 or col in ("test", "verdict")
             table.add_column(col, justify="left" if left else "right", no_wrap=i > 1, overflow="fold")
+        rows = []
         for cells in comparison_rows(result, candidate):
             verdict = cells[-1]
             cells[-1] = f"[{style[verdict]}]{verdict}[/]" if verdict in style else verdict
-            table.add_row(*[c if i == len(cells) - 1 else escape(c) for i, c in enumerate(cells)])
-        console.print(table)
+            rows.append([c if i == len(cells) - 1 else escape(c) for i, c in enumerate(cells)])
+            table.add_row(*rows[-1])
+        # stacked (a narrow terminal): the verdict beside the task and metric, the numbers below
+        stacked = [[*r[:2], r[-1], *r[2:-1]] for r in rows]
+        print_fitting(console, table, [*header[:2], header[-1], *header[2:-1]], stacked, name_columns=3)
         for r in result.rows:
             if r.candidate == candidate and r.note:
                 console.print(f"[dim]{escape(r.task)} {escape(r.metric)}: {escape(r.note)}[/]")

@@ -43,8 +43,10 @@ class ConsoleReporter:
     squash progress, the score table, one line per export destination, the follow-up commands of a
     detached job. Use as a context manager (a live display is stopped on the way out)."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, *, show_config: bool = False) -> None:
         self.console = console or stderr_console()
+        self.show_config = show_config
+        self._pending: Preview | None = None
         self._live: Live | None = None
         self._rates: Rates | None = None
         self._squash: SquashProgress | None = None
@@ -52,17 +54,23 @@ class ConsoleReporter:
     def __enter__(self) -> ConsoleReporter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self._flush_preview()
         self.close()
 
     def __call__(self, event: Any) -> None:
         if not isinstance(event, SquashEvent):
             self._end_squash()
         if isinstance(event, Preview):
-            from ckpteval.cli.preview import render_preview
-
-            render_preview(event.compiled, invocation=event.invocation, panels=event.panels, dry_run=event.dry_run)
-        elif isinstance(event, Note):
+            # a dry run's preview is all it shows; a real run's header waits for the next event, so an
+            # error before anything happened (an unreachable host) is the first thing on screen
+            self._pending = event
+            if event.dry_run:
+                self._flush_preview()
+            return
+        self._flush_preview()
+        if isinstance(event, Note):
             self._note(event)
         elif isinstance(event, Progress):
             self._progress(event)
@@ -84,6 +92,17 @@ class ConsoleReporter:
             print_outcome(event)
         elif isinstance(event, Submitted):
             print_submitted(event.record, self.console, resumed=event.resumed)
+
+    def _flush_preview(self) -> None:
+        event, self._pending = self._pending, None
+        if event is None:
+            return
+        from ckpteval.cli.preview import render_header, render_preview
+
+        if event.dry_run or self.show_config:
+            render_preview(event.compiled, invocation=event.invocation, panels=event.panels, dry_run=event.dry_run)
+        else:
+            render_header(event.compiled, event.invocation, self.console)
 
     def _note(self, note: Note) -> None:
         from rich.markup import escape
@@ -158,13 +177,16 @@ def print_submitted(record: InvocationRecord, console: Console, *, resumed: bool
     print(record.id, flush=True)  # the id alone on stdout, for scripts
 
 
-def render_outcome(outcome: Outcome, console: Console) -> None:
-    """What follows the score table: why a job failed (its log's end), or what Ctrl-C did."""
+def render_outcome(outcome: Outcome, console: Console, *, elapsed: float | None = None) -> None:
+    """What follows the score table: why a job failed (its log's end), or what Ctrl-C did; then how
+    long it took, where the results are and the commands that read them."""
     from rich.markup import escape
 
     if outcome.message:
         console.print(f"[red]{escape(outcome.message)}[/]")
         console.print(escape(outcome.log_tail), highlight=False)
+    if outcome.state in ("succeeded", "failed", "cancelled") and outcome.record is not None:
+        print_run_end(outcome, console, elapsed)
     if outcome.state != "interrupted" or outcome.record is None:
         return
     if outcome.still_running:
@@ -173,6 +195,45 @@ def render_outcome(outcome: Outcome, console: Console) -> None:
         console.print(
             f"stopped; finished tasks are kept. Go on where it stopped: [bold]evaluate resume {outcome.record.id}[/]"
         )
+
+
+def print_run_end(outcome: Outcome, console: Console, elapsed: float | None) -> None:
+    """The last lines of an attached run: state and elapsed time, the results file, what to run next."""
+    from rich.markup import escape
+
+    from ckpteval.views import results_file
+
+    record = outcome.record
+    assert record is not None
+    took = f" in {format_duration(elapsed)}" if elapsed is not None else ""
+    color = "green" if outcome.state == "succeeded" else "red"
+    console.print(f"[{color}]{outcome.state}[/]{took} · invocation [bold]{record.id}[/]")
+    results = results_file(record)
+    if results is not None:
+        console.print(f"results: {escape(str(results))}", highlight=False, soft_wrap=True)
+    if outcome.results is None or not outcome.results.tasks:
+        console.print(f"  evaluate logs {record.id}   [dim]# what happened[/]")
+        return
+    nexts = (
+        (f"report {record.id}", "one HTML page: scores, CIs, charts"),
+        (f"samples {record.id} --wrong", "the documents it got wrong"),
+        (f"compare OTHER_ID {record.id}", "is it better than another invocation?"),
+    )
+    width = max(len(command) for command, _ in nexts)
+    for command, why in nexts:
+        console.print(f"  evaluate {command:<{width}}  [dim]# {why}[/]")
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m 05s`, `2h 07m`: a duration at the precision a person reads."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {sec:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
 
 
 def _ask_cancel(record: InvocationRecord, console: Console) -> None:

@@ -27,18 +27,25 @@ def deploy_command(**options: Any) -> None:
     """
     import ckpteval
 
+    for field in _SWITCHED_OFF:  # `--no-x` given: the option `x` is off
+        options[field] = not options.pop(f"no_{field}")
     ckpteval.serve(ServeOptions(**options))
 
 
 def _parameter(flag: Any) -> inspect.Parameter:
-    """A typer option for one of the server's flags (`--x/--no-x` for a switch that is on by default)."""
-    kind = flag.kind
-    names = [f"{flag.name}/--no-{flag.name[2:]}"] if kind is bool and flag.default is True else [flag.name]
-    annotation = Annotated[kind | None if flag.default is None else kind, typer.Option(*names, help=flag.help)]
-    default = inspect.Parameter.empty if flag.required else flag.default
-    return inspect.Parameter(flag.field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+    """A typer option for one of the server's flags; a switch that is on by default is offered as its `--no-x`
+    alone (the `--x/--no-x` pair's second name takes a help column of its own at 80 columns)."""
+    kind, name, help_text, default = flag.kind, flag.name, flag.help, flag.default
+    field = flag.field
+    if kind is bool and default is True:
+        name, field, default = f"--no-{name[2:]}", f"no_{field}", False
+        help_text = f"Switch off (on by default): {help_text[0].lower()}{help_text[1:]}"
+    annotation = Annotated[kind | None if default is None else kind, typer.Option(name, help=help_text)]
+    default = inspect.Parameter.empty if flag.required else default
+    return inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
+_SWITCHED_OFF = [flag.field for flag in ServeOptions.flags() if flag.cli and flag.kind is bool and flag.default is True]
 _PARAMETERS = [_parameter(flag) for flag in ServeOptions.flags() if flag.cli]
 deploy_command.__signature__ = inspect.Signature(_PARAMETERS)  # type: ignore[attr-defined]
 deploy_command.__annotations__ = {p.name: p.annotation for p in _PARAMETERS}

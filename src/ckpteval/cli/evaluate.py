@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def evaluate_command(
     config: Annotated[
@@ -17,6 +19,7 @@ def evaluate_command(
             "-c",
             "--config",
             metavar="NAME|PATH",
+            autocompletion=completion.configs,
             help="A stage config (sft, tiny, ...) or a YAML path; repeat to compose left to right.",
         ),
     ] = None,
@@ -26,6 +29,7 @@ def evaluate_command(
             "-r",
             "--run",
             metavar="PROFILE",
+            autocompletion=completion.profiles,
             help="Run attached on this env.toml profile: submit, follow, print the scores.",
         ),
     ] = None,
@@ -35,6 +39,7 @@ def evaluate_command(
             "-b",
             "--batch",
             metavar="PROFILE",
+            autocompletion=completion.profiles,
             help="Run detached on this env.toml profile: submit, print the invocation id, exit.",
         ),
     ] = None,
@@ -42,8 +47,38 @@ def evaluate_command(
         bool, typer.Option("-d", "--dry-run", help="Show the compiled config, job script and squash plan; do nothing.")
     ] = False,
     task: Annotated[
-        list[str] | None, typer.Option("-t", "--task", metavar="TASK", help="Evaluate only this task (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "-t",
+            "--task",
+            "--tasks",
+            metavar="TASK[,TASK]",
+            autocompletion=completion.tasks,
+            help="Evaluate only these tasks (repeatable, or a,b).",
+        ),
     ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            metavar="N",
+            help="Samples per task (the config's limit_samples).",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", metavar="PATH|ARTIFACT", help="The checkpoint to evaluate (run.model)."),
+    ] = None,
+    override: Annotated[
+        list[str] | None,
+        typer.Option("-o", "--override", metavar="KEY=VALUE", help="An override, as nel writes it (repeatable)."),
+    ] = None,
+    show_config: Annotated[
+        bool,
+        typer.Option(
+            "-v", "--show-config", help="Before running, show the compiled config and job script (as --dry-run does)."
+        ),
+    ] = False,
     force_squash: Annotated[
         bool, typer.Option("--force-squash", help="Re-import container images even if their .sqsh exists.")
     ] = False,
@@ -65,12 +100,14 @@ def evaluate_command(
 
     [bold]Examples[/]
 
-      evaluate -c tiny                                   [dim]# this machine, CPU, offline, a real model[/]
-      evaluate -c sft --run MY-CLUSTER                   [dim]# submit, follow, print the scores[/]
-      evaluate -c sft --batch MY-CLUSTER                 [dim]# submit and return the invocation id[/]
-      evaluate -c sft --run MY-CLUSTER --dry-run         [dim]# show everything, do nothing[/]
-      evaluate -c sft -c ./mine.yaml -t adlr_mmlu deployment.tensor_model_parallel_size=4
+      evaluate -c tiny                            [dim]# this machine, CPU, offline[/]
+      evaluate -c sft --run MY-CLUSTER            [dim]# submit, follow, print the scores[/]
+      evaluate -c sft --batch MY-CLUSTER          [dim]# submit, print the invocation id[/]
+      evaluate -c sft --run MY-CLUSTER --dry-run  [dim]# show everything, do nothing[/]
+      evaluate -c sft -t adlr_mmlu,hellaswag --limit 10 deployment=vllm
     """
+    import time
+
     from ckpteval import CompileRequest
     from ckpteval import run as run_invocation
     from ckpteval.cli.console import ConsoleReporter, render_outcome
@@ -81,20 +118,38 @@ def evaluate_command(
             "--run and --batch are mutually exclusive.",
             hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.",
         )
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be a positive number of samples, not {limit}.")
     request = CompileRequest(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
-        overrides=tuple(overrides or ()),
-        tasks=tuple(task or ()),
+        overrides=shortcut_overrides(limit=limit, model=model) + tuple(override or ()) + tuple(overrides or ()),
+        tasks=tuple(name for value in task or () for name in value.split(",") if name),
         env_file=env_file,
     )
     if check and not dry_run:
         raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
-    with ConsoleReporter() as reporter:
+    started = time.monotonic()
+    with ConsoleReporter(show_config=show_config) as reporter:
         outcome = run_invocation(
             request, reporter=reporter, dry_run=dry_run, force_squash=force_squash, check_squash=check
         )
-    render_outcome(outcome, reporter.console)
+    render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
+
+
+def shortcut_overrides(*, limit: int | None, model: str | None) -> tuple[str, ...]:
+    """The overrides that `--limit` and `--model` stand for (first, so an explicit override wins)."""
+    out = []
+    if limit is not None:
+        out.append(f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}")
+    if model is not None:
+        out.append(f"run.model={_quoted(model)}")
+    return tuple(out)
+
+
+def _quoted(value: str) -> str:
+    # a path with Hydra's special characters (',', '=', spaces, brackets) is one string value
+    return "'" + value.replace("'", "\\'") + "'"

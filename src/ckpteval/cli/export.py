@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
+from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +24,9 @@ class Destination(StrEnum):
 
 
 def export_command(
-    invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
+    invocation: Annotated[
+        str, typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix).")
+    ],
     to: Annotated[
         list[Destination] | None,
         typer.Option("--to", help="Where to export (repeatable); default: what the invocation's config enables."),

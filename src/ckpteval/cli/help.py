@@ -24,3 +24,4 @@ def render_root_help(ctx: Any, commands: dict[str, tuple[str, str, str]]) -> Non
     console = Console()
     console.print(Panel(table, title="Commands", title_align="left", border_style="dim"))
     console.print(" Run [bold]evaluate COMMAND --help[/] for a command's own options.")
+    console.print(" Shell completion of commands, profiles and task names: [bold]evaluate --install-completion[/]")

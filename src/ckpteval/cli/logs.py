@@ -8,9 +8,13 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def logs_command(
-    invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
+    invocation: Annotated[
+        str, typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix).")
+    ],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
     source: Annotated[
         str,

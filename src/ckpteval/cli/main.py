@@ -13,11 +13,14 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import importlib
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 import typer.core
 import typer.main
+
+# Typer 0.29 carries its own copy of Click: its usage errors are these classes, not the `click` package's
+from typer._click.exceptions import NoSuchOption, UsageError
 
 from ckpteval.errors import CkptevalError
 
@@ -65,7 +68,7 @@ class EvaluateGroup(typer.core.TyperGroup):
     """A group whose first word is either a subcommand or the start of the default action's arguments."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [DEFAULT_COMMAND, *COMMANDS]
+        return list(COMMANDS)  # the default action has no word of its own (completion offers these)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name == DEFAULT_COMMAND:
@@ -82,9 +85,22 @@ class EvaluateGroup(typer.core.TyperGroup):
         return _typer_command(func, cmd_name)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and args[0] not in COMMANDS and args[0] not in ("--help", "-h", "--version"):
+        from ckpteval.cli.habits import is_bare_word, unknown_first_word
+
+        if args and args[0] == "help":  # `evaluate help [COMMAND]`, as git and nel read it
+            args = [args[1], "--help"] if len(args) > 1 and args[1] in COMMANDS else ["--help"]
+        if args and args[0] not in COMMANDS and is_bare_word(args[0]) and not ctx.resilient_parsing:
+            raise unknown_first_word(args, COMMANDS)
+        own = {name for param in self.get_params(ctx) for name in param.opts}  # --help, --version, completion
+        if args and args[0] not in COMMANDS and args[0].partition("=")[0] not in own:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
+
+    def make_context(self, info_name: Any, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except (CkptevalError, UsageError) as exc:
+            _exit_with(exc)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -97,14 +113,35 @@ class EvaluateGroup(typer.core.TyperGroup):
         show_notices()  # the library's notices (a W&B login found, a converter's progress) as lines on stderr
         try:
             return super().invoke(ctx)
-        except CkptevalError as exc:
-            report_error(exc)
-            raise typer.Exit(exc.exit_code) from None
+        except (CkptevalError, UsageError) as exc:  # a subcommand's usage mistake lands here
+            _exit_with(exc)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from ckpteval.cli.help import render_root_help
 
         render_root_help(ctx, COMMANDS)
+
+
+def _exit_with(exc: CkptevalError | UsageError) -> NoReturn:
+    """Report a mistake as one line (plus its hint) and exit: the framework's usage errors too, so an
+    unknown flag reads like every other mistake instead of a boxed usage message."""
+    if isinstance(exc, UsageError):
+        exc = _as_config_error(exc)
+    report_error(exc)
+    raise typer.Exit(exc.exit_code) from None
+
+
+def _as_config_error(exc: UsageError) -> CkptevalError:
+    from ckpteval.cli.habits import unknown_option
+    from ckpteval.errors import ConfigError
+
+    # the words of the command the mistake is in: `evaluate`, `evaluate status`, `evaluate watch stop`
+    path = exc.ctx.command_path.split() if exc.ctx is not None else []
+    command = " ".join(w for w in path[1:] if w != DEFAULT_COMMAND) or None
+    if isinstance(exc, NoSuchOption):
+        return unknown_option(exc.option_name, exc.format_message(), command)
+    where = f"evaluate {command} --help" if command else "evaluate --help"
+    return ConfigError(exc.format_message().rstrip(".") + ".", hint=f"`{where}` shows the usage.")
 
 
 def _typer_command(func: Any, name: str) -> Any:
@@ -125,7 +162,7 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     cls=EvaluateGroup,
     name="evaluate",
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion; the completers: ckpteval.cli.completion
     no_args_is_help=True,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -1,10 +1,12 @@
-"""Draw the preview (`ckpteval.types.PreviewPanel`s) with rich: summary, compiled config, extra panels."""
+"""Draw the preview (`ckpteval.types.PreviewPanel`s) with rich: summary, compiled config, extra panels;
+or, before a real run, only its compact header (what runs, where, where the results go)."""
 
 from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ckpteval.types import CompiledConfig, PreviewPanel
@@ -19,9 +21,8 @@ def render_preview(
     dry_run: bool = False,
 ) -> None:
     """Print the preview: summary, compiled config, extra panels."""
-    from rich.console import Console, Group
+    from rich.console import Console
     from rich.panel import Panel
-    from rich.syntax import Syntax
     from rich.table import Table
 
     console = Console(soft_wrap=False)
@@ -44,14 +45,9 @@ def render_preview(
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
-    console.print(
-        Panel(
-            Syntax(config_yaml(compiled), "yaml", theme="ansi_dark", background_color="default"),
-            title="[bold green]compiled config[/]",
-            border_style="green",
-            expand=False,
-        )
-    )
+    # the config, like the scripts below, as plain lines under a rule: copyable, no border inside
+    console.rule("[bold green]compiled config[/]", align="left", style="green")
+    console.print(config_yaml(compiled), markup=False, highlight=False, soft_wrap=True, crop=False)
     for panel in panels:
         if panel.full_only_in_dry_run and not dry_run:
             console.print(f"[bold green]{panel.title}[/] [dim](shown in full by --dry-run)[/]")
@@ -61,8 +57,54 @@ def render_preview(
 
             console.print(squash_plan_panel(panel.squash))
             continue
-        # scripts have long command lines: wrap them rather than crop them at the panel's edge
-        body: Any = Syntax(
-            redact(panel.body), panel.language, theme="ansi_dark", background_color="default", word_wrap=True
-        )
-        console.print(Panel(Group(body), title=f"[bold green]{panel.title}[/]", border_style="green", expand=False))
+        # scripts and descriptions are printed as they are, lines whole (the terminal wraps them, no
+        # border inside), so they can be copied
+        console.rule(f"[bold green]{panel.title}[/]", align="left", style="green")
+        console.print(redact(panel.body), markup=False, highlight=False, soft_wrap=True, crop=False)
+    if panels:
+        console.rule(style="green")
+
+
+def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> None:
+    """The few lines before a real run's progress: the invocation, the model and how it is served, the
+    tasks, the profile, where the results go (the compiled config is in --dry-run and -v)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in header_rows(compiled, invocation):
+        table.add_row(label, escape(compiled.secrets.redact(value)))
+    console.print(table)
+    console.print("[dim]the compiled config and job script: --show-config (or --dry-run)[/]")
+
+
+def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, str]]:
+    """(label, value) rows of the run header, in words."""
+    data = compiled.data
+    deployment = data.get("deployment") or {}
+    served = str(deployment.get("type"))
+    if served == "none":
+        served = f"an endpoint that runs already: {(data.get('target') or {}).get('api_endpoint', {}).get('url')}"
+    else:
+        backend, device = deployment.get("backend"), deployment.get("device")
+        served += f", {backend} backend" if backend else ""
+        served += f" on {device}" if device and device != "auto" else ""
+    model = (data.get("run") or {}).get("model") or deployment.get("checkpoint_path") or "(none)"
+    mode = {"local": "attached", "run": "attached", "batch": "detached"}[compiled.mode]
+    output_dir = str((data.get("execution") or {}).get("output_dir", "")).rstrip("/")
+    if compiled.execution_type == "local":
+        profile = f"{compiled.profile.name} (this machine, {mode})"
+        results = f"{Path(output_dir).resolve() / invocation}/"
+    else:
+        profile = f"{compiled.profile.name} ({compiled.profile.executor}, {mode})"
+        results = f"{output_dir}/{invocation}/ on the cluster"
+    return [
+        ("invocation", invocation),
+        ("model", str(model)),
+        ("served by", served),
+        ("tasks", ", ".join(t.name for t in compiled.tasks)),
+        ("profile", profile),
+        ("results", results),
+    ]

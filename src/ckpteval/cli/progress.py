@@ -1,5 +1,6 @@
-"""The live progress display while a job is followed: the deployment's state and, per task, samples
-done/total, samples per second and time left (drawn from `Progress` events' snapshots)."""
+"""The live progress display while a job is followed: the deployment's state and, per task, requests
+answered/total, requests per second and time left (drawn from `Progress` events' snapshots). The unit is
+named: a task's progress counts requests (HellaSwag sends four per document), its results count documents."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ckpteval.types import JobSnapshot, TaskSnapshot
 
 
 class Rates:
-    """Samples per second per task, from the first and latest observation."""
+    """Requests per second per task, from the first and latest observation."""
 
     def __init__(self) -> None:
         self.first: dict[str, tuple[float, int]] = {}
@@ -34,13 +35,12 @@ def render_progress(snapshot: JobSnapshot, rates: Rates):
     for t in snapshot.tasks:
         total = f"/{t.total}" if t.total else ""
         bar = _bar(t.done, t.total)
+        count = f"{bar} {t.done}{total} requests" if t.done or t.total else ""  # a task not begun: nothing
         rate = rates.rate(t)
         eta = ""
         if rate and t.total and t.done < t.total:
             eta = f"{(t.total - t.done) / rate:,.0f} s left"
-        table.add_row(
-            f"[bold]{t.name}[/]", _color(t.state), f"{bar} {t.done}{total}", f"{rate:.1f}/s" if rate else "", eta
-        )
+        table.add_row(f"[bold]{t.name}[/]", _color(t.state), count, f"{rate:.1f}/s" if rate else "", eta)
     return table
 
 

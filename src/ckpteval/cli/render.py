@@ -16,17 +16,38 @@ def print_catalog(tasks: Sequence[TaskInfo], *, json_output: bool) -> None:
         print(json.dumps([t.to_json() for t in tasks], indent=2))
         return
     from rich.console import Console
+
+    from ckpteval.cli.fit import fits
+
+    console = Console()
+    table = _catalog_table(f"{len(tasks)} tasks", tasks, with_harness=True)
+    if fits(console, table):
+        console.print(table)
+        return
+    # narrow: one table per harness, so a task name is never cut and its harness is never abridged
+    harnesses = list(dict.fromkeys(t.harness for t in tasks))
+    console.print(f"{len(tasks)} tasks in {len(harnesses)} harnesses")
+    for harness in harnesses:
+        group = [t for t in tasks if t.harness == harness]
+        console.print()
+        console.print(_catalog_table(f"{harness} ({len(group)})", group, with_harness=False))
+
+
+def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool):
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{len(tasks)} tasks", title_justify="left", header_style="bold")
-    for col in ("task", "harness", "endpoint", "log-probs", "offline data"):
-        table.add_column(col, no_wrap=col == "task")
+    # no vertical rules: the catalog's long names fit 80 columns
+    table = Table(title=escape(title), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("task", *(["harness"] if with_harness else []), "endpoint", "log-probs", "offline data"):
+        table.add_column(col, no_wrap=True)
     for t in tasks:
         table.add_row(
-            t.name,
-            t.harness,
+            escape(t.name),
+            *([escape(t.harness)] if with_harness else []),
             ", ".join(t.endpoint_types),
             "yes" if t.needs_logprobs else "",
             "yes" if t.offline_data else "",
         )
-    Console().print(table)
+    return table

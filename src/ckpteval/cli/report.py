@@ -9,10 +9,15 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def report_command(
     invocations: Annotated[
-        list[str] | None, typer.Argument(help="Invocation ids (or prefixes); the first is the baseline.")
+        list[str] | None,
+        typer.Argument(
+            autocompletion=completion.invocations, help="Invocation ids (or prefixes); the first is the baseline."
+        ),
     ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
     watch: Annotated[

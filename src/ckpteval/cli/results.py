@@ -14,12 +14,16 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
 
 
 def results_command(
     invocations: Annotated[
-        list[str] | None, typer.Argument(help="Invocation ids (or prefixes), compared side by side.")
+        list[str] | None,
+        typer.Argument(
+            autocompletion=completion.invocations, help="Invocation ids (or prefixes), compared side by side."
+        ),
     ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print results.json content (a list for several).")

@@ -8,9 +8,13 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def resume_command(
-    invocation: Annotated[str, typer.Argument(help="An invocation id (or prefix).")],
+    invocation: Annotated[
+        str, typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix).")
+    ],
     follow: Annotated[
         bool,
         typer.Option(
@@ -30,11 +34,27 @@ def resume_command(
       evaluate resume 1a2b3c4d            [dim]# resubmit and return[/]
       evaluate resume 1a2b3c4d --follow   [dim]# resubmit, follow, print the scores[/]
     """
-    from ckpteval import resume
-    from ckpteval.cli.console import ConsoleReporter, render_outcome
+    import shlex
+    import time
 
+    from ckpteval import resume, status
+    from ckpteval.cli.console import ConsoleReporter, render_outcome, stderr_console
+
+    found = status(invocation)
+    if found.state == "succeeded":  # every task finished: running its job again would only redeploy the model
+        record = found.record
+        console = stderr_console()
+        console.print(
+            f"invocation {record.id} succeeded already: nothing to resume. Its scores: evaluate results {record.id}"
+        )
+        if record.command_line:
+            console.print(
+                f"[dim]to evaluate again, as a new invocation: {shlex.join(record.command_line)}[/]", highlight=False
+            )
+        return
+    started = time.monotonic()
     with ConsoleReporter() as reporter:
         outcome = resume(invocation, follow=follow, reporter=reporter)
-    render_outcome(outcome, reporter.console)
+    render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,7 +21,9 @@ T = TypeVar("T")
 
 
 def samples_command(
-    invocation: Annotated[str, typer.Argument(help="Invocation id (or prefix).")],
+    invocation: Annotated[
+        str, typer.Argument(autocompletion=completion.invocations, help="Invocation id (or prefix).")
+    ],
     task: Annotated[str | None, typer.Option("--task", "-t", help="Only this task (default: every task).")] = None,
     wrong: Annotated[bool, typer.Option("--wrong", help="Only the documents the model got wrong.")] = False,
     right: Annotated[bool, typer.Option("--right", help="Only the documents the model got right.")] = False,

@@ -9,9 +9,14 @@ from typing import Annotated
 
 import typer
 
+from ckpteval.cli import completion
+
 
 def status_command(
-    invocation: Annotated[str | None, typer.Argument(help="An invocation id (or prefix); omit for all.")] = None,
+    invocation: Annotated[
+        str | None,
+        typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix); omit for all."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many recent invocations to list.")] = 20,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -25,6 +30,7 @@ def status_command(
         print(json.dumps([_as_json(s) for s in statuses], indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -33,15 +39,19 @@ def status_command(
         return
     if invocation:
         s = statuses[0]
-        from rich.markup import escape
-
         where = s.record.executor + (f" job {s.slurm_job}" if s.slurm_job else "")
         console.print(
             f"[bold]{s.record.id}[/]  {s.state}  ({where}, profile {s.record.profile})"
             + (f"  [dim]{escape(s.detail)}[/]" if s.detail else "")
         )
+        took = duration(s)
+        console.print(
+            f"model: {escape(s.record.model or '')}" + (f"  took: {took}" if took else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
         table = Table(header_style="bold")
-        for col in ("task", "state", "progress"):
+        for col in ("task", "state", "requests"):  # progress counts requests; results count documents
             table.add_column(col)
         if s.snapshot:
             table.add_row("deployment", s.snapshot.deployment or "not started", "")
@@ -61,19 +71,61 @@ def status_command(
             console.print("[red]last lines of the job's log:[/]")
             console.print(escape(s.log_tail), highlight=False)
         return
-    table = Table(header_style="bold")
-    for col in ("invocation", "created", "where", "state", "tasks"):
-        table.add_column(col)
+    from rich import box
+
+    from ckpteval.cli.fit import print_fitting
+
+    # `where` only when it tells invocations apart (not every one ran here)
+    where = any(s.record.where != "local" for s in statuses)
+    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "tasks")
+    # no vertical rules, no outer padding: the list fits 80 columns
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in header:
+        table.add_column(col, no_wrap=col != "tasks", overflow="fold")  # a long task list wraps between names
+    rows = []
     for s in statuses:
-        where = s.record.where
-        table.add_row(
-            s.record.id,
-            s.record.created,
-            where,
-            s.state + (f" ({s.detail})" if s.detail else ""),
-            ", ".join(s.record.task_names),
+        rows.append(
+            [
+                s.record.id,
+                s.record.created.replace("T", " ").removesuffix("Z")[5:16],  # 11-27 21:12 (UTC)
+                escape(model_name(s.record)),
+                *([escape(s.record.where)] if where else []),
+                escape(s.state + (f" ({s.detail})" if s.detail else "")),
+                duration(s),
+                escape(" ".join(s.record.task_names)),  # spaces: a narrow column wraps between names
+            ]
         )
-    console.print(table)
+        table.add_row(*rows[-1])
+    print_fitting(console, table, header, rows)
+
+
+def model_name(record) -> str:
+    """The model of an invocation in a few words: its label, or the last two parts of its checkpoint path."""
+    if record.label:
+        return record.label
+    if not record.model:
+        return ""
+    parts = [p for p in record.model.rstrip("/").split("/") if p]
+    return "/".join(parts[-2:]) if len(parts) > 1 else record.model
+
+
+def duration(s) -> str:
+    """How long it ran: until it ended (its job dir's `finished` mark, where this machine has it), or until
+    now while it runs; "" when nothing says."""
+    import time
+    from datetime import datetime
+
+    from ckpteval.cli.console import format_duration
+    from ckpteval.views import finished_at
+
+    try:
+        created = datetime.fromisoformat(s.record.created.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return ""
+    if s.state in ("running", "pending"):
+        return format_duration(max(0.0, time.time() - created))
+    finished = finished_at(s.record)
+    return "" if finished is None else format_duration(max(0.0, finished - created))
 
 
 def _as_json(s) -> dict:
@@ -95,6 +147,7 @@ def _as_json(s) -> dict:
         "executor": s.record.executor,
         "profile": s.record.profile,
         "created": s.record.created,
+        "model": s.record.model,
         "deployment": s.snapshot.deployment if s.snapshot else None,
         "requests": (s.snapshot.requests or None) if s.snapshot else None,
         "tasks": tasks,

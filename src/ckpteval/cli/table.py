@@ -13,17 +13,19 @@ def print_table(results: Sequence[InvocationResults]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ckpteval.cli.fit import print_fitting
+
     header, rows, footnotes = table_rows(results)
     title = "scores" if len(results) > 1 else f"scores — invocation {results[0].invocation}"
     table = Table(title=title, title_justify="left", header_style="bold")
     first_value = header.index("metric") + 1  # task[, mode], metric: left; scores and n: right
     for i, col in enumerate(header):
         table.add_column(col, justify="right" if i >= first_value else "left", no_wrap=True)
-    for row in rows:
-        styled = [_style(c) for c in row]
-        table.add_row(*styled)
+    styled = [[_style(c) for c in row] for row in rows]
+    for row in styled:
+        table.add_row(*row)
     console = Console()
-    console.print(table)
+    print_fitting(console, table, header, styled, name_columns=first_value)
     for note in footnotes:
         color = "red" if note.startswith(FAILED_MARK) else "dim"
         console.print(f"[{color}]{_escape(note)}[/]", highlight=False)  # mode names hold brackets: pass@1[avg-of-k]

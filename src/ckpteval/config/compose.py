@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckpteval.config.executors import find_executor
+from ckpteval.config.override_hints import group_hint, missing_key_hint
 from ckpteval.config.paths import is_dir, is_file
 from ckpteval.config.profiles import EnvFile, Profile, load_env_file, user_config_dir
 from ckpteval.config.secrets import SecretValues, collect_environment_secrets
@@ -291,23 +292,42 @@ def _hydra_compose(search_path: Sequence[Path], overrides: Sequence[str]) -> Any
             hint="Overrides look like key=value, +new.key=value, ~key, or group=option (deployment=vllm).",
         ) from None
     except MissingConfigException as exc:
-        raise ConfigError(
-            _clean_hydra_message(str(exc)), hint="`evaluate --help` shows the config groups; check the spelling."
-        ) from None
+        group, _, option = (exc.missing_cfg_file or "").rpartition("/")
+        if group and exc.options:
+            raise ConfigError(
+                f"Unknown {group} {option!r}.", hint=group_hint(group, option, sorted(exc.options))
+            ) from None
+        raise ConfigError(_clean_hydra_message(str(exc)), hint="Check the spelling of the config group.") from None
     except (HydraException, OmegaConfBaseException) as exc:
         message = _clean_hydra_message(str(exc))
         hint = None
         if "To append to your config use" in message:
-            head, _, tail = message.partition("\n")
+            head = message.partition("\n")[0]
             key = head.removeprefix("Could not override '").split("'")[0]
             message = f"Cannot override '{key}': the config has no such key."
-            hint = tail.strip().replace("To append to your config use", "To add it, use") + " (or check the spelling)."
+            hint = _missing_key_hint(search_path, overrides, key)
         elif "Multiple values for" in message:
             hint = (
                 "Stage configs are layers over the packaged default: write `override /GROUP: OPTION` "
                 "in their defaults list instead of selecting a group again."
             )
         raise ConfigError(message, hint=hint) from None
+
+
+def _missing_key_hint(search_path: Sequence[Path], overrides: Sequence[str], key: str) -> str:
+    """The close key, or the deeper real path, of an override naming no key: read from the config
+    composed with the group selections only."""
+    from omegaconf import OmegaConf
+
+    mine = [o for o in overrides if o.partition("=")[0] == key]
+    value = mine[0].partition("=")[2] if mine else "VALUE"
+    # the shape of the config is set by its group selections (deployment=vllm), not by value overrides
+    groups = [o for o in overrides if "=" in o and "." not in o.partition("=")[0] and o[0] not in "+~"]
+    try:
+        tree = OmegaConf.to_container(_hydra_compose(search_path, [o for o in groups if o not in mine]))
+    except ConfigError:  # a group selection is wrong too: it is reported once this override is fixed
+        tree = {}
+    return missing_key_hint(tree if isinstance(tree, dict) else {}, key, value)
 
 
 def _first_line(text: str) -> str:

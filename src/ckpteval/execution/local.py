@@ -28,7 +28,7 @@ from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.processes import process_start_time
-from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+from ckpteval.execution.snapshot import LocalJobView, settle_tasks, take_snapshot
 from ckpteval.execution.state import end_state
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, LocalProcess
@@ -219,7 +219,8 @@ class LocalBackend:
         if state is None:
             # no exit code recorded: running, or stopped from outside
             state = ("running" if snapshot.started else "pending") if running else "cancelled"
-        return InvocationStatus(record=record, state=state, snapshot=snapshot)
+        # a job stopped under its tasks (cancel, Ctrl-C) leaves them `running`: settled as on Slurm
+        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running))
 
     def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
         job_dir = JobDir(record.job_dir)

@@ -72,8 +72,10 @@ def test_resume_replays_what_was_answered_and_asks_only_for_the_rest(
     assert results["tasks"]["gsm8k"]["metrics"]
     assert "gsm8k" in resumed.stdout  # the score table
 
-    # resuming a finished invocation runs nothing again
+    # resuming a finished invocation says so and runs nothing again (its job is not started: no deployment)
+    log_before = (job_dir / "logs" / "job.log").read_text()
     again = _evaluate(isolated_user, "resume", invocation)
     assert again.returncode == 0, again.stdout + again.stderr
+    assert f"invocation {invocation} succeeded already: nothing to resume" in again.stderr
     assert len(back.received()) == len(before) + len(asked)
-    assert "already done, skipped" in (job_dir / "logs" / "job.log").read_text()
+    assert (job_dir / "logs" / "job.log").read_text() == log_before

@@ -87,7 +87,13 @@ CASES = [
         "Cannot resolve 'run.name'",
         "",
     ),
-    ("unknown-group-option", ["-c", "tiny", "-d", "deployment=vlm"], None, "Could not find 'deployment/vlm'", ""),
+    (
+        "unknown-group-option",
+        ["-c", "tiny", "-d", "deployment=vlm"],
+        None,
+        "Unknown deployment 'vlm'",
+        "deployment=vllm",
+    ),
     ("no-model", ["-c", "sft", "-d"], None, "run.model is not set", "run.model=/path/to/checkpoint"),
     (
         "missing-checkpoint",

@@ -1,0 +1,49 @@
+"""Hints for an override that names no key of the config: the close key that exists first, then the real
+path of a key that exists deeper (`evaluation.limit_samples` -> `evaluation.nemo_evaluator_config.config.
+params.limit_samples`), and only then `+key=value` for a key that is meant to be new."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ckpteval.errors import close_matches
+
+
+def missing_key_hint(tree: Mapping[str, Any], key: str, value: str) -> str:
+    """What to write instead of `key=value`, given the composed config (as plain data) it did not fit."""
+    parent_path, _, leaf = key.rpartition(".")
+    parent = _node(tree, parent_path)
+    if isinstance(parent, Mapping):
+        close = close_matches(leaf, [str(k) for k in parent], n=1)
+        if close:
+            near = f"{parent_path}.{close[0]}" if parent_path else close[0]
+            return f"Did you mean {near}={value}?"
+    deeper = [path for path in _paths(tree) if path.endswith(f".{leaf}") and path.startswith(parent_path)]
+    if deeper:
+        return f"The key is {deeper[0]}: write {deeper[0]}={value}."
+    return f"To add a new key, write +{key}={value} (or check the spelling)."
+
+
+def group_hint(group: str, option: str, options: list[str]) -> str:
+    """`deployment=vlm`: the close option of the config group, and the options that exist."""
+    close = close_matches(option, options, n=1)
+    listed = f"Options of {group}: {', '.join(options)}."
+    return f"Did you mean {group}={close[0]}? {listed}" if close else listed
+
+
+def _node(tree: Mapping[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split(".") if path else ():
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _paths(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for k, v in tree.items():
+        path = f"{prefix}{k}"
+        yield path
+        if isinstance(v, Mapping):
+            yield from _paths(v, path + ".")

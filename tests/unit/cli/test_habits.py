@@ -1,0 +1,112 @@
+"""Habits from nel, lm-eval and inspect: each mistake is one `error:` line that says what to type, exit 2,
+no traceback and no framework box; the habits that map cleanly (`-o`, `--limit`, `--model`, `-t a,b`,
+`help`) work."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ckpteval.cli.main import app
+
+runner = CliRunner()
+
+MISTAKES = [
+    # (id, argv, what the one error line says)
+    ("typo", ["stauts"], "Did you mean `evaluate status`?"),
+    ("typo-in-command", ["resmue", "abc"], "Did you mean `evaluate resume`?"),
+    ("nel-run", ["run", "-c", "tiny"], "use `evaluate -c CONFIG [--run PROFILE]`"),
+    ("nel-ls-tasks", ["ls", "tasks"], "use `evaluate tasks`"),
+    ("nel-ls-runs", ["ls", "runs"], "use `evaluate status`"),
+    ("kill", ["kill", "abc123"], "use `evaluate cancel ID`"),
+    ("bare-word", ["frobnicate"], "is neither a command nor an override"),
+    ("lm-eval-model-args", ["--model_args", "pretrained=x"], "No option --model_args: pass deployment.*"),
+    ("unknown-flag-close", ["--lmit", "3"], "No such option: --lmit (Possible options: --limit)."),
+    ("subcommand-flag", ["status", "--bogus"], "No such option: --bogus."),
+    ("subcommand-value", ["status", "--limit", "lots"], "Invalid value for '--limit'"),
+    ("missing-value", ["-c", "tiny", "--run"], "Option '--run' requires an argument."),
+    ("close-key", ["-c", "tiny", "-d", "deployment.prot=9000"], "Cannot override 'deployment.prot'"),
+    ("deeper-key", ["-c", "tiny", "-d", "evaluation.limit_samples=3"], "Cannot override 'evaluation.limit_samples'"),
+    ("group-option", ["-c", "tiny", "-d", "deployment=vlm"], "Unknown deployment 'vlm'."),
+    ("bad-limit", ["-c", "tiny", "-d", "--limit", "0"], "--limit must be a positive number of samples, not 0."),
+]
+
+
+def _invoke(argv: list[str]):
+    return runner.invoke(app, argv, terminal_width=80)
+
+
+def _assert_one_line(result, expected: str) -> list[str]:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert expected in errors[0], result.output
+    assert "Traceback" not in result.output and "╭" not in result.output and "Usage:" not in result.output
+    assert len(lines) <= 2, result.output  # the error line, and at most one line of hint
+    return lines
+
+
+@pytest.mark.parametrize(("argv", "expected"), [c[1:] for c in MISTAKES], ids=[c[0] for c in MISTAKES])
+def test_mistake_is_one_line_exit_2(isolated_user, argv, expected):
+    _assert_one_line(_invoke(argv), expected)
+
+
+def test_override_hint_suggests_the_close_key_first(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "deployment.prot=9000"]), "no such key")
+    assert lines[1] == "Did you mean deployment.port=9000?"
+
+
+def test_override_hint_names_the_real_path_of_a_deeper_key(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "evaluation.limit_samples=3"]), "no such key")
+    assert "evaluation.nemo_evaluator_config.config.params.limit_samples=3" in lines[1]
+    assert "+evaluation" not in lines[1]
+
+
+def test_override_hint_offers_plus_only_for_a_new_key(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "evaluation.zzz=1"]), "no such key")
+    assert "+evaluation.zzz=1" in lines[1]
+
+
+def test_override_hint_reads_the_config_the_group_selections_make(isolated_user):
+    # hf_model_handle exists under deployment=vllm only; another bad override beside it does not hide it
+    argv = ["-c", "tiny", "-d", "deployment=vllm", "deployment.hf_model_handl=x", "evaluation.zzz=1"]
+    lines = _assert_one_line(_invoke(argv), "no such key")
+    assert lines[1] == "Did you mean deployment.hf_model_handle=x?"
+
+
+def test_group_hint_lists_the_options(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "deployment=vlm"]), "Unknown deployment")
+    assert lines[1].startswith("Did you mean deployment=vllm? Options of deployment: ")
+    assert "megatron" in lines[1]
+
+
+def test_help_word_shows_help(isolated_user):
+    root = _invoke(["help"])
+    assert root.exit_code == 0 and "Commands" in root.output and "--dry-run" in root.output
+    status = _invoke(["help", "status"])
+    assert status.exit_code == 0 and "Usage: evaluate status" in status.output
+
+
+def test_dash_o_is_an_override(isolated_user):
+    # the override reaches the config: its key is checked like a trailing one
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "-o", "deployment.prot=9000"]), "deployment.prot")
+    assert lines[1] == "Did you mean deployment.port=9000?"
+
+
+def test_model_flag_is_run_model(isolated_user):
+    result = _invoke(["-c", "tiny", "-d", "--model", "/nonexistent/ckpt,v2"])
+    _assert_one_line(result, "Checkpoint /nonexistent/ckpt,v2 does not exist")
+
+
+def test_limit_and_comma_tasks_reach_the_compiled_config(isolated_user):
+    result = runner.invoke(
+        app,
+        ["-c", "tiny", "-d", "--limit", "3", "-t", "adlr_mmlu,hellaswag", "-o", "evaluation.max_parallel_tasks=1"],
+        terminal_width=140,
+    )
+    assert result.exit_code == 0, result.output
+    assert "limit_samples: 3" in result.output
+    assert "max_parallel_tasks: 1" in result.output
+    summary = next(ln for ln in result.output.splitlines() if "tasks " in ln and "adlr_mmlu" in ln)
+    assert "adlr_mmlu, hellaswag" in summary
