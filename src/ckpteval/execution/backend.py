@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import PreviewPanel
-    from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.execution.events import Reporter
     from ckpteval.execution.planned import PlannedJob
     from ckpteval.execution.snapshot import JobSnapshot

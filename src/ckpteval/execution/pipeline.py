@@ -36,8 +36,8 @@ from ckpteval.job.files import job_files
 from ckpteval.job.plan import JobPlan, task_entries
 
 if TYPE_CHECKING:
-    from ckpteval.cluster.remote import Remote
     from ckpteval.checkpoint.description import CheckpointDescription
+    from ckpteval.cluster.remote import Remote
     from ckpteval.execution.backend import Job, JobBackend, JobHost
     from ckpteval.tasks.data_status import TaskDataStatus
 

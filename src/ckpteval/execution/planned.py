@@ -19,8 +19,8 @@ from ckpteval.job.build import Launcher, Toolchain, build_plan
 from ckpteval.job.plan import JobPlan
 
 if TYPE_CHECKING:
-    from ckpteval.cluster.images import ImageRef
     from ckpteval.checkpoint.description import CheckpointDescription
+    from ckpteval.cluster.images import ImageRef
 
 
 @dataclass
