@@ -13,11 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckpteval.tasks.harness_hook.ckpteval_dataset_ids import CANONICAL_IDS
+
 ROWS = 4
 REMOTE_CODE_REPO = "ckpteval-test/scripted"
 GATED_REPO = "ckpteval-test/gated"
 # lm-eval names some datasets by their legacy ids; the hub redirects those to the owner's repository
-ALIASES = {"hellaswag": "Rowan/hellaswag", "winogrande": "allenai/winogrande", "openbookqa": "allenai/openbookqa"}
+ALIASES = {c.legacy: c.canonical for c in CANONICAL_IDS.values()}
 
 
 def _write(repo_dir: Path, configs: dict[str, dict[str, dict[str, list[Any]]]], *, layout: str) -> None:

@@ -185,14 +185,15 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     code = """
     import sys, datasets
     finder = next(f for f in sys.meta_path if type(f).__name__ == "_PatchingFinder")
-    print(datasets.load_dataset.__module__, *sorted(finder.patches))
+    print(datasets.load_dataset.__wrapped__.__module__, *sorted(finder.patches))
     datasets.load_dataset("hellaswag")
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
-    # only the harness fixes (request_timeout per request, the wait for the deployment, the sanitizer) are
-    # installed, not the data patches
+    # only the harness fixes (legacy dataset ids, request_timeout per request, the wait for the deployment, the
+    # sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
+        "datasets",
         "lm_eval.filters.sanitize",
         "lm_eval.models.api_models",
         "nemo_evaluator.core.input",
