@@ -26,7 +26,7 @@ from ckpteval.tasks.datasets import DatasetRef
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, wait_for
 from tests.support.hf_hub import HubStandIn
-from tests.support.hub_datasets import ALIASES, GATED_REPO, REMOTE_CODE_REPO, write_repos
+from tests.support.hub_datasets import ALIASES, GATED_REPO, REMOTE_CODE_REPO, ROWS, write_repos
 
 runner = CliRunner()
 PIQA = DatasetRef("baber/piqa", None, None, ("train", "validation"))
@@ -93,7 +93,7 @@ def test_fetched_data_is_what_the_harness_reads_offline_and_a_rerun_asks_the_hub
     env = {**os.environ, "HF_HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("HF_ENDPOINT")
     out = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "4", out.stderr[-2000:]
+    assert out.returncode == 0 and out.stdout.strip() == str(ROWS), out.stderr[-2000:]
     again = fetch_datasets([PIQA, ARC], root)
     assert again.fetched == () and set(again.cached) == {PIQA, ARC}
     assert hub.requests == []  # nothing asked
@@ -245,7 +245,7 @@ def test_the_dry_run_shows_each_tasks_data_without_connecting(offline_profile, f
     assert "unchecked" in rows["piqa"] and "baber/piqa" in rows["piqa"]
     assert "packaged offline data" in rows["adlr_mmlu"]
     assert "missing" in rows["adlr_winogrande_5_shot"] and "winogrande:winogrande_xl" in rows["adlr_winogrande_5_shot"]
-    assert "unknown" in rows["simpleqa"]
+    assert "own data" in rows["simpleqa"] and "unchecked: this harness downloads its own data" in rows["simpleqa"]
     assert "HF_HUB_OFFLINE=1" in shown.output
 
 
