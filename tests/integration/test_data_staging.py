@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ckpteval.cli.main import app
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.data_push import push_archive, push_datasets, stage_script
+from ckpteval.config.compose import CompileRequest, task_names
 from ckpteval.errors import EvaluationError
 from ckpteval.invocation.record import list_records
 from ckpteval.tasks.data_cache import fetch_datasets, is_cached, read_manifest
@@ -281,3 +282,49 @@ def test_fetch_then_run_on_an_offline_cluster_scores_the_staged_data_as_a_local_
     assert here["n_samples"] == 3
     for metric in ("acc", "acc_norm"):
         assert here["metrics"][metric]["value"] == pytest.approx(task["metrics"][metric]["value"], abs=1e-9)
+
+
+@pytest.fixture
+def full_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandIn]:
+    """The stand-in serving every dataset of the stage configs, MMLU's 57 subjects included."""
+    server = HubStandIn(write_repos(tmp_path_factory.mktemp("full-hub")), aliases=ALIASES)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    yield server
+    server.stop()
+
+
+PRETRAIN = tuple(task_names(CompileRequest(configs=("pretrain",))))
+
+
+@pytest.mark.slow
+@pytest.mark.long  # six tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
+def test_every_pretrain_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
+    offline_profile, full_hub, infra, tiny_checkpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(tmp_path / "cache"))
+    fetch = cli("data", "fetch", "-c", "pretrain")
+    assert fetch.exit_code == 0, fetch.output
+    assert "62 fetched, 0 already cached" in fetch.output  # 57 MMLU subjects + 5, legacy ids included
+    full_hub.stop()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no hub here either: the local run reads the same cache
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    model = ["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
+    args = [*tiny_args(offline_profile(), *PRETRAIN), *model]
+    run = cli(*args, "--run", "CI")
+    assert "datasets staged: 62 sent" in run.output, run.output[-3000:]
+    record = next(r for r in list_records() if r.executor == "slurm")
+    there = json.loads(cli("results", record.id, "--json").stdout)["tasks"]
+    assert run.exit_code == 0 and {t: there[t]["status"] for t in PRETRAIN} == dict.fromkeys(PRETRAIN, "succeeded"), (
+        run.output[-3000:]
+    )
+    local = cli(*args)
+    assert local.exit_code == 0, local.output[-3000:]
+    mine = next(r for r in list_records() if r.executor == "local")
+    here = json.loads(cli("results", mine.id, "--json").stdout)["tasks"]
+    for task in PRETRAIN:
+        assert here[task]["n_samples"] == there[task]["n_samples"] > 0
+        assert {m: v["value"] for m, v in here[task]["metrics"].items()} == pytest.approx(
+            {m: v["value"] for m, v in there[task]["metrics"].items()}, abs=1e-9
+        ), task

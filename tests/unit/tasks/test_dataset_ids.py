@@ -18,7 +18,7 @@ from ckpteval.tasks.data_cache import fetch_datasets
 from ckpteval.tasks.datasets import LM_EVAL_HARNESS, DatasetRef, _read_yaml, lm_eval_datasets, lm_eval_tasks_dir
 from ckpteval.tasks.harness_hook.ckpteval_dataset_ids import CANONICAL_IDS, canonical_id, legacy_ids
 from tests.support.hf_hub import HubStandIn
-from tests.support.hub_datasets import ALIASES, write_repos
+from tests.support.hub_datasets import ALIASES, ROWS, write_repos
 
 WINOGRANDE = DatasetRef("allenai/winogrande", "winogrande_xl", None, ("train", "validation"))
 
@@ -86,7 +86,7 @@ def test_the_harness_asks_for_the_old_id_and_reads_the_canonical_repository_onli
         hub.requests.clear()
         hooked = run_client(LOAD, hook=True, **online)
         assert hooked.returncode == 0, hooked.stderr[-3000:]
-        assert hooked.stdout.split("\n")[0].startswith("4 The cup did not fit")
+        assert hooked.stdout.split("\n")[0].startswith(f"{ROWS} The cup did not fit")
         asked = {p for _, p in hub.requests}
         assert any(p.startswith("/api/datasets/allenai/winogrande") for p in asked)
         assert not any("/datasets/winogrande" in p for p in asked)
