@@ -300,6 +300,7 @@ PRETRAIN = tuple(task_names(CompileRequest(configs=("pretrain",))))
 
 @pytest.mark.slow
 @pytest.mark.long  # six tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
+@pytest.mark.timeout(3600)
 def test_every_pretrain_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
     offline_profile, full_hub, infra, tiny_checkpoint, tmp_path, monkeypatch
 ):

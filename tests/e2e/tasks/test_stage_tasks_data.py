@@ -107,6 +107,7 @@ def test_a_renamed_dataset_scores_the_same_from_the_hub_and_from_the_fetched_cac
 
 
 @pytest.mark.long  # ~9 tasks twice on 2 cores; the default tier runs the renamed-dataset case above
+@pytest.mark.timeout(3600)
 def test_every_stage_task_runs_with_the_hub_and_from_the_fetched_cache_with_equal_scores(
     served_model: Callable[[str], ServedModel], hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
