@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ckpteval.cli.main import app
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.data_push import push_archive, push_datasets, stage_script
+from ckpteval.config.compose import CompileRequest, task_names
 from ckpteval.errors import EvaluationError
 from ckpteval.invocation.record import list_records
 from ckpteval.tasks.data_cache import fetch_datasets, is_cached, read_manifest
@@ -26,7 +27,7 @@ from ckpteval.tasks.datasets import DatasetRef
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, wait_for
 from tests.support.hf_hub import HubStandIn
-from tests.support.hub_datasets import ALIASES, GATED_REPO, REMOTE_CODE_REPO, write_repos
+from tests.support.hub_datasets import ALIASES, GATED_REPO, REMOTE_CODE_REPO, ROWS, write_repos
 
 runner = CliRunner()
 PIQA = DatasetRef("baber/piqa", None, None, ("train", "validation"))
@@ -93,7 +94,7 @@ def test_fetched_data_is_what_the_harness_reads_offline_and_a_rerun_asks_the_hub
     env = {**os.environ, "HF_HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("HF_ENDPOINT")
     out = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == "4", out.stderr[-2000:]
+    assert out.returncode == 0 and out.stdout.strip() == str(ROWS), out.stderr[-2000:]
     again = fetch_datasets([PIQA, ARC], root)
     assert again.fetched == () and set(again.cached) == {PIQA, ARC}
     assert hub.requests == []  # nothing asked
@@ -245,7 +246,7 @@ def test_the_dry_run_shows_each_tasks_data_without_connecting(offline_profile, f
     assert "unchecked" in rows["piqa"] and "baber/piqa" in rows["piqa"]
     assert "packaged offline data" in rows["adlr_mmlu"]
     assert "missing" in rows["adlr_winogrande_5_shot"] and "winogrande:winogrande_xl" in rows["adlr_winogrande_5_shot"]
-    assert "unknown" in rows["simpleqa"]
+    assert "own data" in rows["simpleqa"] and "unchecked: this harness downloads its own data" in rows["simpleqa"]
     assert "HF_HUB_OFFLINE=1" in shown.output
 
 
@@ -281,3 +282,50 @@ def test_fetch_then_run_on_an_offline_cluster_scores_the_staged_data_as_a_local_
     assert here["n_samples"] == 3
     for metric in ("acc", "acc_norm"):
         assert here["metrics"][metric]["value"] == pytest.approx(task["metrics"][metric]["value"], abs=1e-9)
+
+
+@pytest.fixture
+def full_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandIn]:
+    """The stand-in serving every dataset of the stage configs, MMLU's 57 subjects included."""
+    server = HubStandIn(write_repos(tmp_path_factory.mktemp("full-hub")), aliases=ALIASES)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    yield server
+    server.stop()
+
+
+PRETRAIN = tuple(task_names(CompileRequest(configs=("pretrain",))))
+
+
+@pytest.mark.slow
+@pytest.mark.long  # six tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
+@pytest.mark.timeout(3600)
+def test_every_pretrain_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
+    offline_profile, full_hub, infra, tiny_checkpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(tmp_path / "cache"))
+    fetch = cli("data", "fetch", "-c", "pretrain")
+    assert fetch.exit_code == 0, fetch.output
+    assert "62 fetched, 0 already cached" in fetch.output  # 57 MMLU subjects + 5, legacy ids included
+    full_hub.stop()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no hub here either: the local run reads the same cache
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    model = ["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
+    args = [*tiny_args(offline_profile(), *PRETRAIN), *model]
+    run = cli(*args, "--run", "CI")
+    assert "datasets staged: 62 sent" in run.output, run.output[-3000:]
+    record = next(r for r in list_records() if r.executor == "slurm")
+    there = json.loads(cli("results", record.id, "--json").stdout)["tasks"]
+    assert run.exit_code == 0 and {t: there[t]["status"] for t in PRETRAIN} == dict.fromkeys(PRETRAIN, "succeeded"), (
+        run.output[-3000:]
+    )
+    local = cli(*args)
+    assert local.exit_code == 0, local.output[-3000:]
+    mine = next(r for r in list_records() if r.executor == "local")
+    here = json.loads(cli("results", mine.id, "--json").stdout)["tasks"]
+    for task in PRETRAIN:
+        assert here[task]["n_samples"] == there[task]["n_samples"] > 0
+        assert {m: v["value"] for m, v in here[task]["metrics"].items()} == pytest.approx(
+            {m: v["value"] for m, v in there[task]["metrics"].items()}, abs=1e-9
+        ), task

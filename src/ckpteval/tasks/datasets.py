@@ -3,9 +3,10 @@
 For an lm-evaluation-harness task of the catalog (its `params.task`), lm-eval's task YAML under
 `lm_eval/tasks/` says what the harness loads: `dataset_path`, `dataset_name`, `dataset_kwargs`
 (a `revision`), and the splits it reads (`test_split`, `validation_split`, `training_split`,
-`fewshot_split`). A group's YAML lists its subtasks (by name, by tag, or as inline configs), which
-are resolved the same way; `include` is followed as lm-eval does (the included file first, the
-including file's keys over it).
+`fewshot_split`), with an owner-less legacy id (`winogrande`) turned into the repository the hub moved
+it to (`allenai/winogrande`, `harness_hook/ckpteval_dataset_ids.py`). A group's YAML lists its subtasks
+(by name, by tag, or as inline configs), which are resolved the same way; `include` is followed as
+lm-eval does (the included file first, the including file's keys over it).
 
 lm-eval itself is not imported: its import and task index take tens of seconds, and the dry run must
 stay fast. A name index is built by scanning the YAML files' top-level `task`/`group`/`tag` lines
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.tasks.catalog import TaskSpec
+from ckpteval.tasks.harness_hook.ckpteval_dataset_ids import canonical_id
 
 LM_EVAL_HARNESS = "lm-evaluation-harness"
 # dataset_path values that are datasets' own file loaders: the data are the task's data_files, not a hub repo
@@ -34,7 +36,8 @@ _LIST_ITEM = re.compile(r"""^\s+-\s+["']?([^"'#\s]+)["']?\s*$""")
 
 @dataclass(frozen=True, order=True)
 class DatasetRef:
-    """One dataset a task loads: a hub repository, its config name, revision, and the splits read."""
+    """One dataset a task loads: a hub repository (its canonical id), its config name, revision, and the
+    splits read."""
 
     path: str
     name: str | None = None
@@ -185,7 +188,8 @@ def _refs_of_config(config: dict[str, Any]) -> list[DatasetRef]:
     revision = kwargs.get("revision")
     splits = tuple(sorted({str(config[k]) for k in _SPLIT_KEYS if config.get(k)}))
     name = config.get("dataset_name")
-    return [DatasetRef(str(path), str(name) if name else None, str(revision) if revision else None, splits)]
+    ref = DatasetRef(canonical_id(str(path)), str(name) if name else None, str(revision) if revision else None, splits)
+    return [ref]
 
 
 def _resolve(index: _Index, item: Any, seen: frozenset[str]) -> list[DatasetRef]:

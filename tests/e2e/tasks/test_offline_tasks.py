@@ -42,7 +42,7 @@ def test_hellaswag_on_smollm2(hellaswag_run: tuple[TaskRun, ServedModel]) -> Non
         assert 0.0 <= metric.value <= 1.0 and metric.stderr is not None and metric.n_samples == 5
     offline = json.loads((run.paths.output_dir / od.REPORT_FILE).read_text())["datasets"]
     assert [(r["dataset"], r["served_from"], r["splits"]) for r in offline] == [
-        ("hellaswag", "package", {"validation": 80, "train": 20})
+        ("Rowan/hellaswag", "package", {"validation": 80, "train": 20})  # lm-eval asks for `hellaswag`
     ]
     assert read_progress(run.paths.output_dir) == Progress(20, 20)  # 4 endings per sample
 

@@ -27,7 +27,7 @@ def test_statuses_per_task_and_one_refusal_naming_task_dataset_and_commands() ->
         "piqa": "unchecked",
         "adlr_arc_challenge_llama_25_shot": "missing",
         "adlr_mmlu": "packaged offline data",
-        "simpleqa": "unknown",
+        "simpleqa": "own data",
     }
     checked = data_statuses(tasks, cached_here=here.__contains__, staged_there=lambda ref: False)
     assert [s.status for s in checked][:2] == ["to push", "missing"]
@@ -44,6 +44,9 @@ def test_statuses_per_task_and_one_refusal_naming_task_dataset_and_commands() ->
     )
     table = render_statuses(checked)
     assert "to push" in table.splitlines()[0] and "baber/piqa" in table.splitlines()[0]
+    own = table.splitlines()[3]
+    assert own.startswith("simpleqa") and "own data" in own
+    assert "unchecked: this harness downloads its own data; on a cluster whose nodes are offline" in own
 
 
 def test_task_steps_mount_the_staged_cache_read_only_with_the_hub_off() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from ckpteval.tasks.catalog import load_catalog
 from ckpteval.tasks.datasets import DatasetRef, TaskDefinitionError, lm_eval_datasets, task_data
+from ckpteval.tasks.harness_hook.ckpteval_dataset_ids import canonical_id
 
 # a plain task, one with `include`, one with a config name, a group of tags (57 subtasks), a tag whose
 # tasks inherit it from an included file, the pretrain config's others
@@ -48,7 +49,8 @@ def _expected(tm: Any, name: str) -> set[tuple[str, str | None, str | None, tupl
             )
         )
         revision = (cfg.get("dataset_kwargs") or {}).get("revision")
-        out.add((cfg["dataset_path"], cfg.get("dataset_name"), revision, splits))
+        # lm-eval's id, under its canonical name (an owner-less legacy id moved to its owner's repository)
+        out.add((canonical_id(cfg["dataset_path"]), cfg.get("dataset_name"), revision, splits))
     return out
 
 

@@ -178,21 +178,23 @@ def test_auto_mode_uses_packaged_data_when_the_hub_is_off(tmp_path: Path) -> Non
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="auto")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[0])["validation"][0] == 80
-    assert report(tmp_path)[0]["served_from"] == "package"
+    (record,) = report(tmp_path)  # lm-eval asks for the legacy id; the hook loads (and records) the canonical one
+    assert record["served_from"] == "package" and record["dataset"] == "Rowan/hellaswag"
 
 
 def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     code = """
     import sys, datasets
     finder = next(f for f in sys.meta_path if type(f).__name__ == "_PatchingFinder")
-    print(datasets.load_dataset.__module__, *sorted(finder.patches))
+    print(datasets.load_dataset.__wrapped__.__module__, *sorted(finder.patches))
     datasets.load_dataset("hellaswag")
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
-    # only the harness fixes (request_timeout per request, the wait for the deployment, the sanitizer) are
-    # installed, not the data patches
+    # only the harness fixes (legacy dataset ids, request_timeout per request, the wait for the deployment, the
+    # sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
+        "datasets",
         "lm_eval.filters.sanitize",
         "lm_eval.models.api_models",
         "nemo_evaluator.core.input",
@@ -307,3 +309,18 @@ def test_the_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:
     done = run_hooked("pass", tmp_path, CKPTEVAL_OFFLINE_DATA="on", PYTHONPATH=f"{hook_dir()}:{other}")
     assert done.returncode == 0, done.stderr
     assert marker.read_text() == "ran"
+
+
+def test_a_local_copy_saved_under_a_legacy_id_is_still_found(tmp_path: Path) -> None:
+    import datasets
+
+    copies = tmp_path / "copies"
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list([{"sentence": "s", "answer": "1"}])}).save_to_disk(
+        str(copies / "winogrande" / "winogrande_xl")  # saved before the rename, by the id lm-eval asks for
+    )
+    code = LOAD.format(path="winogrande", name="winogrande_xl", split="validation", feature="answer")
+    done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", CKPTEVAL_DATASET_DIR=str(copies))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = report(tmp_path)
+    assert record["served_from"] == "local copy" and record["dataset"] == "allenai/winogrande"
+    assert record["source"].endswith("winogrande/winogrande_xl")

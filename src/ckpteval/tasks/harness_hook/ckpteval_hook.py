@@ -10,9 +10,12 @@
   prefix cache computes the context once);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
 - `lm_eval.filters.sanitize`: a completion with a NUL byte is code that does not parse, not a crash;
-- `datasets.load_dataset`: a (path, name) we have a local copy of (`$CKPTEVAL_DATASET_DIR`) or packaged
-  data for (`ckpteval_offline_data.SOURCES`) returns that `DatasetDict`; anything else goes to the real
-  loader, and if that fails offline the error says what is missing and how to provide it;
+- `datasets.load_dataset`: an owner-less legacy id (`winogrande`) is loaded by its canonical id
+  (`allenai/winogrande`, `ckpteval_dataset_ids`; always installed: the locked `datasets` refuses the old
+  id, with or without a hub); then, with the data patches, a (path, name) we have a local copy of
+  (`$CKPTEVAL_DATASET_DIR`, also under the legacy id) or packaged data for (`ckpteval_offline_data.SOURCES`)
+  returns that `DatasetDict`; anything else goes to the real loader, and if that fails offline the error
+  says what is missing and how to provide it;
 - `evaluate.load`: "code_eval" returns `ckpteval_code_eval.SandboxedCodeEval`.
 
 Whether the hook is active is decided once per process tree, lazily (at the first patched call):
@@ -96,7 +99,9 @@ def _patched_load_dataset(real: Callable[..., Any]) -> Callable[..., Any]:
 
         if not isinstance(path, str):
             return real(path, name, *args, **kwargs)
-        copy = od.local_copy(path, name)
+        # a copy saved under the legacy id (before the rename) still counts
+        ids = _hook_module("ckpteval_dataset_ids")
+        copy = next(filter(None, (od.local_copy(p, name) for p in (path, *ids.legacy_ids(path)))), None)
         if copy:
             import datasets
 
@@ -156,8 +161,24 @@ def _patched_evaluate_load(real: Callable[..., Any]) -> Callable[..., Any]:
     return load
 
 
+def _canonical_load_dataset(real: Callable[..., Any]) -> Callable[..., Any]:
+    ids = _hook_module("ckpteval_dataset_ids")
+
+    def load_dataset(path: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return real(ids.canonical_id(path) if isinstance(path, str) else path, *args, **kwargs)
+
+    load_dataset.__wrapped__ = real  # type: ignore[attr-defined]
+    return load_dataset
+
+
+def _patch_dataset_ids(module: ModuleType) -> None:
+    module.load_dataset = _canonical_load_dataset(module.load_dataset)  # type: ignore[attr-defined]
+
+
 def _patch_datasets(module: ModuleType) -> None:
+    """The offline-data patch, inside the id rewrite (so it sees canonical ids, as `data fetch` names them)."""
     module.load_dataset = _patched_load_dataset(module.load_dataset)  # type: ignore[attr-defined]
+    _patch_dataset_ids(module)
 
 
 def _patch_evaluate(module: ModuleType) -> None:
@@ -207,10 +228,12 @@ def _patch_evaluator_input(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_input(module)
 
 
-# offline data and the sandboxed code_eval: only when asked for (see sitecustomize)
+# offline data and the sandboxed code_eval: only when asked for (see sitecustomize); their `datasets` patch
+# includes the harness's
 _DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
 # fixes to the harness itself: always
 _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "datasets": _patch_dataset_ids,
     "lm_eval.models.api_models": _patch_api_models,
     "nemo_evaluator.core.input": _patch_evaluator_input,
     "lm_eval.filters.sanitize": _patch_sanitize,
