@@ -32,9 +32,9 @@ def deploy_command(**options: Any) -> None:
 
 def _parameter(flag: Any) -> inspect.Parameter:
     """A typer option for one of the server's flags (`--x/--no-x` for a switch that is on by default)."""
-    kind = flag.kind
-    names = [f"{flag.name}/--no-{flag.name[2:]}"] if kind is bool and flag.default is True else [flag.name]
-    annotation = Annotated[kind | None if flag.default is None else kind, typer.Option(*names, help=flag.help)]
+    kind = flag.kind | None if flag.default is None else flag.kind
+    names = [f"{flag.name}/--no-{flag.name[2:]}"] if flag.kind is bool and flag.default is True else [flag.name]
+    annotation = Annotated[kind, typer.Option(*names, help=flag.help)]  # type: ignore[valid-type]  # built at run time
     default = inspect.Parameter.empty if flag.required else flag.default
     return inspect.Parameter(flag.field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
