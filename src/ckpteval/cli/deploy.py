@@ -40,7 +40,7 @@ def _parameter(flag: Any) -> inspect.Parameter:
     if kind is bool and default is True:
         name, field, default = f"--no-{name[2:]}", f"no_{field}", False
         help_text = f"Switch off (on by default): {help_text[0].lower()}{help_text[1:]}"
-    annotation = Annotated[kind | None if default is None else kind, typer.Option(name, help=help_text)]
+    annotation = Annotated[kind | None if default is None else kind, typer.Option(name, help=help_text)]  # type: ignore[valid-type]  # built at run time
     default = inspect.Parameter.empty if flag.required else default
     return inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 

@@ -20,22 +20,18 @@ from typing import Any
 from ckpteval.config.schema import ExportSection
 from ckpteval.errors import ExportError
 from ckpteval.export.content import RESULTS_FILE, ExportContent, load_content
-from ckpteval.export.credentials import LOGIN_HINT, WandbKey, announce_login, find_wandb_key, wandb_base_url, wandb_mode
+from ckpteval.export.context import ExportContext
+from ckpteval.export.credentials import WandbKey
+from ckpteval.export.destinations import ExportDestination, destination, destinations
 from ckpteval.export.outcome import Destination, ExportOutcome
 from ckpteval.results.model import InvocationResults
 
-DESTINATIONS: tuple[Destination, ...] = ("wandb", "mlflow")
 Reporter = Callable[[ExportOutcome], None]  # any event reporter takes these too
 
 
 def enabled_destinations(export: ExportSection) -> list[Destination]:
-    """The destinations the config turns on (`export.wandb.enabled`, `export.mlflow.enabled`)."""
-    out: list[Destination] = []
-    if export.wandb.enabled:
-        out.append("wandb")
-    if export.mlflow.enabled:
-        out.append("mlflow")
-    return out
+    """The destinations the config turns on (`export.<name>.enabled`), in registration order."""
+    return [d.name for d in destinations() if d.enabled(export)]
 
 
 def export_section(config: Mapping[str, Any], *, where: str = "config.yaml") -> ExportSection:
@@ -59,7 +55,8 @@ def export_invocation(
 ) -> list[ExportOutcome]:
     """Export `results` (with the files of `job_dir`) to `destinations` (default: those `export` enables).
 
-    The W&B key is `key` if given, else found from the environment or the user's `wandb login`.
+    Each destination comes from the registry (`export.destinations`). The W&B key is `key` if given, else
+    found from the environment or the user's `wandb login`.
     `environ` (default `os.environ`, never modified) supplies WANDB_MODE / WANDB_BASE_URL /
     MLFLOW_TRACKING_URI. Returns one outcome per destination; never raises for a destination's failure.
     """
@@ -70,15 +67,26 @@ def export_invocation(
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="ckpteval-export-") as scratch:
         content = _content(results, job_dir, config_file=config_file, task_dirs=task_dirs, scratch=Path(scratch))
-        for destination in chosen:
-            if destination == "wandb":
-                outcome = _to_wandb(content, export, key=key, environ=env, wandb_dir=job_dir)
-            else:
-                outcome = _to_mlflow(content, export)
+        context = ExportContext(environ=env, job_dir=job_dir, key=key)
+        for name in chosen:
+            outcome = _export_one(destination(name), content, export, context)
             if report is not None:
                 report(outcome)
             outcomes.append(outcome)
     return outcomes
+
+
+def _export_one(
+    where: ExportDestination, content: ExportContent, export: ExportSection, context: ExportContext
+) -> ExportOutcome:
+    """One destination's outcome: what it wrote or skipped, or why it failed and how to retry."""
+    retry = f"evaluate export {content.invocation} --to {where.name}"
+    try:
+        return where.write(content, where.section(export), context)
+    except ExportError as exc:
+        return ExportOutcome(where.name, "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
+    except OSError as exc:  # a result file vanished or a run directory is not writable
+        return ExportOutcome(where.name, "failed", f"{where.label} export: {exc}", hint=f"Retry with: {retry}")
 
 
 def _content(
@@ -98,44 +106,3 @@ def _content(
 
     snapshot.write_text(json.dumps(results.to_json(), indent=2) + "\n", encoding="utf-8")
     return dataclasses.replace(content, files={**content.files, RESULTS_FILE: snapshot})
-
-
-def _to_wandb(
-    content: ExportContent, export: ExportSection, *, key: WandbKey | None, environ: Mapping[str, str], wandb_dir: Path
-) -> ExportOutcome:
-    mode = wandb_mode(environ)
-    retry = f"evaluate export {content.invocation} --to wandb"
-    if mode == "disabled":
-        return ExportOutcome("wandb", "skipped", "WANDB_MODE=disabled: W&B export is off.")
-    try:
-        if mode == "online" and key is None:
-            key = find_wandb_key(environ)
-        if mode == "online" and key is None:
-            return ExportOutcome(
-                "wandb",
-                "skipped",
-                f"no W&B login found. {LOGIN_HINT} Then: {retry}",
-            )
-        if key is not None and mode == "online":
-            announce_login(key)
-        from ckpteval.export.to_wandb import export_to_wandb
-
-        return export_to_wandb(
-            content, export.wandb, key=key, mode=mode, base_url=wandb_base_url(environ), wandb_dir=wandb_dir
-        )
-    except ExportError as exc:
-        return ExportOutcome("wandb", "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
-    except OSError as exc:  # a result file vanished or the run directory is not writable
-        return ExportOutcome("wandb", "failed", f"W&B export: {exc}", hint=f"Retry with: {retry}")
-
-
-def _to_mlflow(content: ExportContent, export: ExportSection) -> ExportOutcome:
-    retry = f"evaluate export {content.invocation} --to mlflow"
-    try:
-        from ckpteval.export.to_mlflow import export_to_mlflow
-
-        return export_to_mlflow(content, export.mlflow)
-    except ExportError as exc:
-        return ExportOutcome("mlflow", "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
-    except OSError as exc:
-        return ExportOutcome("mlflow", "failed", f"MLflow export: {exc}", hint=f"Retry with: {retry}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Destination = Literal["wandb", "mlflow"]
+Destination = str  # a registered export destination's name (`export.destinations`): "wandb", "mlflow", ...
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,11 @@ from urllib.parse import urlsplit
 from ckpteval.config.schema import MlflowExport
 from ckpteval.errors import ExportError
 from ckpteval.export.content import ExportContent, metric_values, sample_tables
+from ckpteval.export.context import Curves
 from ckpteval.export.outcome import ExportOutcome
 
 INVOCATION_TAG = "ckpteval.invocation"
+WATCH_TAG = "ckpteval.watch"  # a watch run's curves: one run tagged with its name
 CONNECT_TIMEOUT_S = 10.0
 _PARAM_VALUE_LIMIT = 6000  # MLflow's limit on a param value
 _PARAM_KEY_LIMIT = 250
@@ -150,3 +152,26 @@ def _write_run(content: ExportContent, settings: MlflowExport, uri: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def write_curves(curves: Curves, settings: MlflowExport) -> str:
+    """A watch run's points in MLflow: one run tagged `ckpteval.watch=<run>`, each metric at `step = iteration`."""
+    uri = tracking_uri(settings)
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        name = settings.experiment_name
+        experiment = client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{WATCH_TAG}` = '{curves.run}'", max_results=1)
+        run = found[0] if found else client.create_run(experiment_id, run_name=curves.run, tags={WATCH_TAG: curves.run})
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, iteration) for iteration, points in curves.points for k, v in points.items()]
+        for i in range(0, len(metrics), 1000):
+            client.log_batch(run.info.run_id, metrics=metrics[i : i + 1000])
+    except MlflowException as exc:
+        raise ExportError(f"MLflow ({uri}) refused the curves: {_first_line(exc)}") from None
+    return f"MLflow run {run.info.run_id}: {len(curves.points)} iteration(s)"

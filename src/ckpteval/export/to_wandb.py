@@ -11,6 +11,7 @@ carries the `wandb sync` command that uploads it later.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -20,7 +21,16 @@ from typing import Any
 from ckpteval.config.schema import WandbExport
 from ckpteval.errors import ExportError
 from ckpteval.export.content import ExportContent, metric_values, run_config, sample_tables
-from ckpteval.export.credentials import WandbKey, WandbMode
+from ckpteval.export.context import Curves, ExportContext
+from ckpteval.export.credentials import (
+    LOGIN_HINT,
+    WandbKey,
+    WandbMode,
+    announce_login,
+    find_wandb_key,
+    wandb_base_url,
+    wandb_mode,
+)
 from ckpteval.export.outcome import ExportOutcome
 
 ARTIFACT_TYPE = "evaluation_result"
@@ -63,6 +73,24 @@ def run_specs(content: ExportContent, settings: WandbExport) -> list[WandbRunSpe
         )
         for task in content.results.tasks
     ]
+
+
+def write_invocation(content: ExportContent, settings: WandbExport, context: ExportContext) -> ExportOutcome:
+    """The invocation's W&B run(s), with the key handed in or found (environment, `wandb login`); skipped with
+    WANDB_MODE=disabled or without a login online. Raises ExportError if W&B refuses or cannot be reached."""
+    mode = wandb_mode(context.environ)
+    if mode == "disabled":
+        return ExportOutcome("wandb", "skipped", "WANDB_MODE=disabled: W&B export is off.")
+    key = context.key
+    if mode == "online" and key is None:
+        key = find_wandb_key(context.environ)
+    if mode == "online" and key is None:
+        retry = f"evaluate export {content.invocation} --to wandb"
+        return ExportOutcome("wandb", "skipped", f"no W&B login found. {LOGIN_HINT} Then: {retry}")
+    if key is not None and mode == "online":
+        announce_login(key)
+    base_url = wandb_base_url(context.environ)
+    return export_to_wandb(content, settings, key=key, mode=mode, base_url=base_url, wandb_dir=context.job_dir)
 
 
 def export_to_wandb(
@@ -198,3 +226,50 @@ def _write_run(
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def write_curves(curves: Curves, settings: WandbExport) -> str:
+    """A watch run's points in W&B: in its own run (id `ckpteval-watch-<run>`, `step = iteration`), or, given the
+    training's run, in that run under `eval/` against the `iteration` metric (its steps are past the
+    checkpoint's). Points must come in iteration order: W&B drops a step lower than one already logged."""
+    mode = wandb_mode(os.environ)
+    if mode == "disabled":
+        return "W&B: WANDB_MODE=disabled, not exported"
+    key = find_wandb_key(os.environ) if mode == "online" else None
+    if mode == "online" and key is None:
+        raise ExportError("No W&B login found for the curves.", hint="Run `wandb login`, or set WANDB_MODE=offline.")
+    import wandb
+    from wandb.errors import Error as WandbError
+
+    own = curves.own_run
+    try:
+        run = wandb.init(
+            entity=settings.entity,
+            project=settings.project,
+            id=curves.run_id,
+            name=curves.run if own else None,
+            job_type="watch" if own else None,
+            config=curves.config if own else None,
+            resume="allow" if mode == "online" else None,
+            dir=str(curves.directory),
+            reinit="create_new",
+            settings=wandb_settings(settings, key=key, mode=mode, base_url=wandb_base_url(os.environ)),
+        )
+    except (WandbError, TimeoutError) as exc:
+        wandb.teardown()
+        raise ExportError(f"W&B did not accept run {curves.run_id}: {exc}") from None
+    try:
+        run.define_metric("iteration")
+        if own:
+            for iteration, points in curves.points:
+                run.log({"iteration": iteration, **points}, step=iteration)
+        else:
+            run.define_metric("eval/*", step_metric="iteration")
+            for iteration, points in curves.points:
+                run.log({"iteration": iteration, **{f"eval/{k}": v for k, v in points.items()}})
+        where = run.url if mode == "online" else str(Path(run.dir).parent)
+    finally:
+        run.finish()
+        wandb.teardown()  # waits until the run file is written to the end
+    its = ", ".join(str(iteration) for iteration, _ in curves.points)
+    return f"W&B run {curves.run_id}: iteration {its} ({where})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import cast
 
 from ckpteval.errors import CkptevalError
 
@@ -55,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             sock = hold_port(options)
             try:
                 if options.prepare:
-                    from ckpteval.server.prepare import ensure_prepared
+                    from ckpteval.server.prepare import PackagedModel, ensure_prepared
 
-                    ensure_prepared(options.prepare, options.checkpoint)
+                    # argparse took it from PACKAGED_MODELS (the flag's choices)
+                    ensure_prepared(cast("PackagedModel", options.prepare), options.checkpoint)
                 if options.publish_tokenizer:
                     from ckpteval.server.checkpoint import publish_tokenizer
 

@@ -121,42 +121,21 @@ class LocalServer:
 
 
 def start_local_server(
-    *,
-    checkpoint: str | Path,
-    port: int,
-    log_path: Path,
-    served_model_name: str,
-    host: str = "127.0.0.1",
-    device: str = "auto",
-    max_batch_size: int | None = None,
-    prepare: str | None = None,
-    replicas: int = 1,
-    timeout: float = 600.0,
-    python: str = sys.executable,
-    prefix_cache: bool = True,
+    *, log_path: Path, timeout: float = 600.0, python: str = sys.executable, **options: Any
 ) -> LocalServer:
-    """Start the server as a subprocess logging to `log_path` and wait until it is healthy.
+    """Start the server with `options` (`ServeOptions`' fields: checkpoint, port, served_model_name, ...) as a
+    subprocess logging to `log_path` and wait until it is healthy.
 
     Raises DeploymentError (with the log's tail) if it exits or is not healthy within `timeout`;
     the process is killed then.
     """
-    command = serve_command(
-        python=python,
-        checkpoint=str(checkpoint),
-        port=port,
-        host=host,
-        served_model_name=served_model_name,
-        device=device,
-        max_batch_size=max_batch_size,
-        prepare=prepare,
-        replicas=replicas,
-        prefix_cache=prefix_cache,
-    )
+    served = ServeOptions(**options)
+    command = served.to_argv(python)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = LocalServer(process=process, url=f"http://{host}:{port}", log_path=log_path)
+    server = LocalServer(process=process, url=f"http://{served.host}:{served.port}", log_path=log_path)
     try:
         wait_until_healthy(server.url, timeout=timeout, process=process, log_path=log_path)
     except BaseException:
