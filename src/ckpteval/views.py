@@ -90,9 +90,10 @@ def finished_at(record: InvocationRecord) -> float | None:
     """When the invocation's job finished (a POSIX time), where this machine has its job directory: the
     time of the job's `finished` mark. None for a job on a cluster (a fetched copy's times are the fetch's)
     or one that has not finished."""
+    from ckpteval.config.executors import executor_names, find_executor
     from ckpteval.invocation.jobdir import JobDir
 
-    if record.executor != "local":
+    if record.executor not in executor_names() or find_executor(record.executor).on_cluster:
         return None
     try:
         return (Path(record.job_dir) / JobDir.FINISHED).stat().st_mtime
