@@ -82,6 +82,7 @@ def test_hook_dir_holds_only_the_hook_modules() -> None:
         "ckpteval_request_order.py",
         "ckpteval_request_turn.py",
         "ckpteval_settings_probe.py",
+        "ckpteval_dataset_ids.py",
     }
     assert os.path.isabs(hook_dir())
 

@@ -203,7 +203,7 @@ def test_a_client_pointed_at_another_deployment_refuses_it_before_any_request(la
         capture_output=True,
         text=True,
         env=env,
-        timeout=180,
+        timeout=600,  # a bound for a hang, as above
     )
     assert client.returncode == wait_ready.WRONG_DEPLOYMENT_EXIT, client.stderr[-3000:]
     assert "answers for another deployment" in client.stderr and "inv42-5e1f" in client.stderr
