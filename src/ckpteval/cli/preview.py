@@ -94,9 +94,7 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
     model = (data.get("run") or {}).get("model") or deployment.get("checkpoint_path") or "(none)"
     mode = {"local": "attached", "run": "attached", "batch": "detached"}[compiled.mode]
     output_dir = str((data.get("execution") or {}).get("output_dir", "")).rstrip("/")
-    from ckpteval.config.executors import find_executor
-
-    if not find_executor(compiled.profile.executor).on_cluster:
+    if not compiled.config.execution.on_cluster:
         profile = f"{compiled.profile.name} (this machine, {mode})"
         results = f"{Path(output_dir).resolve() / invocation}/"
     else:
