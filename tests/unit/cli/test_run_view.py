@@ -46,8 +46,10 @@ def test_a_run_starts_with_a_compact_header(compiled, capsys):
     assert any(ln.startswith("model") and "smollm2" in ln for ln in lines)
     assert any(ln.startswith("served by") and "builtin backend" in ln for ln in lines)
     assert any(ln.split()[:2] == ["tasks", "hellaswag"] for ln in lines)
-    assert any(ln.startswith("profile") and "local (this machine, attached)" in ln for ln in lines)
-    assert any(ln.split() == ["results", f"{Path.cwd() / 'results' / 'abcd1234'}/"] for ln in lines)
+    assert any(ln.startswith("profile") and "local (this machine, attached)" in ln for ln in lines), text
+    # where the configured output_dir (./results in the tiny config) puts this invocation, as a whole path
+    output_dir = Path(compiled.data["execution"]["output_dir"]).resolve()
+    assert any(ln.split() == ["results", f"{output_dir / 'abcd1234'}/"] for ln in lines), text
     assert "--show-config" in text and lines[-1] == "submitted"
     assert len(lines) <= 9
     assert "limit_samples" not in text + capsys.readouterr().out  # the compiled config is not shown
