@@ -69,14 +69,13 @@ def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> No
     """The few lines before a real run's progress: the invocation, the model and how it is served, the
     tasks, the profile, where the results go (the compiled config is in --dry-run and -v)."""
     from rich.markup import escape
-    from rich.table import Table
 
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    for label, value in header_rows(compiled, invocation):
-        table.add_row(label, escape(compiled.secrets.redact(value)))
-    console.print(table)
+    rows = header_rows(compiled, invocation)
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        # soft-wrapped: a path longer than the terminal is left whole for the terminal to wrap, so it copies whole
+        line = f"[bold]{label:<{width}}[/]  {escape(compiled.secrets.redact(value))}"
+        console.print(line, soft_wrap=True, highlight=False)
     console.print("[dim]the compiled config and job script: --show-config (or --dry-run)[/]")
 
 
