@@ -235,10 +235,17 @@ def _record(invocation: str | InvocationRecord) -> InvocationRecord:
     return invocation if isinstance(invocation, InvocationRecord) else load_record(invocation)
 
 
+def attach(invocation: str | InvocationRecord) -> Job:
+    """The job handle of a recorded invocation (an id, or an unambiguous prefix), from its executor's backend:
+    its `status`, `cancel`, `read`, `logs` and `results`. Close it (or use it in a `with`) when done."""
+    record = _record(invocation)
+    return backend_for(record.executor).attach(record)
+
+
 def status(invocation: str | InvocationRecord) -> InvocationStatus:
     """Where an invocation (an id, or an unambiguous prefix) stands now."""
-    record = _record(invocation)
-    return backend_for(record.executor).status(record)
+    with attach(invocation) as job:
+        return job.status()
 
 
 def statuses(limit: int = 20) -> list[InvocationStatus]:
@@ -254,8 +261,8 @@ def statuses(limit: int = 20) -> list[InvocationStatus]:
 
 def results(invocation: str | InvocationRecord) -> InvocationResults:
     """An invocation's results (fetched from its cluster if needed; partial while it runs)."""
-    record = _record(invocation)
-    return backend_for(record.executor).results(record)
+    with attach(invocation) as job:
+        return job.results()
 
 
 def invocation_samples(invocation: str) -> InvocationSamples:
@@ -271,14 +278,18 @@ def invocation_samples(invocation: str) -> InvocationSamples:
 
 def cancel(invocation: str | InvocationRecord) -> str:
     """Stop an invocation's job; returns what was done, in words."""
-    record = _record(invocation)
-    return backend_for(record.executor).cancel(record)
+    with attach(invocation) as job:
+        return job.cancel()
 
 
 def logs(invocation: str | InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
     """An invocation's log lines: the job's (`job`), the deployment's, a task's (its name), or `slurm`."""
-    record = _record(invocation)
-    return backend_for(record.executor).log_lines(record, follow=follow, source=source)
+    return _log_lines(attach(invocation), follow=follow, source=source)
+
+
+def _log_lines(job: Job, *, follow: bool, source: str) -> Iterator[str]:
+    with job:
+        yield from job.logs(follow=follow, source=source)
 
 
 def resume(invocation: str | InvocationRecord, *, follow: bool = False, reporter: Reporter | None = None) -> Outcome:

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.slurm
 
 
 def status_of(record):  # type: ignore[no-untyped-def]
-    return SlurmBackend().status(load_record(record.id))
+    with SlurmBackend().attach(load_record(record.id)) as job:
+        return job.status()
 
 
 def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_profile, infra):
@@ -87,12 +88,12 @@ def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_prof
     nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "NNodes"], capture_output=True, text=True)
     assert nodes.stdout.strip() == "2"
 
-    log = "\n".join(SlurmBackend().log_lines(load_record(sub.record.id)))
+    log = "\n".join(api.logs(load_record(sub.record.id)))
     assert "deployment healthy" in log and "all tasks succeeded" in log
-    client = "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="in_container"))
+    client = "\n".join(api.logs(load_record(sub.record.id), source="in_container"))
     assert f"image={sqsh}" in client  # the fake pyxis ran the step in the .sqsh we squashed
     assert "b'ok\\n'" in client  # and the client reached the deployment
-    assert "gpus=0,1,2,3,4,5,6,7" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="second"))
+    assert "gpus=0,1,2,3,4,5,6,7" in "\n".join(api.logs(load_record(sub.record.id), source="second"))
 
 
 def test_tasks_run_as_steps_side_by_side_and_cancel_stops_them_all(ci_profile):
@@ -145,7 +146,7 @@ def test_tasks_run_as_steps_side_by_side_and_cancel_stops_them_all(ci_profile):
         return [int(p) for p in found] if all(p.strip() for p in found) else None
 
     clients = wait_for(pids, timeout=60, what="both clients started")
-    assert SlurmBackend().cancel(load_record(second.record.id)).startswith("cancelled invocation")
+    assert api.cancel(load_record(second.record.id)).startswith("cancelled invocation")
     wait_for(lambda: not any(pid_alive(p) for p in clients), timeout=30, what="every task client to exit")
 
 
@@ -175,14 +176,14 @@ def test_cancel_stops_the_job_and_its_deployment(ci_profile):
     )
     assert pid_alive(deploy_pid)
 
-    message = SlurmBackend().cancel(load_record(record.id))
+    message = api.cancel(load_record(record.id))
     assert message.startswith(f"cancelled invocation {record.id}")
     assert squeue_state(str(record.slurm_job_id)) == ""  # gone from the queue when cancel returns
     after = status_of(record)
     assert after.state == "cancelled"
     assert [t.state for t in after.snapshot.tasks] == ["cancelled", "pending"]
     wait_for(lambda: not pid_alive(deploy_pid), timeout=30, what="the deployment process to exit")
-    assert SlurmBackend().cancel(load_record(record.id)).startswith(f"invocation {record.id} is not running")
+    assert api.cancel(load_record(record.id)).startswith(f"invocation {record.id} is not running")
 
 
 def test_failed_deployment_is_reported_failed_with_its_log_tail(ci_profile):
@@ -240,7 +241,7 @@ def test_resubmitted_job_skips_finished_tasks(ci_profile):
     assert second.state == "succeeded", second.log_tail
     count = subprocess.run(["cat", posixpath.join(record.job_dir, "first.count")], capture_output=True, text=True)
     assert count.stdout == "run\n"  # the finished task did not run again
-    log = "\n".join(SlurmBackend().log_lines(resumed))
+    log = "\n".join(api.logs(resumed))
     assert "task first: already done, skipped" in log
 
 
@@ -256,7 +257,7 @@ def test_sbatch_rejection_is_one_clear_error_and_recorded(ci_profile):
     from ckpteval.invocation.record import list_records
 
     (record,) = list_records()
-    status = SlurmBackend().status(record)
+    status = api.status(record)
     assert status.state == "failed" and status.detail.startswith("not submitted: Slurm refused the job")
 
 
@@ -269,7 +270,7 @@ def test_job_that_cannot_start_is_pending_with_slurms_reason(ci_profile):
         assert status.state == "pending" and status.detail in ("PartitionConfig", "PartitionNodeLimit")
         assert status.snapshot.deployment == "" and status.snapshot.tasks[0].state == "pending"
     finally:
-        SlurmBackend().cancel(load_record(sub.record.id))
+        api.cancel(load_record(sub.record.id))
 
 
 def test_failed_ssh_login_in_nemo_run_is_a_cluster_error(ci_profile, tmp_path: Path):
@@ -378,7 +379,7 @@ def test_on_the_login_node_a_local_tunnel_submits_and_reads_without_ssh(
         lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert status.state == "succeeded", status.log_tail
-    assert "local-ok key=unset" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="a"))
+    assert "local-ok key=unset" in "\n".join(api.logs(load_record(sub.record.id), source="a"))
     assert (tmp_path / "rjd" / "evaluations" / sub.record.id / "state" / "finished").read_text() == "0\n"
 
 
@@ -391,4 +392,4 @@ def test_a_ssh_config_alias_is_enough_for_submission(ci_profile, infra):
         lambda: (s := status_of(sub.record)).state not in ("pending", "running") and s, timeout=90, what="end"
     )
     assert status.state == "succeeded", status.log_tail
-    assert "via-alias" in "\n".join(SlurmBackend().log_lines(load_record(sub.record.id), source="a"))
+    assert "via-alias" in "\n".join(api.logs(load_record(sub.record.id), source="a"))

@@ -1,8 +1,12 @@
-"""Slurm through the Remote seam: a job's state (squeue, then sacct), cancelling it, checking a profile.
+"""Slurm through the Remote seam: the one place that speaks sbatch, squeue, sacct and scancel (an
+invocation's job itself is submitted through nemo-run: `ckpteval.cluster.nemorun`).
 
-These are the fast paths (one SSH round trip each, no nemo-run import): `status`, `logs -f` and the
-attached follow call them every few seconds. squeue answers for queued and running jobs without the
-accounting database; sacct answers once the job has left the queue.
+A job's state (squeue, then sacct), cancelling it, checking a profile, and for scripts of ours that are no
+invocation (the cluster-hosted watcher's links): submitting one, listing the jobs of a name, cancelling or
+signalling them. These are the fast paths (one round trip each, no nemo-run import): `status`, `logs -f` and
+the attached follow call them every few seconds. squeue answers for queued and running jobs without the
+accounting database; sacct answers once the job has left the queue. Over an SSH Remote from the user's
+machine, or a local one on the cluster itself (the watcher submits its next link from its node).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class SlurmJobState:
     reason: str = ""  # squeue's reason while pending (Resources, Priority, JobHeldUser, ...)
     exit_code: str = ""  # sacct's ExitCode ("0:0", "1:0", "0:15")
     elapsed: str = ""
+    node: str = ""  # squeue's node list, when listed by name
 
     @property
     def active(self) -> bool:
@@ -80,6 +85,41 @@ def cancel_job(remote: Remote, job_id: str, *, wait: float = 60.0) -> SlurmJobSt
         time.sleep(0.5)
         state = job_state(remote, job_id)
     return state
+
+
+def submit_script(remote: Remote, path: str, *, what: str) -> str:
+    """`sbatch --parsable PATH` (a script already there); its job id. ClusterError with sbatch's own words
+    (`what` names the job in them: "the watcher's job") when Slurm refuses it."""
+    result = remote.run(["sbatch", "--parsable", path], check=False, timeout=120)
+    job_id = result.stdout.strip().split(";")[0]
+    if not result.ok or not job_id:
+        text, hint = explain_sbatch_error(result.stderr or result.stdout, None)
+        raise ClusterError(f"Slurm refused {what} (sbatch):\n{text}", hint=hint)
+    return job_id
+
+
+def jobs_named(remote: Remote, name: str) -> list[SlurmJobState]:
+    """The jobs named `name` that Slurm holds now (queued, running or ending), oldest first."""
+    result = remote.run(["squeue", "-h", "--name", name, "-o", "%i|%T|%N|%r"], check=False, timeout=60)
+    jobs = []
+    for line in result.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 4 and fields[0]:
+            reason = "" if fields[3] == "None" else fields[3]
+            jobs.append(SlurmJobState(job_id=fields[0], state=_clean_state(fields[1]), reason=reason, node=fields[2]))
+    return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
+
+
+def cancel_jobs(remote: Remote, job_ids: list[str], *, signal: str | None = None) -> None:
+    """`scancel` the jobs at once; with `signal`, send it to their batch scripts instead (which end themselves)."""
+    if job_ids:
+        flags = ["--batch", f"--signal={signal}"] if signal else []
+        remote.run(["scancel", *flags, *job_ids], check=False, timeout=60)
+
+
+def cancel_named(remote: Remote, name: str) -> None:
+    """`scancel` every job named `name` (what a listing may have missed too)."""
+    remote.run(["scancel", "--name", name], check=False, timeout=60)
 
 
 @dataclass(frozen=True)

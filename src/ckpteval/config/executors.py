@@ -4,7 +4,8 @@ Each entry says which job backend runs its jobs (a `module:attribute` path, impo
 planned or acted on: `ckpteval.execution.backends.backend_for`), which packaged `execution` config it
 selects, and the few traits the code before a backend asks about: whether its jobs run on a cluster reached
 through the profile's tunnel (their files, checkpoints and save dirs are there; images are squashed and
-datasets staged there; the cluster-hosted watcher runs there), and how `evaluate watch` paces itself.
+datasets staged there), whether its backend hosts the watcher of `evaluate watch --detach` there, and how
+`evaluate watch` paces itself.
 Nothing else in ckpteval names an executor: a new one is its backend module and one `register_executor`.
 """
 
@@ -25,6 +26,7 @@ class Executor:
     on_cluster: bool  # jobs run on a cluster reached through the profile's tunnel (`host`, `remote_job_dir`)
     watch_max_pending: int  # `evaluate watch`: evaluations submitted and not yet ended, by default
     watch_follow_every: float  # `evaluate watch`: seconds between status queries, by default
+    hosts_watchers: bool = False  # its backend runs the cluster-hosted watcher (`host_scripts`: --detach)
 
 
 _EXECUTORS: dict[str, Executor] = {}
@@ -80,5 +82,6 @@ register_executor(
         on_cluster=True,
         watch_max_pending=4,
         watch_follow_every=30.0,
+        hosts_watchers=True,
     )
 )

@@ -3,12 +3,15 @@
 The steps of an invocation are the same everywhere (`ckpteval.execution.pipeline`); a backend is the
 transport under them (submitit's / NeMo-Run's sense): where the job directory is and how the job script
 starts its steps, a `JobHost` (one connection to where the job runs) to read the checkpoint, write the job's
-files and start the job, and the record-keyed `status`, `log_lines`, `cancel`, `results` and `resume`. A
-started job is a `Job` handle (submitit's / PSI/J's shape): follow it to its end, stop it on Ctrl-C,
-collect its results. `LocalBackend` (`ckpteval.execution.local`) runs the job script as a process group
-here; `SlurmBackend` (`ckpteval.execution.slurm`) submits it with nemo-run over SSH. Nothing outside the
-backends asks where a job runs: `ckpteval.execution.backends.backend_for` picks one by the executor a
-profile or a record names, from the registry `ckpteval.config.executors`.
+files and start the job, and `resume`. A started job is a `Job` handle (submitit's / PSI/J's shape): its
+`status`, `cancel`, `read(path)`, `logs` and `results`; follow it to its end, stop it on Ctrl-C, collect its
+results. A recorded invocation's handle is re-attached from its record (`JobBackend.attach`), so `evaluate
+status/logs/cancel/results` go through the same handle as the run that started the job.
+
+`LocalBackend` (`ckpteval.execution.local`) runs the job script as a process group here; `SlurmBackend`
+(`ckpteval.execution.slurm`) submits it with nemo-run over SSH. Nothing outside the backends asks where a
+job runs: `ckpteval.execution.backends.backend_for` picks one by the executor a profile or a record names,
+from the registry `ckpteval.config.executors`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import PreviewPanel
+    from ckpteval.config.profiles import Profile
     from ckpteval.execution.events import Reporter
     from ckpteval.execution.planned import PlannedJob
     from ckpteval.execution.snapshot import JobSnapshot
@@ -56,11 +60,36 @@ class JobEnd:
 
 
 class Job(Protocol):
-    """A submitted (or started) job of one invocation."""
+    """A submitted (or started, or re-attached) job of one invocation."""
 
     record: InvocationRecord
     exports_here: bool  # True: the caller exports the results; False: the job exports them itself
     runs_detached: bool  # True: the job runs on without the caller (Slurm); False: it is the caller's child
+
+    def status(self) -> InvocationStatus:
+        """Where the invocation stands now: our state, its tasks', and what the scheduler says."""
+        ...
+
+    def state(self) -> State:
+        """The invocation's state now (`status().state`)."""
+        ...
+
+    def cancel(self) -> str:
+        """Stop the job; returns what was done, in words."""
+        ...
+
+    def read(self, path: str) -> str | None:
+        """The text of a file of the job directory (`path` relative to it); None when it is not there."""
+        ...
+
+    def logs(self, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+        """The job's log (`job`), the deployment's (`deployment`) or a task client's (a task name); with
+        `follow`, new lines until the job has ended."""
+        ...
+
+    def results(self) -> InvocationResults:
+        """results.json, or the results collected now (partial while the job runs)."""
+        ...
 
     def follow(self, report: Reporter) -> None:
         """Report progress until the job ends; KeyboardInterrupt propagates (see `interrupt`)."""
@@ -80,8 +109,12 @@ class Job(Protocol):
         ...
 
     def close(self) -> None:
-        """Release what following needed (a connection)."""
+        """Release what the handle holds (a connection, the log it writes)."""
         ...
+
+    def __enter__(self) -> Job: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 class JobHost(Protocol):
@@ -156,22 +189,62 @@ class JobBackend(Protocol):
         a partition that does not exist end here. Without, a read-only look."""
         ...
 
-    def status(self, record: InvocationRecord) -> InvocationStatus: ...
-
-    def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
-        """The job's log (`job`), the deployment's (`deployment`) or a task client's (a task name)."""
-        ...
-
-    def cancel(self, record: InvocationRecord) -> str:
-        """Stop the job; returns what was done, in words."""
-        ...
-
-    def results(self, record: InvocationRecord) -> InvocationResults:
-        """results.json, or the results collected now (partial while the job runs)."""
+    def attach(self, record: InvocationRecord) -> Job:
+        """The handle of a recorded invocation's job (connecting, where it must, on first use)."""
         ...
 
     def resume(self, record: InvocationRecord, report: Reporter) -> Job:
         """Run a stopped invocation's job again (finished tasks skipped); refused while it still runs."""
+        ...
+
+
+@dataclass(frozen=True)
+class ScriptJob:
+    """A job of one script of ours that is no invocation (a link of the cluster-hosted watcher), as the
+    scheduler listed it."""
+
+    job_id: str
+    state: str  # the scheduler's word: PENDING, RUNNING, ...
+    node: str = ""
+    reason: str = ""  # why it waits (Dependency, Resources, ...)
+
+
+class ScriptHost(Protocol):
+    """Where an executor that hosts watchers runs scripts of ours outside any invocation, over one connection
+    (`HostsScripts.host_scripts`): submit one with its files, list the jobs of a name, cancel or signal them."""
+
+    description: str  # where, in words
+    remote: Remote  # its filesystem and commands
+
+    def submit(self, directory: str, files: dict[str, str], script: str, *, what: str) -> ScriptJob:
+        """Write `files` into `directory` there and submit its `script` (`what` names the job in a refusal)."""
+        ...
+
+    def jobs(self, name: str) -> list[ScriptJob]:
+        """The jobs named `name` that are queued, running or ending there, oldest first."""
+        ...
+
+    def cancel(self, jobs: list[ScriptJob], *, signal: str | None = None) -> None:
+        """Stop them at once; with `signal` (e.g. "TERM"), send their scripts that signal to end themselves."""
+        ...
+
+    def cancel_named(self, name: str) -> None:
+        """Stop every job named `name`."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ScriptHost: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class HostsScripts(Protocol):
+    """A backend whose executor hosts watchers (the registry's `hosts_watchers`)."""
+
+    def host_scripts(self, profile: Profile) -> ScriptHost:
+        """Where `profile`'s scripts run, connected (an SSH connection from the user's machine, or this machine
+        where the profile says `tunnel = "local"`)."""
         ...
 
 

@@ -4,12 +4,14 @@ imported here on first use, so that `evaluate --help` and `--dry-run` load only 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ckpteval.config.executors import find_executor
+from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ckpteval.execution.backend import JobBackend
+    from ckpteval.config.profiles import Profile
+    from ckpteval.execution.backend import HostsScripts, JobBackend, ScriptHost
 
 
 def backend_for(executor: str) -> JobBackend:
@@ -17,3 +19,14 @@ def backend_for(executor: str) -> JobBackend:
     module, _, name = find_executor(executor).backend.partition(":")
     backend: JobBackend = getattr(importlib.import_module(module), name)()
     return backend
+
+
+def script_host(profile: Profile) -> ScriptHost:
+    """Where `profile`'s executor runs scripts of ours outside any invocation (the cluster-hosted watcher),
+    connected; ConfigError, before anything is contacted, for an executor that hosts no watchers."""
+    if not find_executor(profile.executor).hosts_watchers:
+        raise ConfigError(
+            f"Profile [{profile.name}]: executor {profile.executor!r} cannot host a watcher (--detach).",
+            hint="Name a profile whose executor runs jobs on a cluster (e.g. Slurm) with --run, or drop --detach.",
+        )
+    return cast("HostsScripts", backend_for(profile.executor)).host_scripts(profile)

@@ -29,7 +29,7 @@ from ckpteval.execution.events import Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.processes import process_start_time
 from ckpteval.execution.snapshot import LocalJobView, settle_tasks, take_snapshot
-from ckpteval.execution.state import end_state
+from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, LocalProcess
 from ckpteval.job.build import Launcher, Toolchain, local_toolchain
@@ -104,11 +104,12 @@ class LocalHost:
 
 @dataclass
 class LocalJob:
-    """The job's process group on this machine."""
+    """The job's process group on this machine: started here (`proc`, the log it writes), or re-attached
+    from its record (`LocalBackend.attach`: the recorded pid, checked against its start time)."""
 
     record: InvocationRecord
-    proc: subprocess.Popen[bytes]
-    log: IO[bytes]
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
     exports_here: bool = True
     runs_detached: bool = False
     stopped: bool = field(default=False)
@@ -131,19 +132,27 @@ class LocalJob:
         record.save()
         return cls(record=record, proc=proc, log=log)
 
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def running(self) -> bool:
+        """Whether the job's script still runs (its child here, or its recorded process)."""
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return job_process_alive(self.record)
+
     def follow(self, report: Reporter) -> None:
         from ckpteval.tasks.progress import progress_reader
 
         view = LocalJobView(Path(self.record.job_dir))
-        watch(
-            view,
-            self.record.task_dirs,
-            is_running=lambda: self.proc.poll() is None,
-            report=report,
-            progress=progress_reader,
-        )
+        watch(view, self.record.task_dirs, is_running=self.running, report=report, progress=progress_reader)
 
     def end(self, results: InvocationResults) -> JobEnd:
+        if self.proc is None:  # re-attached: the job's own exit code, from its state files
+            return JobEnd(self.state())
         code = self.proc.wait()
         state = end_state(code) or "failed"
         if code == DEPLOYMENT_FAILED:
@@ -152,15 +161,101 @@ class LocalJob:
 
     def interrupt(self) -> bool:
         """Ctrl-C stops the job here (its trap stops the deployment); finished tasks keep their results."""
-        _stop(self.proc)
+        if self.proc is None:
+            self.cancel()
+        else:
+            _stop(self.proc)
         self.stopped = True
         return True
 
     def collect(self) -> InvocationResults:
         return collect_here(self.record)
 
+    def status(self) -> InvocationStatus:
+        from ckpteval.tasks.progress import progress_reader
+
+        record = self.record
+        # liveness first, then the state files: the job writes its exit code before it exits, so a job that
+        # ends in between is read as ended, never as "not running, no exit code" (stopped from outside)
+        running = job_process_alive(record)
+        snapshot = take_snapshot(LocalJobView(Path(record.job_dir)), record.task_dirs, progress_reader)
+        state = end_state(snapshot.finished)
+        if state is None:
+            # no exit code recorded: running, or stopped from outside
+            state = ("running" if snapshot.started else "pending") if running else "cancelled"
+        # a job stopped under its tasks (cancel, Ctrl-C) leaves them `running`: settled as on Slurm
+        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running))
+
+    def state(self) -> State:
+        return self.status().state
+
+    def read(self, path: str) -> str | None:
+        file = JobDir(self.record.job_dir).path(path)
+        return file.read_text(encoding="utf-8", errors="replace") if file.is_file() else None
+
+    def logs(self, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+        job_dir = JobDir(self.record.job_dir)
+        path = job_dir.path(task_log(self.record, source, exists=lambda rel: job_dir.path(rel).exists()))
+        pos = 0
+        while True:
+            if path.exists():
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                    pos = fh.tell()
+                yield from chunk.splitlines()
+            if not follow or self.state() not in ("running", "pending"):
+                if follow and path.exists():  # drain what was written after the last read
+                    with path.open("r", encoding="utf-8", errors="replace") as fh:
+                        fh.seek(pos)
+                        yield from fh.read().splitlines()
+                return
+            time.sleep(0.5)
+
+    def cancel(self) -> str:
+        record = self.record
+        if not job_process_alive(record) or record.process is None:
+            return f"invocation {record.id} is not running"
+        pid = record.process.pid
+        os.killpg(pid, signal.SIGTERM)  # the job's trap stops the deployment
+        for _ in range(100):
+            if not job_process_alive(record):
+                break
+            time.sleep(0.2)
+        # the job's script has ended; what it started in its process group may still be shutting down (the
+        # harness's adapter server runs its post-evaluation hooks on SIGTERM): wait for it, then end it
+        deadline = time.monotonic() + CANCEL_GRACE_S
+        while process_group_members(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process_group_members(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            for _ in range(25):
+                if not process_group_members(pid):
+                    break
+                time.sleep(0.2)
+        return f"cancelled invocation {record.id} (process group {pid})"
+
+    def results(self) -> InvocationResults:
+        from ckpteval.results.collect import collect_results
+        from ckpteval.results.store import read_results
+
+        record = self.record
+        job_dir = JobDir(record.job_dir)
+        path = job_dir.path(JobDir.RESULTS)
+        if path.exists():
+            return read_results(path)
+        if not job_dir.path().exists():
+            raise EvaluationError(f"The job directory of invocation {record.id} is gone: {job_dir.root}.")
+        if job_dir.path(JobDir.FINISHED).exists() and not job_process_alive(record):
+            return collect_here(record)  # ended, and nobody followed it (e.g. evaluate watch): write results.json
+        return collect_results(  # still running: partial, and not written
+            job_dir.path(), record.task_dirs, invocation=record.id, created=record.created, model=None
+        )
+
     def close(self) -> None:
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
 
 
 class LocalBackend:
@@ -208,77 +303,8 @@ class LocalBackend:
     def connect(self, job: PlannedJob, report: Reporter | None = None) -> LocalHost:
         return LocalHost()
 
-    def status(self, record: InvocationRecord) -> InvocationStatus:
-        from ckpteval.tasks.progress import progress_reader
-
-        # liveness first, then the state files: the job writes its exit code before it exits, so a job that
-        # ends in between is read as ended, never as "not running, no exit code" (stopped from outside)
-        running = job_process_alive(record)
-        snapshot = take_snapshot(LocalJobView(Path(record.job_dir)), record.task_dirs, progress_reader)
-        state = end_state(snapshot.finished)
-        if state is None:
-            # no exit code recorded: running, or stopped from outside
-            state = ("running" if snapshot.started else "pending") if running else "cancelled"
-        # a job stopped under its tasks (cancel, Ctrl-C) leaves them `running`: settled as on Slurm
-        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running))
-
-    def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
-        job_dir = JobDir(record.job_dir)
-        path = job_dir.path(task_log(record, source, exists=lambda rel: job_dir.path(rel).exists()))
-        pos = 0
-        while True:
-            if path.exists():
-                with path.open("r", encoding="utf-8", errors="replace") as fh:
-                    fh.seek(pos)
-                    chunk = fh.read()
-                    pos = fh.tell()
-                yield from chunk.splitlines()
-            if not follow or self.status(record).state not in ("running", "pending"):
-                if follow and path.exists():  # drain what was written after the last read
-                    with path.open("r", encoding="utf-8", errors="replace") as fh:
-                        fh.seek(pos)
-                        yield from fh.read().splitlines()
-                return
-            time.sleep(0.5)
-
-    def cancel(self, record: InvocationRecord) -> str:
-        if not job_process_alive(record) or record.process is None:
-            return f"invocation {record.id} is not running"
-        pid = record.process.pid
-        os.killpg(pid, signal.SIGTERM)  # the job's trap stops the deployment
-        for _ in range(100):
-            if not job_process_alive(record):
-                break
-            time.sleep(0.2)
-        # the job's script has ended; what it started in its process group may still be shutting down (the
-        # harness's adapter server runs its post-evaluation hooks on SIGTERM): wait for it, then end it
-        deadline = time.monotonic() + CANCEL_GRACE_S
-        while process_group_members(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if process_group_members(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            for _ in range(25):
-                if not process_group_members(pid):
-                    break
-                time.sleep(0.2)
-        return f"cancelled invocation {record.id} (process group {pid})"
-
-    def results(self, record: InvocationRecord) -> InvocationResults:
-        from ckpteval.results.collect import collect_results
-        from ckpteval.results.store import read_results
-
-        job_dir = JobDir(record.job_dir)
-        path = job_dir.path(JobDir.RESULTS)
-        if path.exists():
-            return read_results(path)
-        if not job_dir.path().exists():
-            raise EvaluationError(f"The job directory of invocation {record.id} is gone: {job_dir.root}.")
-        if job_dir.path(JobDir.FINISHED).exists() and not job_process_alive(record):
-            return collect_here(record)  # ended, and nobody followed it (e.g. evaluate watch): write results.json
-        return collect_results(  # still running: partial, and not written
-            job_dir.path(), record.task_dirs, invocation=record.id, created=record.created, model=None
-        )
+    def attach(self, record: InvocationRecord) -> LocalJob:
+        return LocalJob(record)
 
     def resume(self, record: InvocationRecord, report: Reporter) -> LocalJob:
         """Run the job again in its job directory (always followed: it is a child of this process).

@@ -17,8 +17,9 @@ note whenever Slurm's view changes (pending with its reason, running). Ctrl-C le
 whether to cancel it is the caller's question. When it has ended, the result files are fetched into
 `<record dir>/job/` and `results.json` written there and on the cluster.
 
-Later commands (status, logs, cancel, results) open one connection each: squeue/sacct for Slurm's
-view, the job's state files for ours, `scancel` to stop it. Nothing but `submit` imports nemo-run. A
+Later commands (status, logs, cancel, results) re-attach the job's handle from its record (`attach`); it
+opens one connection on first use: squeue/sacct for Slurm's view, the job's state files for ours, `scancel`
+to stop it. Nothing but `submit` imports nemo-run. A
 cancelled, preempted or timed-out job is resubmitted by `resume`: the same job script in the same
 directory, which skips finished tasks and replays cached responses of the interrupted one.
 """
@@ -28,9 +29,9 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
+import posixpath
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
@@ -50,7 +51,7 @@ from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.preview import PreviewPanel
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError, ConfigError, EvaluationError
-from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
+from ckpteval.execution.backend import InvocationStatus, JobEnd, ScriptJob, task_log
 from ckpteval.execution.events import Note, Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.slurm_state import (
@@ -68,7 +69,7 @@ from ckpteval.execution.slurm_state import (
     submit_failed,
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
-from ckpteval.execution.state import end_state
+from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, write_text_atomic
 from ckpteval.job.build import Launcher, Toolchain, slurm_toolchain
@@ -196,17 +197,34 @@ def submit_job(
         write_text_atomic(record.path / "sbatch.sh", submitted.sbatch_script)
 
 
-@dataclass
 class SlurmJob:
-    """A submitted Slurm job, followed over the connection that submitted it."""
+    """A submitted Slurm job of one invocation: followed over the connection that submitted it, or
+    re-attached from its record (`SlurmBackend.attach`), connecting to its cluster on first use."""
 
-    record: InvocationRecord
-    session: ClusterSession
-    exports_here: bool = False  # the job exports its own results as it ends (`with_export_step`)
-    runs_detached: bool = True
+    exports_here = False  # the job exports its own results as it ends (`with_export_step`)
+    runs_detached = True
 
-    def __post_init__(self) -> None:
+    def __init__(self, record: InvocationRecord, session: ClusterSession | None = None) -> None:
+        self.record = record
+        self._session = session
         self.final: SlurmJobState | None = None
+
+    @property
+    def session(self) -> ClusterSession:
+        """The connection to the job's cluster (opened from the record on first use)."""
+        if self._session is None:
+            self._session = open_session(self.record)
+        return self._session
+
+    def __enter__(self) -> SlurmJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def slurm_state(self) -> SlurmJobState:
+        """Slurm's view of the latest job of the invocation (squeue, then sacct)."""
+        return self.session.call(lambda r: job_state(r, str(self.record.slurm_job_id)))
 
     def follow(self, report: Reporter) -> None:
         """Report progress and the job's log until Slurm says the job has ended."""
@@ -252,8 +270,100 @@ class SlurmJob:
             "failed" if state == "succeeded" else state, f"the job ended {word.lower()}; last lines of its log:", tail
         )
 
+    def status(self) -> InvocationStatus:
+        """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection.
+
+        Once the latest job has ended its status is kept in the record, so listing old invocations does
+        not connect to their clusters again.
+        """
+        record = self.record
+        known = submit_failed(record) or remembered(record)
+        if known:
+            return known
+        slurm = self.slurm_state()
+        view = RemoteJobView(self.session, record.job_dir)
+        view.prefetch(state_dirs(record))
+        from ckpteval.tasks.progress import progress_reader
+
+        snapshot = take_snapshot(view, record.task_dirs, progress_reader)
+        state, detail = combine_state(slurm, snapshot)
+        tail = log_tail(self.session, record) if state == "failed" else ""
+        status = InvocationStatus(
+            record=record,
+            state=state,
+            snapshot=settle_tasks(snapshot, slurm.active),
+            detail=detail,
+            slurm_job=slurm.job_id,
+            log_tail=tail,
+        )
+        if state in ("succeeded", "failed", "cancelled"):
+            remember(status)
+        return status
+
+    def state(self) -> State:
+        return self.status().state
+
+    def read(self, path: str) -> str | None:
+        """A file of the job directory on the cluster (one round trip)."""
+        if not self.record.slurm_job_id:
+            return None
+        full = JobDir(self.record.job_dir).join(path)
+        return self.session.call(lambda r: r.read_text_if_exists(full))
+
+    def cancel(self) -> str:
+        """scancel the job and wait until Slurm has stopped it (the deployment with it)."""
+        record = self.record
+        if not record.slurm_job_id:
+            return f"invocation {record.id} was never submitted"
+        before = self.slurm_state()
+        if not before.active:
+            return f"invocation {record.id} is not running (Slurm job {before.job_id}: {before.state.lower()})"
+        after = self.session.call(lambda r: cancel_job(r, str(record.slurm_job_id)))
+        if after.active:
+            return (
+                f"asked Slurm to cancel job {after.job_id} of invocation {record.id}; it is still {after.state.lower()}"
+            )
+        return f"cancelled invocation {record.id} (Slurm job {after.job_id}: {after.state.lower()})"
+
+    def logs(self, *, follow: bool = False, source: str = "job") -> Iterator[str]:
+        """The job's log lines (`job`, `deployment`, a task name, or `slurm` for nemo-run's sbatch output);
+        with `follow`, keep yielding new lines until the job has ended (reconnecting if the connection drops)."""
+        record = self.record
+        if not record.slurm_job_id:
+            raise EvaluationError(
+                f"Invocation {record.id} was never submitted: it has no log.",
+                hint=submission_of(record).submit_error or "",
+            )
+        path = slurm_output_path(record) if source == "slurm" else JobDir(record.job_dir).join(task_log(record, source))
+        tail = LogTail(self.session, path)
+        last_check = 0.0
+        while True:
+            yield from tail.read()
+            if not follow:
+                yield from tail.read(final=True)
+                return
+            if time.monotonic() - last_check > 3.0:
+                last_check = time.monotonic()
+                if not self.slurm_state().active:
+                    yield from tail.read(final=True)
+                    return
+            time.sleep(1.0)
+
+    def results(self) -> InvocationResults:
+        """results.json fetched before, or fetched from the cluster now (partial while the job still runs)."""
+        from ckpteval.results.store import read_results
+
+        record = self.record
+        local = local_job_copy(record) / JobDir.RESULTS
+        if local.is_file() and submission_of(record).results_of_job == record.slurm_job_id:
+            return read_results(local)
+        if not record.slurm_job_id:
+            raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")
+        return fetch_results(self.session, record, final=not self.slurm_state().active)
+
     def close(self) -> None:
-        self.session.close()
+        if self._session is not None:
+            self._session.close()
 
 
 class _SlurmWatch:
@@ -288,6 +398,51 @@ class _SlurmWatch:
         return now - self._unknown_since < UNKNOWN_GRACE_S
 
 
+class SlurmScripts:
+    """A Slurm cluster as where scripts of ours that are no invocation run (the cluster-hosted watcher's
+    links): sbatch, squeue and scancel over one connection, through `ckpteval.cluster.slurm`."""
+
+    def __init__(self, profile: Profile) -> None:
+        from ckpteval.cluster.connect import connect_remote
+
+        self.remote = connect_remote(profile)
+
+    @property
+    def description(self) -> str:
+        return self.remote.description
+
+    def __enter__(self) -> SlurmScripts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, directory: str, files: dict[str, str], script: str, *, what: str) -> ScriptJob:
+        from ckpteval.cluster.slurm import submit_script
+
+        for name, text in files.items():
+            self.remote.write_text_atomic(posixpath.join(directory, name), text)
+        return ScriptJob(submit_script(self.remote, posixpath.join(directory, script), what=what), "PENDING")
+
+    def jobs(self, name: str) -> list[ScriptJob]:
+        from ckpteval.cluster.slurm import jobs_named
+
+        return [ScriptJob(j.job_id, j.state, j.node, j.reason) for j in jobs_named(self.remote, name)]
+
+    def cancel(self, jobs: list[ScriptJob], *, signal: str | None = None) -> None:
+        from ckpteval.cluster.slurm import cancel_jobs
+
+        cancel_jobs(self.remote, [j.job_id for j in jobs], signal=signal)
+
+    def cancel_named(self, name: str) -> None:
+        from ckpteval.cluster.slurm import cancel_named
+
+        cancel_named(self.remote, name)
+
+    def close(self) -> None:
+        self.remote.close()
+
+
 class SlurmBackend:
     """Jobs on a Slurm cluster."""
 
@@ -310,6 +465,10 @@ class SlurmBackend:
 
     def connect(self, job: PlannedJob, report: Reporter | None = None) -> SlurmHost:
         return SlurmHost(job, report)
+
+    def host_scripts(self, profile: Profile) -> SlurmScripts:
+        """The cluster of `profile`, for the cluster-hosted watcher's links."""
+        return SlurmScripts(profile)
 
     def preview(self, job: PlannedJob, *, check: bool = False) -> list[PreviewPanel]:
         """The sbatch script nemo-run will submit, the job script, and the squash plan (the cluster is not
@@ -356,87 +515,8 @@ class SlurmBackend:
             *([requests] if requests else []),
         ]
 
-    def status(self, record: InvocationRecord) -> InvocationStatus:
-        """The invocation's state from Slurm (squeue/sacct) and the job's state files, in one connection.
-
-        Once the latest job has ended its status is kept in the record, so listing old invocations does
-        not connect to their clusters again.
-        """
-        known = submit_failed(record) or remembered(record)
-        if known:
-            return known
-        with open_session(record) as session:
-            slurm = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
-            view = RemoteJobView(session, record.job_dir)
-            view.prefetch(state_dirs(record))
-            from ckpteval.tasks.progress import progress_reader
-
-            snapshot = take_snapshot(view, record.task_dirs, progress_reader)
-            state, detail = combine_state(slurm, snapshot)
-            tail = log_tail(session, record) if state == "failed" else ""
-        status = InvocationStatus(
-            record=record,
-            state=state,
-            snapshot=settle_tasks(snapshot, slurm.active),
-            detail=detail,
-            slurm_job=slurm.job_id,
-            log_tail=tail,
-        )
-        if state in ("succeeded", "failed", "cancelled"):
-            remember(status)
-        return status
-
-    def cancel(self, record: InvocationRecord) -> str:
-        """scancel the job and wait until Slurm has stopped it (the deployment with it)."""
-        if not record.slurm_job_id:
-            return f"invocation {record.id} was never submitted"
-        with open_session(record) as session:
-            before = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
-            if not before.active:
-                return f"invocation {record.id} is not running (Slurm job {before.job_id}: {before.state.lower()})"
-            after = session.call(lambda r: cancel_job(r, str(record.slurm_job_id)))
-        if after.active:
-            return (
-                f"asked Slurm to cancel job {after.job_id} of invocation {record.id}; it is still {after.state.lower()}"
-            )
-        return f"cancelled invocation {record.id} (Slurm job {after.job_id}: {after.state.lower()})"
-
-    def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
-        """The job's log lines (`job`, `deployment`, a task name, or `slurm` for nemo-run's sbatch output);
-        with `follow`, keep yielding new lines until the job has ended (reconnecting if the connection drops)."""
-        if not record.slurm_job_id:
-            raise EvaluationError(
-                f"Invocation {record.id} was never submitted: it has no log.",
-                hint=submission_of(record).submit_error or "",
-            )
-        path = slurm_output_path(record) if source == "slurm" else JobDir(record.job_dir).join(task_log(record, source))
-        with open_session(record) as session:
-            tail = LogTail(session, path)
-            last_check = 0.0
-            while True:
-                yield from tail.read()
-                if not follow:
-                    yield from tail.read(final=True)
-                    return
-                if time.monotonic() - last_check > 3.0:
-                    last_check = time.monotonic()
-                    if not session.call(lambda r: job_state(r, str(record.slurm_job_id))).active:
-                        yield from tail.read(final=True)
-                        return
-                time.sleep(1.0)
-
-    def results(self, record: InvocationRecord) -> InvocationResults:
-        """results.json fetched before, or fetched from the cluster now (partial while the job still runs)."""
-        from ckpteval.results.store import read_results
-
-        local = local_job_copy(record) / JobDir.RESULTS
-        if local.is_file() and submission_of(record).results_of_job == record.slurm_job_id:
-            return read_results(local)
-        if not record.slurm_job_id:
-            raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")
-        with open_session(record) as session:
-            slurm = session.call(lambda r: job_state(r, str(record.slurm_job_id)))
-            return fetch_results(session, record, final=not slurm.active)
+    def attach(self, record: InvocationRecord) -> SlurmJob:
+        return SlurmJob(record)
 
     def resume(self, record: InvocationRecord, report: Reporter) -> SlurmJob:
         """Resubmit the same job script with the Slurm request recorded at submission."""

@@ -1,21 +1,24 @@
 """A watcher that lives on the cluster: `evaluate watch DIR -c CFG --run PROFILE --detach`.
 
 From the user's machine (`submit_hosted`), over the profile's SSH: check that the cluster's Python runs this
-version of ckpteval, refuse when a watcher of the run is already queued or running, upload the watcher's
-files into its home on the cluster (`<remote_job_dir>/watch/<run>/`), and `sbatch` its script: a CPU-only
-job (one CPU, no GPU) that runs `python -m ckpteval.watch.hosted HOME` with `CKPTEVAL_STATE_DIR=HOME/state`.
+version of ckpteval, refuse when a watcher of the run is already queued or running, and submit the watcher's
+script with its files into its home on the cluster (`<remote_job_dir>/watch/<run>/`): a CPU-only job (one
+CPU, no GPU) that runs `python -m ckpteval.watch.hosted HOME` with `CKPTEVAL_STATE_DIR=HOME/state`.
+Submitting, listing and cancelling its jobs go through the executor's backend (`script_host`: the registry's
+`hosts_watchers`), the one place that speaks to the scheduler; an executor that hosts no watchers is refused.
 
 On the cluster (`main`), the normal watcher loop runs with the profile's `tunnel = "local"`: the save dir
 is listed on the node, each evaluation is submitted with `sbatch` from inside the allocation (nemo-run's
 LocalTunnel), its record and the run's state are written under HOME/state. Slurm sends the job SIGUSR1
 `watch_signal_lead` seconds before its time limit (`--signal=B:USR1@lead`): the watcher submits the next
-link at once (the same script; `--dependency=singleton` holds it until this one has ended), then stops as
+link at once through the same backend over this machine (the same script; `--dependency=singleton` holds it
+until this one has ended), then stops as
 `watch stop` would (state saved, lock released) and exits 0. SIGTERM (`scancel`) stops it without a next
 link; the user starts it again with the same command. `watch stop` writes HOME/stopped, so a link that
 gets its signal after a stop submits no next one.
 
-`hosted_status` and `stop_hosted` read and act on all of that over SSH; a small pointer file here
-(`<state dir>/watch/hosted/<run>.json`) says which profile and home a run's watcher lives in.
+`hosted_status` and `stop_hosted` read and act on all of that over SSH, through the same backend; a small
+pointer file here (`<state dir>/watch/hosted/<run>.json`) says which profile and home a run's watcher lives in.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ckpteval.watch.state import WatchSpec, WatchState, run_name
 
 if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
+    from ckpteval.execution.backend import ScriptHost, ScriptJob
     from ckpteval.watch.run import Health
 
 SPEC_FILE = "spec.json"
@@ -147,7 +151,7 @@ def plan_hosted(spec: WatchSpec) -> HostedWatch:
 
     env = load_env_file(Path(spec.env_file) if spec.env_file else None)
     profile = env.profile(spec.profile)
-    if not find_executor(profile.executor).on_cluster or profile.tunnel != "ssh":
+    if not find_executor(profile.executor).hosts_watchers or profile.tunnel != "ssh":
         raise ConfigError(
             "--detach puts the watcher on a Slurm cluster reached over SSH: name such a profile with --run.",
             hint="evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER --detach",
@@ -235,28 +239,6 @@ def python_problem(remote: Remote, python: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class WatcherJob:
-    """A link of the watcher's chain as Slurm sees it."""
-
-    job_id: str
-    state: str
-    node: str
-    reason: str = ""
-
-
-def watcher_jobs(remote: Remote, run: str) -> list[WatcherJob]:
-    """The run's watcher jobs that Slurm holds now (queued, running or ending), oldest first."""
-    result = remote.run(["squeue", "-h", "--name", job_name(run), "-o", "%i|%T|%N|%r"], check=False, timeout=60)
-    jobs = []
-    for line in result.stdout.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 4 and fields[0]:
-            reason = "" if fields[3] == "None" else fields[3]
-            jobs.append(WatcherJob(fields[0], fields[1], fields[2], reason))
-    return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
-
-
-@dataclass(frozen=True)
 class HostedSubmission:
     """A submitted cluster-hosted watcher."""
 
@@ -270,23 +252,23 @@ def submit_hosted(spec: WatchSpec) -> HostedSubmission:
     """Put the watcher of `spec` on the cluster (see the module's docstring); ConfigError/ClusterError with
     one clear message when its Python lacks this ckpteval, a watcher of the run is already there, or sbatch
     refuses it. Checks the config here first, so a bad one fails before anything is contacted."""
-    from ckpteval.cluster.connect import connect_remote
+    from ckpteval.execution.backends import script_host
     from ckpteval.watch import submit
 
     hosted = plan_hosted(spec)
     submit.watch_settings(dataclasses.replace(spec, save_dir=hosted.spec.save_dir), run=hosted.run)
-    remote = connect_remote(hosted.profile)
-    try:
+    with script_host(hosted.profile) as host:
+        remote = host.remote
         problem = python_problem(remote, hosted.python)
         if problem:
             key = "watch_python" if hosted.profile.watch_python else "python"
             raise ConfigError(
-                f"Profile [{hosted.profile.name}]: {key} = {shlex.quote(hosted.python)} on {remote.description} "
+                f"Profile [{hosted.profile.name}]: {key} = {shlex.quote(hosted.python)} on {host.description} "
                 f"runs the watcher, but {problem}.",
                 hint="Install this ckpteval for a Python on the cluster (`pip install ckpteval==VERSION` in a venv "
                 'on the shared filesystem) and name it: watch_python = "/path/to/venv/bin/python".',
             )
-        running = watcher_jobs(remote, hosted.run)
+        running = host.jobs(job_name(hosted.run))
         if running:
             job = running[-1]
             raise ConfigError(
@@ -294,21 +276,11 @@ def submit_hosted(spec: WatchSpec) -> HostedSubmission:
                 hint=f"`evaluate watch status {hosted.run}` shows it; `evaluate watch stop {hosted.run}` ends it.",
             )
         remote.run(["mkdir", "-p", hosted.path("state")], timeout=60)
-        for name, text in hosted.uploads.items():
-            remote.write_text_atomic(hosted.path(name), text)
         remote.run(["rm", "-f", hosted.path(STOPPED_FILE)], timeout=60)
-        result = remote.run(["sbatch", "--parsable", hosted.path(SCRIPT_FILE)], check=False, timeout=120)
-        if not result.ok:
-            from ckpteval.cluster.slurm import explain_sbatch_error
-
-            text, hint = explain_sbatch_error(result.stderr or result.stdout, None)
-            raise ClusterError(f"Slurm refused the watcher's job (sbatch):\n{text}", hint=hint)
-        job_id = result.stdout.strip().split(";")[0]
-        _append_link(remote, hosted.path(LINKS_FILE), job_id, "submitted by the user")
+        job = host.submit(hosted.home, hosted.uploads, SCRIPT_FILE, what="the watcher's job")
+        _append_link(remote, hosted.path(LINKS_FILE), job.job_id, "submitted by the user")
         remember(hosted, spec.env_file)
-        return HostedSubmission(hosted.run, job_id, hosted.home, remote.description)
-    finally:
-        remote.close()
+        return HostedSubmission(hosted.run, job.job_id, hosted.home, host.description)
 
 
 def _append_link(remote: Remote, path: str, job_id: str, what: str) -> None:
@@ -316,12 +288,11 @@ def _append_link(remote: Remote, path: str, job_id: str, what: str) -> None:
     remote.run(["sh", "-c", f"echo {line} >> {shlex.quote(path)}"], timeout=60)
 
 
-def _open(ref: HostedRef) -> tuple[Remote, Profile]:
-    from ckpteval.cluster.connect import connect_remote
+def _open(ref: HostedRef) -> ScriptHost:
     from ckpteval.config.profiles import load_env_file
+    from ckpteval.execution.backends import script_host
 
-    profile = load_env_file(Path(ref.env_file) if ref.env_file else None).profile(ref.profile)
-    return connect_remote(profile), profile
+    return script_host(load_env_file(Path(ref.env_file) if ref.env_file else None).profile(ref.profile))
 
 
 @dataclass(frozen=True)
@@ -331,7 +302,7 @@ class HostedStatus:
 
     ref: HostedRef
     state: WatchState | None
-    jobs: list[WatcherJob]
+    jobs: list[ScriptJob]
     links: list[str]  # "<epoch> <job id> <what>", oldest first
     where: str
 
@@ -359,26 +330,23 @@ def hosted_status(ref: HostedRef) -> HostedStatus:
     """Read the run's state and its watcher's Slurm jobs over SSH (two round trips)."""
     from ckpteval.watch.state import _from_json
 
-    remote, _profile = _open(ref)
-    try:
+    with _open(ref) as host:
         state_path = posixpath.join(ref.home, "state", "watch", ref.run, "state.json")
-        text = remote.read_text_if_exists(state_path)
-        links = remote.read_text_if_exists(posixpath.join(ref.home, LINKS_FILE)) or ""
+        text = host.remote.read_text_if_exists(state_path)
+        links = host.remote.read_text_if_exists(posixpath.join(ref.home, LINKS_FILE)) or ""
         state = _from_json(json.loads(text)) if text else None
-        return HostedStatus(ref, state, watcher_jobs(remote, ref.run), links.splitlines(), remote.description)
-    finally:
-        remote.close()
+        return HostedStatus(ref, state, host.jobs(job_name(ref.run)), links.splitlines(), host.description)
 
 
 def stop_hosted(ref: HostedRef, *, timeout: float = 60.0) -> tuple[str, bool]:
     """Stop the run's watcher on the cluster: HOME/stopped (no next link), the stop file its loop checks, and
     SIGTERM to its job (`scancel --signal=TERM --batch`); then wait up to `timeout` s for every link to
     leave Slurm, and scancel what is left. (message, stopped)."""
-    remote, _profile = _open(ref)
-    try:
-        jobs = watcher_jobs(remote, ref.run)
+    name = job_name(ref.run)
+    with _open(ref) as host:
+        jobs = host.jobs(name)
         stop = posixpath.join(ref.home, "state", "watch", ref.run, "stop")
-        remote.run(
+        host.remote.run(
             [
                 "sh",
                 "-c",
@@ -390,25 +358,19 @@ def stop_hosted(ref: HostedRef, *, timeout: float = 60.0) -> tuple[str, bool]:
         if not jobs:
             return f"no watcher of {ref.run} is on the cluster (nothing to stop)", True
         ids = [j.job_id for j in jobs]
-        pending = [j.job_id for j in jobs if j.state == "PENDING"]
-        if pending:  # a next link not started yet: it has nothing to save
-            remote.run(["scancel", *pending], check=False, timeout=60)
-        running = [j for j in ids if j not in pending]
-        if running:
-            remote.run(["scancel", "--batch", "--signal=TERM", *running], check=False, timeout=60)
+        host.cancel([j for j in jobs if j.state == "PENDING"])  # a next link not started yet: nothing to save
+        host.cancel([j for j in jobs if j.state != "PENDING"], signal="TERM")  # the running link saves and ends
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not watcher_jobs(remote, ref.run):
+            if not host.jobs(name):
                 return f"stopped the watcher of {ref.run} (Slurm job {', '.join(ids)}); evaluations go on", True
             time.sleep(1.0)
-        remote.run(["scancel", "--name", job_name(ref.run)], check=False, timeout=60)
+        host.cancel_named(name)
         return (
             f"the watcher of {ref.run} (Slurm job {', '.join(ids)}) did not end within {timeout:g} s: "
             "cancelled; its state is as it last saved it",
             False,
         )
-    finally:
-        remote.close()
 
 
 # -- on the cluster: one link of the chain -----------------------------------------------------------------
@@ -455,18 +417,20 @@ def main(argv: list[str] | None = None) -> int:
     next_link: list[threading.Thread] = []
 
     def resubmit() -> None:
-        import subprocess
+        from ckpteval.config.profiles import load_env_file
+        from ckpteval.errors import CkptevalError
+        from ckpteval.execution.backends import script_host
 
-        done = subprocess.run(
-            ["sbatch", "--parsable", str(Path(home, SCRIPT_FILE))], capture_output=True, text=True, check=False
-        )
-        new_id = done.stdout.strip().split(";")[0]
-        if done.returncode == 0 and new_id:
-            with Path(home, LINKS_FILE).open("a") as links:
-                links.write(f"{time.time():.0f} {new_id} chained by {job_id}\n")
-            _say(f"next link submitted: Slurm job {new_id}")
-        else:
-            _say(f"could not submit the next link: {done.stderr.strip()[-500:]}")
+        try:  # the profile as the watcher reads it here (tunnel local): the backend's transport over this machine
+            profile = load_env_file(Path(spec.env_file) if spec.env_file else None).profile(spec.profile)
+            with script_host(profile) as host:
+                new_id = host.submit(home, {}, SCRIPT_FILE, what="the watcher's next link").job_id
+        except CkptevalError as exc:
+            _say(f"could not submit the next link: {exc.message[-500:]}")
+            return
+        with Path(home, LINKS_FILE).open("a") as links:
+            links.write(f"{time.time():.0f} {new_id} chained by {job_id}\n")
+        _say(f"next link submitted: Slurm job {new_id}")
 
     def on_time_limit(_signum: int, _frame: Any) -> None:
         if chained.is_set():

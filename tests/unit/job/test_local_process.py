@@ -82,4 +82,29 @@ def test_a_job_that_ends_while_its_status_is_read_is_not_taken_for_cancelled(tmp
         return False
 
     monkeypatch.setattr(local, "job_process_alive", the_job_ends_now)
-    assert local.LocalBackend().status(_record(tmp_path, None)).state == "succeeded"
+    assert local.LocalBackend().attach(_record(tmp_path, None)).state() == "succeeded"
+
+
+def test_a_handle_attached_from_the_record_reads_the_job_dir_and_cancels_the_job(tmp_path: Path):
+    """`LocalBackend.attach(record)` is the job's handle for later commands: its state, a file of its job dir
+    (None when absent), its log, and cancel, all from the record alone."""
+    from ckpteval.execution.local import LocalBackend
+    from ckpteval.invocation.jobdir import JobDir
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / JobDir.JOB_LOG).write_text("one\ntwo\n")
+    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\nsleep 60 &\nwait\nexit 0\n")
+    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
+    try:
+        with LocalBackend().attach(_record(tmp_path, proc.pid)) as job:
+            assert job.state() == "pending"  # alive, no task started
+            assert job.read("job.sh") == (tmp_path / "job.sh").read_text()
+            assert job.read("nothing/here.txt") is None
+            assert list(job.logs()) == ["one", "two"]
+            assert job.cancel().startswith("cancelled invocation 0a1b2c3d")
+            assert proc.wait(timeout=30) == 143
+            assert job.state() == "cancelled"  # no exit code recorded, and no longer running
+            assert job.cancel() == "invocation 0a1b2c3d is not running"
+    finally:
+        proc.kill()
+        proc.wait()

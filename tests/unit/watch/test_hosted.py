@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ckpteval.cli.main import app
 from ckpteval.config.profiles import Profile, load_env_file
 from ckpteval.errors import ConfigError
+from ckpteval.execution.backend import ScriptJob
 from ckpteval.watch import hosted
 from ckpteval.watch import run as watch_run
 from ckpteval.watch.run import WatchOutcome
@@ -139,7 +140,16 @@ def link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """One link's home on a "cluster" (this machine): its spec, and a stand-in sbatch that logs its calls."""
     home = tmp_path / "home"
     home.mkdir()
-    spec = WatchSpec(save_dir=str(tmp_path / "ckpts"), configs=["tiny"], profile="CL", tasks=[], overrides=[])
+    # the env.toml the watcher reads there: the profile reached `tunnel = "local"` (the next link's sbatch runs here)
+    (home / "env.toml").write_text(hosted.cluster_env_toml(PROFILE, {}))
+    spec = WatchSpec(
+        save_dir=str(tmp_path / "ckpts"),
+        configs=["tiny"],
+        profile="CL",
+        tasks=[],
+        overrides=[],
+        env_file=str(home / "env.toml"),
+    )
     (home / "spec.json").write_text(json.dumps(spec.__dict__))
     (home / "watcher.sbatch").write_text("#!/bin/bash\n")
     bin_dir = tmp_path / "bin"
@@ -232,7 +242,7 @@ def test_status_reads_the_state_and_the_watcher_job_on_the_cluster(cluster):
     (state_dir / "state.json").write_text(json.dumps(state_to_json(WatchState(ref.run, spec, 1.0, polls=7))))
     Path(ref.home, "links.log").write_text("1 70 submitted by the user\n2 71 chained by 70\n")
     status = hosted.hosted_status(ref)
-    assert status.jobs == [hosted.WatcherJob("71", "RUNNING", "node3")]
+    assert status.jobs == [ScriptJob("71", "RUNNING", "node3")]
     assert status.state is not None and status.state.polls == 7 and len(status.links) == 2
     shown = runner.invoke(app, ["watch", "status", ref.run], env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
@@ -287,3 +297,13 @@ def test_stop_cancel_of_a_watcher_on_the_cluster_is_refused_before_anything_is_s
     with pytest.raises(ConfigError, match="lives on the cluster: stopping it with --cancel is not supported"):
         ckpteval.watch_stop(ref.run, timeout=1, cancel=True)
     assert not calls.exists() and jobs.read_text() == "71|RUNNING|node3|None\n"  # nothing was cancelled
+
+
+def test_an_executor_that_hosts_no_watchers_is_refused_before_anything_is_contacted(tmp_path: Path):
+    """The registry's `hosts_watchers` decides, not the executor's name: this machine's backend hosts none."""
+    from ckpteval.execution.backends import script_host
+
+    profile = load_env_file(_env(tmp_path, executor="local")).profile("CL")
+    with pytest.raises(ConfigError) as err:
+        script_host(profile)
+    assert err.value.message == "Profile [CL]: executor 'local' cannot host a watcher (--detach)."
