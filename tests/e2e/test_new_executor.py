@@ -56,6 +56,7 @@ def subdir_executor() -> Iterator[str]:
             name="subdir",
             backend=f"{__name__}:SubdirBackend",
             config_group="local",
+            launcher="processes",
             on_cluster=False,
             watch_max_pending=1,
             watch_follow_every=5.0,

@@ -111,7 +111,7 @@ def submit_plan(
         env={"CI_MARK": "1"},
         max_parallel_tasks=max_parallel_tasks,
     )
-    files = {JobDir.SCRIPT: render_job_script(plan, launcher="slurm")}
+    files = {JobDir.SCRIPT: render_job_script(plan, launcher="srun-containers")}
     for t in tasks:
         files[f"{t.dir}/run_config.yml"] = "{}\n"
     spec = SbatchSpec(

@@ -87,7 +87,7 @@ def check_no_secrets(compiled: CompiledConfig, plan: JobPlan) -> None:
     """Refuse to write a secret value (W&B key, tokens) into the job script or a run config."""
     import yaml
 
-    texts = {JobDir.SCRIPT: render_job_script(plan, launcher="slurm")}
+    texts = {JobDir.SCRIPT: render_job_script(plan, launcher="srun-containers")}
     texts.update({f"{t.dir}/{r.layout.run_config}": yaml.safe_dump(r.run_config) for t in plan.tasks for r in t.runs})
     for name, text in texts.items():
         if compiled.secrets.redact(text) != text:

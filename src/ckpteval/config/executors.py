@@ -2,18 +2,23 @@
 
 Each entry says which job backend runs its jobs (a `module:attribute` path, imported only when a job is
 planned or acted on: `ckpteval.execution.backends.backend_for`), which packaged `execution` config it
-selects, and the few traits the code before a backend asks about: whether its jobs run on a cluster reached
-through the profile's tunnel (their files, checkpoints and save dirs are there; images are squashed and
-datasets staged there), whether its backend hosts the watcher of `evaluate watch --detach` there, and how
-`evaluate watch` paces itself.
+selects, how its job scripts start their steps (`Launcher`), and the few traits the code before a backend
+asks about: whether its jobs run on a cluster reached through the profile's tunnel (their files, checkpoints
+and save dirs are there; images are squashed and datasets staged there), whether its backend hosts the
+watcher of `evaluate watch --detach` there, and how `evaluate watch` paces itself.
 Nothing else in ckpteval names an executor: a new one is its backend module and one `register_executor`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ckpteval.errors import ConfigError, did_you_mean
+
+# How a job script starts its steps (`ckpteval.job.script` renders each): as processes of the job on this
+# machine, or as `srun` steps in their containers inside a Slurm allocation. An executor's backend uses one.
+Launcher = Literal["processes", "srun-containers"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,7 @@ class Executor:
     name: str
     backend: str  # "package.module:Class", a JobBackend made with no arguments
     config_group: str  # the packaged conf/execution option a profile of this executor selects
+    launcher: Launcher  # how its job scripts start their steps
     on_cluster: bool  # jobs run on a cluster reached through the profile's tunnel (`host`, `remote_job_dir`)
     watch_max_pending: int  # `evaluate watch`: evaluations submitted and not yet ended, by default
     watch_follow_every: float  # `evaluate watch`: seconds between status queries, by default
@@ -69,6 +75,7 @@ register_executor(
         name="local",
         backend="ckpteval.execution.local:LocalBackend",
         config_group="local",
+        launcher="processes",
         on_cluster=False,
         watch_max_pending=1,
         watch_follow_every=5.0,
@@ -79,6 +86,7 @@ register_executor(
         name="slurm",
         backend="ckpteval.execution.slurm:SlurmBackend",
         config_group="slurm/default",
+        launcher="srun-containers",
         on_cluster=True,
         watch_max_pending=4,
         watch_follow_every=30.0,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
+    from ckpteval.config.executors import Launcher
     from ckpteval.config.preview import PreviewPanel
     from ckpteval.config.profiles import Profile
     from ckpteval.execution.events import Reporter
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from ckpteval.execution.snapshot import JobSnapshot
     from ckpteval.execution.state import State
     from ckpteval.invocation.record import InvocationRecord
-    from ckpteval.job.build import Launcher, Toolchain
+    from ckpteval.job.build import Toolchain
     from ckpteval.job.plan import JobPlan
     from ckpteval.results.model import InvocationResults
 
@@ -160,9 +161,13 @@ class JobBackend(Protocol):
     """Where jobs run: this machine, a Slurm cluster, or any registered executor's."""
 
     executor: str
-    launcher: Launcher  # how the job script starts its steps: processes here, or srun in containers
     exports_here: bool  # True: the caller exports the results; False: the job exports them itself
     reads_remotely: bool  # reading the checkpoint or staging means contacting another machine
+
+    @property
+    def launcher(self) -> Launcher:
+        """How the job script starts its steps (the registry's entry for `executor` says)."""
+        ...
 
     def accept(self, compiled: CompiledConfig) -> None:
         """Refuse (ConfigError) a config this backend cannot run (e.g. --batch on this machine)."""

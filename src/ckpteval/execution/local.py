@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.executors import Launcher, find_executor
 from ckpteval.config.preview import PreviewPanel
 from ckpteval.errors import ConfigError, EvaluationError
 from ckpteval.execution.backend import InvocationStatus, JobEnd, task_log
@@ -32,7 +33,7 @@ from ckpteval.execution.snapshot import LocalJobView, settle_tasks, take_snapsho
 from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, LocalProcess
-from ckpteval.job.build import Launcher, Toolchain, local_toolchain
+from ckpteval.job.build import Toolchain, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
 from ckpteval.results.model import InvocationResults
 
@@ -262,7 +263,12 @@ class LocalBackend:
     """Jobs on this machine."""
 
     executor = "local"
-    launcher: Launcher = "local"
+
+    @property
+    def launcher(self) -> Launcher:
+        """How this executor's job scripts start their steps, as the registry says."""
+        return find_executor(self.executor).launcher
+
     exports_here = True  # the caller exports the results once the job has ended
     reads_remotely = False
 

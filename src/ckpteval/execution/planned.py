@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.executors import Launcher
 from ckpteval.config.profiles import Profile
-from ckpteval.job.build import Launcher, Toolchain, build_plan
+from ckpteval.job.build import Toolchain, build_plan
 from ckpteval.job.plan import JobPlan
 
 if TYPE_CHECKING:

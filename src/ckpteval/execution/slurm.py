@@ -48,6 +48,7 @@ from ckpteval.cluster.submission import (
     with_images,
 )
 from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.executors import Launcher, find_executor
 from ckpteval.config.preview import PreviewPanel
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError, ConfigError, EvaluationError
@@ -72,7 +73,7 @@ from ckpteval.execution.snapshot import settle_tasks, take_snapshot
 from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, write_text_atomic
-from ckpteval.job.build import Launcher, Toolchain, slurm_toolchain
+from ckpteval.job.build import Toolchain, slurm_toolchain
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 
@@ -447,7 +448,12 @@ class SlurmBackend:
     """Jobs on a Slurm cluster."""
 
     executor = "slurm"
-    launcher: Launcher = "slurm"
+
+    @property
+    def launcher(self) -> Launcher:
+        """How this executor's job scripts start their steps, as the registry says."""
+        return find_executor(self.executor).launcher
+
     exports_here = False  # the job exports its own results as it ends (the pipeline adds the export step)
     reads_remotely = True
 
@@ -502,7 +508,7 @@ class SlurmBackend:
                 )
             data_panels.append(PreviewPanel(title="task data (compute_internet = false)", body=body))
         # the script as it will run: images shown as their .sqsh files
-        script = render_job_script(with_images(plan, squash.mapping), launcher="slurm")
+        script = render_job_script(with_images(plan, squash.mapping), launcher=self.launcher)
         requests = request_groups_panel(plan)  # Export-Deploy's entry point may say it mixes request settings
         return [
             PreviewPanel(

@@ -13,15 +13,15 @@ import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
+from ckpteval.config.executors import Launcher
 from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment
 from ckpteval.deploy.backends import LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
 
-Launcher = Literal["local", "slurm"]
 HOOK_SUBDIR = JobDir.HOOK
 
 
@@ -77,7 +77,7 @@ def build_plan(
     config = compiled.config
     deployment = config.deployment
     readiness = config.execution.endpoint_readiness_timeout
-    mounts = _mounts(compiled, job_dir=job_dir if launcher == "slurm" else None)
+    mounts = _mounts(compiled, job_dir=job_dir if launcher == "srun-containers" else None)
 
     if isinstance(deployment, NoDeployment):
         dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
@@ -257,7 +257,7 @@ def _deployment_step(
         identity=identity,
         port_file=port_file,
         publish_tokenizer=published_tokenizer(compiled, job_dir),
-        containers=launcher == "slurm",
+        containers=launcher == "srun-containers",
     )
     launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})
@@ -309,9 +309,9 @@ def _task_plan(
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
-    if launcher == "local":
+    if launcher == "processes":
         env.update(_local_cache_env(task))
-    image = task.container if launcher == "slurm" else None
+    image = task.container if launcher == "srun-containers" else None
     runs = []
     for layout in task.layouts:
         request_params = dict(task.request_params)

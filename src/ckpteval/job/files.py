@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.compile import CompiledConfig
+from ckpteval.config.executors import Launcher
 from ckpteval.config.preview import config_yaml
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import now_iso, write_text_atomic
 from ckpteval.job.plan import JobPlan
-from ckpteval.job.script import Launcher, render_job_script
+from ckpteval.job.script import render_job_script
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription

@@ -31,12 +31,10 @@ its own output to `logs/job.log`, where `evaluate logs` finds it.
 from __future__ import annotations
 
 import shlex
-from typing import Literal
 
+from ckpteval.config.executors import Launcher
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import JobPlan, RequestGroups, Step, TaskPlan
-
-Launcher = Literal["local", "slurm"]
 
 _PRELUDE = r"""set -uo pipefail
 cd "$JOB_DIR" || exit 2
@@ -166,7 +164,7 @@ def _launch(step: Step, launcher: Launcher, *, name: str) -> str:
     if step.env:
         exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(step.env.items()))
         inner = f"{exports}; {inner}"
-    if launcher == "local":
+    if launcher == "processes":
         return f"bash -c {shlex.quote(inner)}"
     ranks = step.nodes * step.ntasks_per_node
     args = [
@@ -449,7 +447,7 @@ def _run_order(plan: JobPlan) -> tuple[int, ...]:
     return requests.order if requests is not None else tuple(range(len(plan.tasks)))
 
 
-def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: str = "") -> str:
+def render_job_script(plan: JobPlan, *, launcher: Launcher = "processes", header: str = "") -> str:
     """The bash script for `plan`. `header` goes right after the shebang (e.g. #SBATCH lines)."""
     parts = [
         "#!/usr/bin/env bash\n",
@@ -457,10 +455,10 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "local", header: st
         f"# ckpteval job for invocation {plan.invocation}: deploy once, run {len(plan.tasks)} task(s), stop.\n",
         f"JOB_DIR={shlex.quote(plan.job_dir)}\n",
         _PRELUDE,
-        _SLURM_PRELUDE if launcher == "slurm" else "",
-        _SLURM_SIGNAL if launcher == "slurm" else _LOCAL_SIGNAL,
+        _SLURM_PRELUDE if launcher == "srun-containers" else "",
+        _SLURM_SIGNAL if launcher == "srun-containers" else _LOCAL_SIGNAL,
         _FUNCTIONS,
-        'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "slurm" else "",
+        'mark state/slurm_job "${SLURM_JOB_ID:-}"\n' if launcher == "srun-containers" else "",
         _env_prefix(plan.env),
         f"TASK_DIRS=({' '.join(shlex.quote(t.dir) for t in plan.tasks)})\n",
         _deployment_section(plan, launcher),

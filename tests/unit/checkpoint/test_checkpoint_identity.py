@@ -65,7 +65,7 @@ def test_results_json_records_what_produced_the_numbers(
     assert prepared.description is not None
 
     job_dir = tmp_path / "job"
-    write_job_files(job_dir, job_files(compiled, prepared.plan, launcher="local", checkpoint=prepared.description))
+    write_job_files(job_dir, job_files(compiled, prepared.plan, launcher="processes", checkpoint=prepared.description))
     task = prepared.plan.tasks[0]
     shutil.copytree(GOLDEN_MMLU, job_dir / task.dir / "output")  # a real harness output (5-shot, 1 sample)
     (job_dir / JobDir.task_done(task.dir)).touch()

@@ -24,7 +24,7 @@ def test_a_megatron_deployment_gives_its_tokenizer(isolated_user: Path, tmp_path
     assert extra["tokenizer_backend"] == "huggingface"
     compiled = compile_config(CompileRequest(configs=("tiny",), tasks=("gsm8k",)))
     toolchain = Toolchain(python="python3", evaluator="nemo-evaluator")
-    plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
+    plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="processes")
     [run] = plan.tasks[0].runs
     assert run.run_config["config"]["params"]["extra"]["tokenizer"] == str(tmp_path / "tokenizer")
     # lm-eval sends the token ids it counted: a server that tokenized text again (adding a BOS, or splitting
@@ -37,7 +37,7 @@ def test_a_megatron_deployment_gives_its_tokenizer(isolated_user: Path, tmp_path
     named = compile_config(
         CompileRequest(configs=("tiny",), tasks=("gsm8k",), overrides=("deployment.tokenizer=/tok",))
     )
-    plan = build_plan(named, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
+    plan = build_plan(named, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="processes")
     assert plan.tasks[0].runs[0].run_config["config"]["params"]["extra"]["tokenizer"] == "/tok"
     assert "--tokenizer /tok" in plan.deployment.step.command
 

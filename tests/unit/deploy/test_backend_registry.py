@@ -66,7 +66,7 @@ def test_the_job_starts_what_the_registered_backend_launches(health_double: Depl
         invocation="7a7b7c7d",
         job_dir=str(job_dir),
         toolchain=local_toolchain(),
-        launcher="local",
+        launcher="processes",
     )
     dep = built.deployment
     assert dep.kind == "health-double" and dep.step is not None
@@ -94,5 +94,5 @@ def test_a_kind_with_no_backend_is_one_clear_error(tmp_path: Path):
             invocation="8a8b8c8d",
             job_dir=str(tmp_path),
             toolchain=local_toolchain(),
-            launcher="local",
+            launcher="processes",
         )

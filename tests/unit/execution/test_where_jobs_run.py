@@ -21,12 +21,9 @@ REGISTRY = {"config/executors.py", "execution/backends.py"}
 SLURM_BACKEND_PACKAGE = "cluster/"
 # Where each executor's config section is declared: its fields and the traits the rest asks about.
 SECTIONS = {"config/schema.py"}
-# The job script's two dialects (steps as processes, or srun in containers) are named like the executors
-# whose backends chose them; a backend picks its `launcher`, the job package renders it.
-DIALECT = {"job/build.py", "job/script.py", "job/files.py"}
 # Records written before version 2 said "slurm" where they now keep a Slurm submission.
 OLD_RECORDS = {"invocation/record.py"}
-ALLOWED = BACKENDS | REGISTRY | SECTIONS | DIALECT | OLD_RECORDS
+ALLOWED = BACKENDS | REGISTRY | SECTIONS | OLD_RECORDS
 EXECUTION_SECTIONS = {"LocalExecution", "SlurmExecution"}
 BACKEND_MODULES = {f"ckpteval.execution.{m}" for m in ("local", "slurm", "slurm_state")}
 

@@ -24,7 +24,7 @@ def test_the_job_script_writes_the_files_the_readers_look_for(tmp_path: Path):
         deployment=DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=1),
         tasks=(task,),
     )
-    (tmp_path / JobDir.SCRIPT).write_text(render_job_script(plan, launcher="local"))
+    (tmp_path / JobDir.SCRIPT).write_text(render_job_script(plan, launcher="processes"))
     (tmp_path / task.dir).mkdir(parents=True)
     subprocess.run(["bash", JobDir.SCRIPT], cwd=tmp_path, check=True, capture_output=True, timeout=60)
     snapshot = take_snapshot(LocalJobView(tmp_path), [(task.name, task.dir)], None)

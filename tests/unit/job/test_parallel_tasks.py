@@ -23,7 +23,7 @@ def _plan(tmp_path: Path, *overrides: str):
     request = CompileRequest(configs=("tiny",), tasks=("adlr_mmlu", "hellaswag", "gsm8k"), overrides=overrides)
     compiled = compile_config(request)
     toolchain = Toolchain(python="python3", evaluator="nemo-evaluator")
-    return build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="local")
+    return build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=toolchain, launcher="processes")
 
 
 def test_the_config_sets_it(isolated_user: Path, tmp_path: Path) -> None:

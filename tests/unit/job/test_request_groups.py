@@ -35,7 +35,7 @@ def _plan(tmp_path: Path, tasks: tuple[str, ...], *overrides: str, profile: str 
         mode="run" if profile else "local",
     )
     compiled = compile_config(request)
-    launcher = "slurm" if profile else "local"
+    launcher = "srun-containers" if profile else "processes"
     plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path), toolchain=TOOLCHAIN, launcher=launcher)
     return compiled, plan
 
@@ -97,7 +97,7 @@ def test_export_deploy_0_5_is_known_to_mix_settings_0_4_is_not(isolated_user: Pa
     )
     assert plan.deployment.kind == "megatron/export-deploy"
     assert plan.requests is not None and plan.requests.known_mixing == mixes_settings(DEFAULT_ENTRY_POINT)
-    assert "why='deploy_ray.py takes --batch_wait_timeout_s" in render_job_script(plan, launcher="slurm")
+    assert "why='deploy_ray.py takes --batch_wait_timeout_s" in render_job_script(plan, launcher="srun-containers")
     probed_04 = with_entry_point(plan, compiled, v04)  # what a probe of a 0.4 image finds
     assert probed_04.requests is not None and probed_04.requests.known_mixing == ""
     assert with_entry_point(probed_04, compiled, DEFAULT_ENTRY_POINT).requests == plan.requests

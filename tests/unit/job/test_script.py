@@ -148,7 +148,7 @@ def alive(pid_file_text: str) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-@pytest.mark.parametrize("launcher", ["local", "slurm"])
+@pytest.mark.parametrize("launcher", ["processes", "srun-containers"])
 def test_golden(launcher: str):
     plan = make_plan(
         Path("/jobs/abcd1234"),
@@ -169,7 +169,7 @@ def test_golden(launcher: str):
         probe="python3 /jobs/abcd1234/hook/ckpteval_settings_probe.py --model m --out /jobs/abcd1234/state/p.json",
     )
     plan = replace(plan, requests=groups)
-    if launcher == "slurm":
+    if launcher == "srun-containers":
         plan = JobPlan(
             invocation=plan.invocation,
             job_dir=plan.job_dir,
@@ -522,11 +522,11 @@ def test_a_step_of_several_ranks_ends_when_one_rank_fails():
             step=Step(command="python deploy_ray.py", image="/c/nemo.sqsh", nodes=2),
         ),
     )
-    script = render_job_script(multi, launcher="slurm")
+    script = render_job_script(multi, launcher="srun-containers")
     deploy_line = next(line for line in script.splitlines() if "--job-name=deployment" in line)
     assert "--kill-on-bad-exit=1" in deploy_line and "--nodes=2 --ntasks=2" in deploy_line
     single = replace(multi, deployment=replace(multi.deployment, step=Step(command="python serve.py", nodes=1)))
-    assert "--kill-on-bad-exit" not in render_job_script(single, launcher="slurm")
+    assert "--kill-on-bad-exit" not in render_job_script(single, launcher="srun-containers")
 
 
 def test_clients_starting_during_the_load_wait_for_the_checkpoint_the_deployment_prepares(tmp_path: Path):

@@ -32,7 +32,7 @@ def test_the_catalog_is_taken_once_and_the_count_goes_down_to_the_job_files(monk
     assert hellaswag.layouts == (RunLayout(),)
 
     plan = build_plan(
-        compiled, invocation="inv", job_dir=str(tmp_path / "inv"), toolchain=local_toolchain(), launcher="local"
+        compiled, invocation="inv", job_dir=str(tmp_path / "inv"), toolchain=local_toolchain(), launcher="processes"
     )
     g, h = plan.tasks
     assert (g.repeats, g.layouts) == (3, gsm8k.layouts)
@@ -40,7 +40,7 @@ def test_the_catalog_is_taken_once_and_the_count_goes_down_to_the_job_files(monk
     assert [r.run_config["config"]["output_dir"] for r in g.runs] == [
         f"{tmp_path}/inv/tasks/{g.dir_name}/output-rs{i}" for i in range(3)
     ]
-    files = job_files(compiled, plan, launcher="local")
+    files = job_files(compiled, plan, launcher="processes")
     assert files[f"{g.dir}/repeats"] == "3\n"
     assert f"{h.dir}/repeats" not in files
     assert sorted(f for f in files if f.startswith(f"{g.dir}/run_config")) == [

@@ -19,7 +19,9 @@ from ckpteval.tasks.datasets import DatasetRef
 def plan_env(tmp_path: Path, *tasks: str) -> dict[str, dict[str, str]]:
     compiled = compile_config(CompileRequest(configs=("tiny",), tasks=tasks))
     toolchain = Toolchain(python="python3", evaluator="nemo-evaluator")
-    plan = build_plan(compiled, invocation="i", job_dir=str(tmp_path / "job"), toolchain=toolchain, launcher="local")
+    plan = build_plan(
+        compiled, invocation="i", job_dir=str(tmp_path / "job"), toolchain=toolchain, launcher="processes"
+    )
     return {t.name: t.runs[0].step.env for t in plan.tasks}
 
 
