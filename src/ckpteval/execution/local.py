@@ -220,7 +220,7 @@ class LocalBackend:
             # no exit code recorded: running, or stopped from outside
             state = ("running" if snapshot.started else "pending") if running else "cancelled"
         # a job stopped under its tasks (cancel, Ctrl-C) leaves them `running`: settled as on Slurm
-        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running))
+        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running, state))
 
     def log_lines(self, record: InvocationRecord, *, follow: bool = False, source: str = "job") -> Iterator[str]:
         job_dir = JobDir(record.job_dir)
