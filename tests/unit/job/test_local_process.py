@@ -85,17 +85,21 @@ def test_a_job_that_ends_while_its_status_is_read_is_not_taken_for_cancelled(tmp
     assert local.LocalBackend().status(_record(tmp_path, None)).state == "succeeded"
 
 
-def test_after_cancel_status_reads_cancelled_and_resume_runs_what_never_started(tmp_path: Path, isolated_user: Path):
+def test_after_cancel_status_reads_cancelled_and_resume_runs_what_never_started(
+    tmp_path: Path, isolated_user: Path, monkeypatch
+):
     """A real job script cancelled with `evaluate cancel` while its first task runs: `evaluate status` says the
     deployment and both tasks (the one it stopped, the one it never started) are cancelled; `resume` still
     runs the one that never started (it goes by each task's `.done`, not by what status says)."""
     from typer.testing import CliRunner
 
     from ckpteval.cli.main import app
+    from ckpteval.execution import local
     from ckpteval.execution.local import LocalBackend, LocalJob
     from ckpteval.invocation.record import TaskEntry, load_record
     from tests.unit.job.test_script import free_port, make_plan, pid_written, write_job
 
+    monkeypatch.setattr(local, "CANCEL_GRACE_S", 2.0)  # what outlives the script on a loaded machine: not waited for
     slow = "if [ -f go ]; then true; else echo $$ > a.pid; sleep 60; fi"
     plan = make_plan(tmp_path / "job", port=free_port(), tasks=[("a", slow), ("b", "touch b.ran")])
     write_job(tmp_path, plan)
