@@ -87,16 +87,25 @@ def results_file(record: InvocationRecord) -> Path | None:
 
 
 def finished_at(record: InvocationRecord) -> float | None:
-    """When the invocation's job finished (a POSIX time), where this machine has its job directory: the
-    time of the job's `finished` mark. None for a job on a cluster (a fetched copy's times are the fetch's)
-    or one that has not finished."""
+    """When the invocation's job finished (a POSIX time), where this machine has its job directory or a
+    fetched copy of it: the time the job recorded as it ended (`state/ended`); for a local job from before
+    it wrote one, the time of its `finished` mark. None for a job that has not finished, or one on a
+    cluster whose files were not fetched (a fetched copy's file times are the fetch's, not the job's)."""
+    from datetime import datetime
+
     from ckpteval.config.executors import executor_names, find_executor
     from ckpteval.invocation.jobdir import JobDir
 
-    if record.executor not in executor_names() or find_executor(record.executor).on_cluster:
+    here = record.executor in executor_names() and not find_executor(record.executor).on_cluster
+    job_dir = Path(record.job_dir) if here else Path(record.local_results_dir) if record.local_results_dir else None
+    if job_dir is None:
         return None
     try:
-        return (Path(record.job_dir) / JobDir.FINISHED).stat().st_mtime
+        return datetime.fromisoformat((job_dir / JobDir.ENDED).read_text().strip().replace("Z", "+00:00")).timestamp()
+    except (OSError, ValueError):
+        pass
+    try:
+        return (job_dir / JobDir.FINISHED).stat().st_mtime if here else None
     except OSError:
         return None
 

@@ -87,7 +87,11 @@ def test_results_and_status_commands_find_it_later(tiny_run: TinyRun):
     assert status.returncode == 0, status.stderr
     [entry] = json.loads(status.stdout)
     assert entry["state"] == "succeeded"
-    assert entry["tasks"] == [{"name": "adlr_mmlu", "state": "succeeded", "done": 57, "total": 57}]
+    # documents, the results' n (one subject question each), with the requests sent for them
+    n = on_disk["tasks"]["adlr_mmlu"]["n_samples"]
+    assert entry["tasks"] == [
+        {"name": "adlr_mmlu", "state": "succeeded", "done": 57, "total": 57, "docs": n, "docs_total": 57}
+    ]
 
 
 def test_the_harness_ran_mmlu_offline_on_the_packaged_data(tiny_run: TinyRun):
@@ -105,7 +109,7 @@ def test_the_harness_ran_mmlu_offline_on_the_packaged_data(tiny_run: TinyRun):
     offline = result.offline
     assert offline is not None and offline.datasets == 57 and offline.n_available == 13757
     assert offline.sources == (od.SOURCES["mmlu"].source(),) and offline.eval_split == "test"
-    assert read_progress(output_dir) == Progress(57, 57)
+    assert read_progress(output_dir) == Progress(57, 57, docs=57, docs_total=57)
     assert result.timings.runtime_s and result.timings.inference_s
     samples = next(output_dir.rglob("samples_mmlu_str_anatomy_*.jsonl"))
     prompt = json.loads(samples.read_text().splitlines()[0])["arguments"]["gen_args_0"]["arg_0"]

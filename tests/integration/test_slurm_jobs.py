@@ -40,6 +40,17 @@ def status_of(record):  # type: ignore[no-untyped-def]
         return job.status()
 
 
+def cli_status(invocation: str) -> str:
+    """What `evaluate status INVOCATION` prints."""
+    from typer.testing import CliRunner
+
+    from ckpteval.cli.main import app
+
+    result = CliRunner().invoke(app, ["status", invocation], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_profile, infra):
     """pending (held, with Slurm's reason) -> running -> succeeded; one deployment step for all tasks,
     across the 2 nodes the job asked for; a task runs in its (squashed) container through pyxis."""
@@ -79,6 +90,9 @@ def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_prof
     )
     assert done.state == "succeeded", done.log_tail
     assert [t.state for t in done.snapshot.tasks] == ["succeeded"] * 3
+    # the job wrote when it ended, so `status` (from the status it kept, no connection) says how long it took
+    took = re.search(r"took: (\S.*)$", cli_status(sub.record.id), re.M)
+    assert done.snapshot.ended and took and re.fullmatch(r"\d+s|\d+m \d\ds|\d+h \d\dm", took.group(1)), took
 
     steps = sacct_steps(job)
     names = [name for name, _ in steps]
@@ -181,7 +195,12 @@ def test_cancel_stops_the_job_and_its_deployment(ci_profile):
     assert squeue_state(str(record.slurm_job_id)) == ""  # gone from the queue when cancel returns
     after = status_of(record)
     assert after.state == "cancelled"
-    assert [t.state for t in after.snapshot.tasks] == ["cancelled", "pending"]
+    # the task it stopped and the one it never started (resume runs it still) read cancelled, as does the deployment
+    assert [t.state for t in after.snapshot.tasks] == ["cancelled", "cancelled"]
+    shown = cli_status(record.id)
+    rows = {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in shown.splitlines() if ln.startswith("│")}
+    assert shown.split()[1] == "cancelled" and "running" not in shown and "ready" not in shown, shown
+    assert rows == {"deployment": "cancelled", "long": "cancelled", "never": "cancelled"}, shown
     wait_for(lambda: not pid_alive(deploy_pid), timeout=30, what="the deployment process to exit")
     assert api.cancel(load_record(record.id)).startswith(f"invocation {record.id} is not running")
 

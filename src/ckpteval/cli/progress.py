@@ -1,6 +1,7 @@
-"""The live progress display while a job is followed: the deployment's state and, per task, requests
-answered/total, requests per second and time left (drawn from `Progress` events' snapshots). The unit is
-named: a task's progress counts requests (HellaSwag sends four per document), its results count documents."""
+"""The live progress display while a job is followed: the deployment's state and, per task, documents
+done/total (the unit its results' n counts) with the requests sent for them as detail, requests per second
+and time left (drawn from `Progress` events' snapshots). A harness that does not say how many documents are
+done (not lm-eval) shows requests alone, named as such."""
 
 from __future__ import annotations
 
@@ -33,21 +34,32 @@ def render_progress(snapshot: JobSnapshot, rates: Rates):
     dep = snapshot.deployment or "not started"
     table.add_row("[bold]deployment[/]", _color(dep), "", "", "")
     for t in snapshot.tasks:
-        total = f"/{t.total}" if t.total else ""
-        bar = _bar(t.done, t.total)
-        count = f"{bar} {t.done}{total} requests" if t.done or t.total else ""  # a task not begun: nothing
+        count = count_text(t)
+        if count:  # a task not begun: nothing
+            bar = _bar(t.docs, t.docs_total) if t.docs is not None else _bar(t.done, t.total)
+            count = f"{bar} {count}" if bar else count
         rate = rates.rate(t)
         eta = ""
         if rate and t.total and t.done < t.total:
             eta = f"{(t.total - t.done) / rate:,.0f} s left"
-        table.add_row(f"[bold]{t.name}[/]", _color(t.state), count, f"{rate:.1f}/s" if rate else "", eta)
+        table.add_row(f"[bold]{t.name}[/]", _color(t.state), count, f"{rate:.1f} req/s" if rate else "", eta)
     return table
 
 
-def _bar(done: int, total: int | None, width: int = 20) -> str:
+def count_text(t: TaskSnapshot) -> str:
+    """A task's progress in words: "2/2 docs · 8/8 requests"; requests alone where the harness does not
+    count documents; "" before anything is known."""
+    requests = f"{t.done}/{t.total} requests" if t.total else (f"{t.done} requests" if t.done else "")
+    if t.docs is None:
+        return requests
+    docs = f"{t.docs}/{t.docs_total} docs" if t.docs_total else f"{t.docs} docs"
+    return f"{docs} · {requests}" if requests else docs
+
+
+def _bar(done: int | None, total: int | None, width: int = 20) -> str:
     if not total:
         return ""
-    filled = min(width, int(width * done / total))
+    filled = min(width, int(width * (done or 0) / total))
     return "[green]" + "█" * filled + "[/][dim]" + "░" * (width - filled) + "[/]"
 
 

@@ -10,11 +10,33 @@ from typing import Annotated
 import typer
 
 
+def _in_range(low: int, high: int | None):
+    """An option callback: the value within [low, high], or the one-line usage error every bad flag gets."""
+
+    def check(value: int) -> int:
+        if value < low or (high is not None and value > high):
+            raise typer.BadParameter(f"{value} is not in {low}..{high}" if high else f"{value} is less than {low}")
+        return value
+
+    return check
+
+
 def serve_delegate_command(
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")] = 9050,
+    port: Annotated[
+        int,
+        typer.Option("--port", metavar="PORT", callback=_in_range(1, 65535), help="TCP port to listen on (1-65535)."),
+    ] = 9050,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")] = "0.0.0.0",
     max_concurrent_requests: Annotated[
-        int, typer.Option("--max-concurrent-requests", min=1, help="Most requests in flight toward the model.")
+        int,
+        # the name is slime's protocol: its range is checked by a callback and named in the help, as a range
+        # type would add "[x>=1]" to the type column and cut the name at 80 columns
+        typer.Option(
+            "--max-concurrent-requests",
+            metavar="N",
+            callback=_in_range(1, None),
+            help="Most requests in flight toward the model (at least 1).",
+        ),
     ] = 512,
     openai_model_name: Annotated[
         str, typer.Option("--openai-model-name", help="The model name sent to the router.")

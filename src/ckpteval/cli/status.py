@@ -50,13 +50,15 @@ def status_command(
             highlight=False,
             soft_wrap=True,
         )
+        from ckpteval.cli.progress import count_text
+
         table = Table(header_style="bold")
-        for col in ("task", "state", "requests"):  # progress counts requests; results count documents
+        for col in ("task", "state", "progress"):  # documents (the results' n), requests as detail
             table.add_column(col)
         if s.snapshot:
             table.add_row("deployment", s.snapshot.deployment or "not started", "")
             for t in s.snapshot.tasks:
-                table.add_row(t.name, t.state, f"{t.done}/{t.total}" if t.total else (str(t.done) if t.done else ""))
+                table.add_row(t.name, t.state, count_text(t))
         console.print(table)
         if s.snapshot and s.snapshot.requests:
             console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
@@ -110,21 +112,27 @@ def model_name(record) -> str:
 
 
 def duration(s) -> str:
-    """How long it ran: until it ended (its job dir's `finished` mark, where this machine has it), or until
-    now while it runs; "" when nothing says."""
+    """How long it took, from its submission: until the job ended (the time it recorded, `state/ended`, read
+    with its other state files here or on the cluster; an older job's `finished` mark where this machine has
+    its job directory), or until now while it runs; "" when nothing says."""
     import time
     from datetime import datetime
 
     from ckpteval.cli.console import format_duration
     from ckpteval.views import finished_at
 
-    try:
-        created = datetime.fromisoformat(s.record.created.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    def stamp(text: str) -> float | None:
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+
+    created = stamp(s.record.created)
+    if created is None:
         return ""
     if s.state in ("running", "pending"):
         return format_duration(max(0.0, time.time() - created))
-    finished = finished_at(s.record)
+    finished = (stamp(s.snapshot.ended) if s.snapshot and s.snapshot.ended else None) or finished_at(s.record)
     return "" if finished is None else format_duration(max(0.0, finished - created))
 
 
@@ -132,6 +140,7 @@ def _as_json(s) -> dict:
     tasks = (
         [
             {"name": t.name, "state": t.state, "done": t.done, "total": t.total}
+            | ({"docs": t.docs, "docs_total": t.docs_total} if t.docs is not None else {})
             | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
             for t in s.snapshot.tasks
         ]

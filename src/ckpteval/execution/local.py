@@ -185,7 +185,7 @@ class LocalJob:
             # no exit code recorded: running, or stopped from outside
             state = ("running" if snapshot.started else "pending") if running else "cancelled"
         # a job stopped under its tasks (cancel, Ctrl-C) leaves them `running`: settled as on Slurm
-        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running))
+        return InvocationStatus(record=record, state=state, snapshot=settle_tasks(snapshot, running, state))
 
     def state(self) -> State:
         return self.status().state

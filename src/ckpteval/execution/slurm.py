@@ -292,7 +292,7 @@ class SlurmJob:
         status = InvocationStatus(
             record=record,
             state=state,
-            snapshot=settle_tasks(snapshot, slurm.active),
+            snapshot=settle_tasks(snapshot, slurm.active, state),
             detail=detail,
             slurm_job=slurm.job_id,
             log_tail=tail,

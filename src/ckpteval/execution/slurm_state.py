@@ -116,7 +116,7 @@ def remembered(record: InvocationRecord) -> InvocationStatus | None:
     if final is None or final.job != record.slurm_job_id:
         return None
     tasks = tuple(TaskSnapshot(**dataclasses.asdict(t)) for t in final.tasks)
-    snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished)
+    snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished, ended=final.ended)
     return InvocationStatus(
         record=record,
         state=final.state,  # type: ignore[arg-type]
@@ -138,6 +138,7 @@ def remember(status: InvocationStatus) -> None:
         deployment=snapshot.deployment,
         finished=snapshot.finished,
         tasks=[TaskStatus(**dataclasses.asdict(t)) for t in snapshot.tasks],
+        ended=snapshot.ended,
     )
     record.save()
 

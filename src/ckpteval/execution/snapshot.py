@@ -9,12 +9,16 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ckpteval.invocation.jobdir import JobDir
+
+if TYPE_CHECKING:
+    from ckpteval.tasks.progress import Progress
 
 
 class JobView(Protocol):
@@ -43,19 +47,22 @@ class TaskSnapshot:
     name: str
     dir: str
     state: str  # pending | running | succeeded | failed N | skipped | cancelled
-    done: int = 0
-    total: int | None = None
+    done: int = 0  # requests answered
+    total: int | None = None  # requests in all (None: not known)
     error: str = ""  # a failed task: why (one line from its client log), the log (relative), what to do
     log: str = ""
     hint: str = ""
+    docs: int | None = None  # documents done, the unit of the results' n (None: the harness does not say)
+    docs_total: int | None = None
 
 
 @dataclass(frozen=True)
 class JobSnapshot:
-    deployment: str  # starting | ready | failed | stopped | none | "" (not started)
+    deployment: str  # starting | ready | failed | stopped | cancelled | none | "" (not started)
     tasks: tuple[TaskSnapshot, ...]
     finished: int | None  # the job's exit code once it has ended
     requests: str = ""  # how the tasks' requests go, side by side or in groups, and why (state/requests)
+    ended: str = ""  # when the job ended (UTC, ISO 8601, state/ended): "" while it runs, or when nothing says
 
     @property
     def succeeded(self) -> bool:
@@ -66,7 +73,7 @@ class JobSnapshot:
         return bool(self.deployment) or any(t.state != "pending" for t in self.tasks)
 
 
-ProgressReader = Callable[[JobView, str], tuple[int, int | None]]
+ProgressReader = Callable[[JobView, str], "Progress"]
 
 
 def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: ProgressReader | None) -> JobSnapshot:
@@ -79,13 +86,15 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         state = (view.read_text(JobDir.task_state(task_dir)) or "").strip() or "pending"
         if state == "pending" and view.read_text(JobDir.task_done(task_dir)) is not None:
             state = "succeeded"
-        done, total = (0, None)
+        counts = {}
         if progress is not None and state != "pending":
-            done, total = progress(view, task_dir)
+            p = progress(view, task_dir)
+            counts = {"done": p.done, "total": p.total, "docs": p.docs, "docs_total": p.docs_total}
         why = _failure(view, task_dir) if state.startswith("failed") else {}
-        snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, done=done, total=total, **why))
+        snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, **counts, **why))
     requests = (view.read_text(JobDir.REQUESTS) or "").strip()
-    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished, requests=requests)
+    ended = (view.read_text(JobDir.ENDED) or "").strip() if finished is not None else ""
+    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished, requests=requests, ended=ended)
 
 
 def _failure(view: JobView, task_dir: str) -> dict[str, str]:
@@ -100,12 +109,19 @@ def _failure(view: JobView, task_dir: str) -> dict[str, str]:
     return {"error": why.reason, "log": why.log, "hint": why.hint or ""}
 
 
-def settle_tasks(snapshot: JobSnapshot, active: bool) -> JobSnapshot:
-    """Once the job has stopped, a task still marked running was interrupted: say so."""
+def settle_tasks(snapshot: JobSnapshot, active: bool, state: str | None = None) -> JobSnapshot:
+    """What the state files say, once the job has stopped (`active` False) as the invocation `state` says it
+    ended: a task still marked running was interrupted (cancelled); a cancelled job's deployment reads
+    cancelled, and so does each task that never started (`resume` runs them still: it goes by each task's
+    `.done`, not by these words); any other job's deployment reads stopped."""
     if active:
         return snapshot
+    cancelled = state == "cancelled"
     tasks = tuple(
-        TaskSnapshot(t.name, t.dir, "cancelled", t.done, t.total) if t.state == "running" else t for t in snapshot.tasks
+        dataclasses.replace(t, state="cancelled") if t.state == "running" or (cancelled and t.state == "pending") else t
+        for t in snapshot.tasks
     )
-    deployment = "stopped" if snapshot.deployment in ("starting", "ready") else snapshot.deployment
-    return JobSnapshot(deployment=deployment, tasks=tasks, finished=snapshot.finished, requests=snapshot.requests)
+    deployment = snapshot.deployment
+    if deployment in ("starting", "ready") or (cancelled and not deployment):
+        deployment = "cancelled" if cancelled else "stopped"
+    return dataclasses.replace(snapshot, deployment=deployment, tasks=tasks)

@@ -7,7 +7,7 @@
   job.sh                      the job script
   hook/                       the harness's offline-data hook (Slurm: uploaded beside the job)
   .secrets/                   owner-only files the job reads (the W&B key of a detached export)
-  state/{started,deployment,finished,slurm_job}
+  state/{started,deployment,ended,finished,slurm_job}   started/ended: UTC times the job script wrote
   state/requests              how the tasks' requests go: side by side, or in groups (and why)
   state/request_probe.json    the request-settings probe's verdict and what it saw; state/turn-<g>: group g may send
   logs/{job.log,deployment.log,request_probe.log}
@@ -47,7 +47,8 @@ class JobDir:
     DEPLOYMENT_STATE = "state/deployment"
     DEPLOYMENT_PORT = "state/deployment_port"  # the port the builtin server holds, written by it
     DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
-    FINISHED = "state/finished"
+    FINISHED = "state/finished"  # the job's exit code
+    ENDED = "state/ended"  # when the job ended (UTC, ISO 8601), written just before FINISHED
     SLURM_JOB = "state/slurm_job"
     REQUESTS = "state/requests"
     REQUEST_PROBE = "state/request_probe.json"

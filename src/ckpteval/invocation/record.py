@@ -109,6 +109,8 @@ class TaskStatus:
     error: str = ""
     log: str = ""
     hint: str = ""
+    docs: int | None = None
+    docs_total: int | None = None
 
 
 @dataclass
@@ -122,6 +124,7 @@ class FinalStatus:
     deployment: str
     finished: int | None
     tasks: list[TaskStatus]
+    ended: str = ""  # when the job ended, as it wrote it (state/ended)
 
 
 @dataclass

@@ -11,7 +11,8 @@ Pure functions of the plan (golden-file tested). The script:
    each in the background as its own shell function, skipping tasks already marked done (a resubmitted
    job resumes), recording each task's state in its own directory; one task failing does not stop the
    others; a task with k repeats runs its k clients in turn, skipping repeats already marked done,
-4. stops the deployment on every exit path (trap), and records the job's exit code. Interrupted (TERM or
+4. stops the deployment on every exit path (trap), and records when the job ended and its exit code
+   (`state/ended`, then `state/finished`; when it started is `state/started`). Interrupted (TERM or
    INT: `evaluate cancel`, Ctrl-C, scancel), it stops every task client first: the whole process group
    when the job leads one (here it does; a Slurm step's task too), else each task's processes.
 
@@ -144,12 +145,15 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
 }
 JOB_RC=1
 GATE_PID=""
-finish() { [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; mark state/finished "$JOB_RC"; }
+finish() {
+  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
+}
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 

@@ -1,12 +1,19 @@
-"""How far a running task is, for the CLI's progress bar (polled about twice a second).
+"""How far a running task is, for the CLI's progress bar (polled about twice a second): in documents, the
+unit its results count (`n`), with the requests sent for them as detail.
 
-`done` comes from the file `<output_dir>/progress` (written by our harness hook for lm-eval tasks,
-`ckpteval_responses`, and by nemo-evaluator's progress_tracking interceptor for other harnesses): it holds
-the number of requests the endpoint answered successfully (cache replays and failed attempts are not
-counted; a resumed run starts from the count the previous run left). `total` is the number of requests
-the harness will send, computed from the task, `limit_samples` and the data in use; it counts requests,
-not samples (HellaSwag sends one request per ending: 4 per sample). It is None while it cannot be known
-yet (before the harness loaded its data) and for tasks this module has no sizes for.
+Documents come from `<output_dir>/progress_docs` ("DONE TOTAL", written by our harness hook for lm-eval
+tasks, `ckpteval_documents`): a document is done when every request it sends is answered (a
+multiple-choice document sends one per choice, in lm-eval's order, not one document after another), and
+the total is what lm-eval hands the model, so both are exact. Until lm-eval hands over its requests, and
+for harnesses other than lm-eval, nothing says how many documents are done: `docs` is None (not guessed
+from the requests), and only requests are shown.
+
+Requests come from `<output_dir>/progress` (written by the harness hook for lm-eval tasks,
+`ckpteval_responses`, and by nemo-evaluator's progress_tracking interceptor for other harnesses): the
+number of requests the endpoint answered successfully (cache replays and failed attempts are not
+counted; a resumed run starts from the count the previous run left). Their `total` is computed like the
+documents' (HellaSwag sends 4 per document); None while it cannot be known yet (before the harness loaded
+its data) and for tasks this module has no sizes for.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpteval.tasks.harness_hook import ckpteval_documents as documents
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
 from ckpteval.tasks.harness_hook import ckpteval_responses as responses
 
 PROGRESS_FILE = responses.PROGRESS_FILE  # the hook writes it (the proxy's progress_tracking, same name)
+DOCS_FILE = documents.DOCS_FILE
 
 # lm-eval task -> requests per evaluated document
 _REQUESTS_PER_DOC = {"mmlu_str": 1, "hellaswag": 4, "gsm8k": 1, "adlr_humaneval_greedy": 1}
@@ -35,10 +44,13 @@ _HUB_DOCS = {"hellaswag": 10042, "gsm8k": 1319, "adlr_humaneval_greedy": 164}
 
 @dataclass(frozen=True)
 class Progress:
-    """Requests answered so far and, when known, how many the task sends in all."""
+    """Requests answered so far and, when known, how many the task sends in all; documents done and in all,
+    where the harness says (None: it does not)."""
 
     done: int
     total: int | None
+    docs: int | None = None
+    docs_total: int | None = None
 
 
 @functools.cache
@@ -61,12 +73,11 @@ def _doc_counts(harness_task: str, *, offline: bool) -> list[int] | None:
     return [_HUB_DOCS[harness_task]] if harness_task in _HUB_DOCS else None
 
 
-def expected_requests(params: dict[str, Any], *, offline: bool) -> int | None:
-    """Requests the harness sends for a task with these `config.params` (None when unknown)."""
+def expected_documents(params: dict[str, Any], *, offline: bool) -> int | None:
+    """Documents the harness evaluates for a task with these `config.params` (None when unknown)."""
     harness_task = str(params.get("task") or "")
-    per_doc = _REQUESTS_PER_DOC.get(harness_task)
     extra = params.get("extra") or {}
-    if per_doc is None or extra.get("downsampling_ratio") is not None:
+    if harness_task not in _REQUESTS_PER_DOC or extra.get("downsampling_ratio") is not None:
         return None
     counts = _doc_counts(harness_task, offline=offline)
     if counts is None:
@@ -75,11 +86,18 @@ def expected_requests(params: dict[str, Any], *, offline: bool) -> int | None:
     if limit is not None:
         limit = float(limit)
         counts = [min(n, math.ceil(n * limit)) if limit < 1.0 else min(n, int(limit)) for n in counts]
-    return per_doc * sum(counts)
+    return sum(counts)
+
+
+def expected_requests(params: dict[str, Any], *, offline: bool) -> int | None:
+    """Requests the harness sends for a task with these `config.params` (None when unknown)."""
+    docs = expected_documents(params, offline=offline)
+    return None if docs is None else _REQUESTS_PER_DOC[str(params.get("task"))] * docs
 
 
 @functools.lru_cache(maxsize=64)
 def _total_for(output_dir: str, offline: bool, config_mtime: float) -> int | None:
+    """The requests the task in `output_dir` sends, from its run config."""
     import yaml
 
     try:
@@ -104,8 +122,15 @@ def _served_offline(output_dir: Path) -> bool | None:
     return False if (output_dir / PROGRESS_FILE).is_file() else None
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
 def read_progress(task_output_dir: str | Path) -> Progress:
-    """The task's progress now; cheap enough to call every 0.5 s (the total is computed once)."""
+    """The task's progress now; cheap enough to call every 0.5 s (the totals are computed once)."""
     out = Path(task_output_dir)
     try:
         done = int((out / PROGRESS_FILE).read_text(encoding="utf-8").strip() or 0)
@@ -116,12 +141,23 @@ def read_progress(task_output_dir: str | Path) -> Progress:
     config = out / "run_config.yml"
     if offline is not None and config.is_file():
         total = _total_for(str(out), offline, config.stat().st_mtime)
+    return _progress(done, total, _read(out / DOCS_FILE))
+
+
+def _progress(done: int, total: int | None, docs_text: str | None) -> Progress:
+    """Requests, from the count read and the total computed, and documents, as the hook counted them (None
+    until it has: before lm-eval hands over its requests, or a harness it does not count for)."""
     if total is not None:
         done = min(done, total)  # a request answered after the client timed out is counted twice
+    parts = (docs_text or "").split()
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        return Progress(done=done, total=total, docs=int(parts[0]), docs_total=int(parts[1]))
     return Progress(done=done, total=total)
 
 
-def progress_from_texts(progress: str | None, offline_report: str | None, run_config: str | None) -> Progress:
+def progress_from_texts(
+    progress: str | None, offline_report: str | None, run_config: str | None, docs: str | None = None
+) -> Progress:
     """`read_progress` from file contents (a job followed over SSH has texts, not paths)."""
     import yaml
 
@@ -145,31 +181,35 @@ def progress_from_texts(progress: str | None, offline_report: str | None, run_co
         except yaml.YAMLError:
             params = {}
         total = expected_requests(params, offline=offline)
-    if total is not None:
-        done = min(done, total)
-    return Progress(done=done, total=total)
+    return _progress(done, total, docs)
 
 
-def progress_reader(view: Any, task_dir: str) -> tuple[int, int | None]:
-    """(done, total) of the task in `task_dir` of a job, read through a `JobView` (local or remote).
+def progress_reader(view: Any, task_dir: str) -> Progress:
+    """The progress of the task in `task_dir` of a job, read through a `JobView` (local or remote).
 
-    A task with k repeats counts the requests of all k runs: done is their sum, total k times one run's.
+    A task with k repeats counts the requests and documents of all k runs: done is their sum, total k times
+    one run's (a document evaluated k times counts k times).
     """
     from ckpteval.tasks.repeats import REPEATS_FILE, read_repeats, run_layouts
 
     repeats = read_repeats(view.read_text(f"{task_dir}/{REPEATS_FILE}"))
-    done, total = 0, None
+    runs = []
     for layout in run_layouts(repeats):
         out = f"{task_dir}/{layout.output}"
         p = progress_from_texts(
             view.read_text(f"{out}/{PROGRESS_FILE}"),
             view.read_text(f"{out}/{offline_data.REPORT_FILE}"),
             view.read_text(f"{out}/run_config.yml"),
+            view.read_text(f"{out}/{DOCS_FILE}"),
         )
-        done += p.done
-        total = total if total is not None else p.total
-        if p.done == 0 and layout.repeat:
+        runs.append(p)
+        if p.done == 0 and not p.docs and layout.repeat:
             break  # later repeats have not started either
-    if total is not None and repeats:
-        total *= repeats
-    return done, total
+    first, k = runs[0], max(1, repeats)
+    counted = [p.docs for p in runs if p.docs is not None]
+    return Progress(
+        done=sum(p.done for p in runs),
+        total=None if first.total is None else first.total * k,
+        docs=sum(counted) if counted else None,
+        docs_total=None if first.docs_total is None else first.docs_total * k,
+    )

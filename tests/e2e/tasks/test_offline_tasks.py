@@ -44,7 +44,8 @@ def test_hellaswag_on_smollm2(hellaswag_run: tuple[TaskRun, ServedModel]) -> Non
     assert [(r["dataset"], r["served_from"], r["splits"]) for r in offline] == [
         ("Rowan/hellaswag", "package", {"validation": 80, "train": 20})  # lm-eval asks for `hellaswag`
     ]
-    assert read_progress(run.paths.output_dir) == Progress(20, 20)  # 4 endings per sample
+    # progress counts what the results count: 5 documents done, each once all 4 of its endings were answered
+    assert read_progress(run.paths.output_dir) == Progress(20, 20, docs=result.n_samples, docs_total=5)
 
 
 def test_rerun_sends_no_request_again(
@@ -67,3 +68,5 @@ def test_rerun_sends_no_request_again(
     assert [start for _, _, start in received] == [json.dumps("3 + 3 = 6")]
     second = read_task_result(run.paths.output_dir)
     assert second.metrics == first.metrics
+    # replayed answers complete their documents too: the rerun's progress still counts all 5
+    assert read_progress(run.paths.output_dir) == Progress(20, 20, docs=5, docs_total=5)

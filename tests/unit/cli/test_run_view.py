@@ -113,14 +113,15 @@ def test_an_unreachable_host_is_the_first_thing_a_cluster_run_says(isolated_user
     assert len(lines) == 2 and "Traceback" not in result.output
 
 
-def test_progress_names_its_unit_requests():
+def test_progress_counts_documents_with_requests_as_detail():
     from ckpteval.cli.progress import Rates, render_progress
     from ckpteval.types import JobSnapshot, TaskSnapshot
 
     snapshot = JobSnapshot(
         deployment="ready",
         tasks=(
-            TaskSnapshot("hellaswag", "tasks/hellaswag", "succeeded", 8, 8),
+            TaskSnapshot("hellaswag", "tasks/hellaswag", "succeeded", 8, 8, docs=2, docs_total=2),
+            TaskSnapshot("humaneval", "tasks/humaneval", "running", 3, None),  # a harness that counts no documents
             TaskSnapshot("gsm8k", "tasks/gsm8k", "pending"),
         ),
         finished=None,
@@ -128,5 +129,6 @@ def test_progress_names_its_unit_requests():
     console, out = _console()
     console.print(render_progress(snapshot, Rates()))
     lines = out.getvalue().splitlines()
-    assert lines[1].split()[:2] == ["hellaswag", "succeeded"] and lines[1].rstrip().endswith("8/8 requests")
-    assert lines[2].split() == ["gsm8k", "pending"]
+    assert lines[1].split()[:2] == ["hellaswag", "succeeded"] and lines[1].rstrip().endswith("2/2 docs · 8/8 requests")
+    assert lines[2].split() == ["humaneval", "running", "3", "requests"]  # requests alone, no guess at documents
+    assert lines[3].split() == ["gsm8k", "pending"]

@@ -77,11 +77,26 @@ def test_whole_catalog_fits(isolated_user, width):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("command", ["--help", "deploy --help", "compare --help", "status --help", "tasks --help"])
+@pytest.mark.parametrize(
+    "command", ["--help", "deploy --help", "compare --help", "status --help", "tasks --help", "serve-delegate --help"]
+)
 def test_help_is_not_cut(isolated_user, command, width):
     out = _render(command.split(), width)
     if command == "deploy --help":
         assert "--no-prefix-cache" in out and "latest_checkpointed_iteration.txt" in out
+    if command == "serve-delegate --help":  # slime's flag names, whole
+        assert "--max-concurrent-requests" in out and "--openai-model-name" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [("--port", "0", "0 is not in 1..65535"), ("--max-concurrent-requests", "0", "0 is less than 1")],
+)
+def test_serve_delegate_ranges_are_checked_without_a_range_type(isolated_user, flag, value, why):
+    # the ranges left the type column (it cut the flag's name at 80 columns): still one line, exit 2
+    result = CliRunner().invoke(app, ["serve-delegate", flag, value], terminal_width=80)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"error: Invalid value for '{flag}': {why}." in result.output.splitlines()[0], result.output
 
 
 def _finish(jobs: Path, invocation: str, *, seconds: float, code: int = 0) -> None:
@@ -103,6 +118,29 @@ def test_status_lists_model_and_duration(recorded, width):
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
 
 
+def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
+    """A Slurm job's end is the time it wrote (`state/ended`): kept with the status seen at its end, or read
+    from the job directory fetched here (whose file times are the fetch's, not the job's)."""
+    from ckpteval.invocation.record import FinalStatus, SlurmSubmission
+
+    record = load_record("cccc0003")
+    created = datetime.fromisoformat(record.created.replace("Z", "+00:00")).timestamp()
+    fetched = recorded / "cccc0003-fetched"
+    (fetched / "state").mkdir(parents=True)
+    (fetched / JobDir.ENDED).write_text(datetime.utcfromtimestamp(created + 65).strftime("%Y-%m-%dT%H:%M:%SZ\n"))
+    (fetched / JobDir.FINISHED).write_text("0\n")  # its mtime is now: the fetch's
+    record.executor, record.local_results_dir = "slurm", str(fetched)
+    record.slurm = SlurmSubmission(connection={}, sbatch={}, job_ids=["42"])
+    # the status seen at the job's end, kept by an older version: no end time in it
+    record.final = FinalStatus(job="42", state="succeeded", detail="", log_tail="", deployment="", finished=0, tasks=[])
+    record.save()
+    assert "took: 1m 05s" in _render(["status", "cccc0003"], 80)
+    record.final.ended = datetime.utcfromtimestamp(created + 125).strftime("%Y-%m-%dT%H:%M:%SZ")
+    record.save()
+    assert "took: 2m 05s" in _render(["status", "cccc0003"], 80)
+    assert "2m 05s" in _render(["status"], 80)
+
+
 def test_status_after_cancel_says_cancelled_not_running(recorded):
     # a job stopped under its tasks: no exit code, no process, the state files still say running and ready
     job = recorded / "bbbb0002"
@@ -112,8 +150,9 @@ def test_status_after_cancel_says_cancelled_not_running(recorded):
     out = _render(["status", "bbbb0002"], 80)
     lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.startswith("│")}
     assert "cancelled" in out.splitlines()[0]
-    assert "stopped" in lines["deployment"] and "ready" not in lines["deployment"]
+    assert "cancelled" in lines["deployment"] and "ready" not in lines["deployment"]
     assert "cancelled" in lines["adlr_mmlu"] and "running" not in out
+    assert "cancelled" in lines["hellaswag"]  # never started: cancelled too (resume still runs it)
 
 
 def test_resume_of_a_succeeded_invocation_does_nothing(recorded):

@@ -155,9 +155,11 @@ def test_prefetch_answers_a_snapshot_from_one_command(tmp_path: Path):
     view = RemoteJobView(ClusterSession(PROFILE, remote=remote), str(job))
     view.prefetch(["state", "tasks/a", "tasks/a/output", "tasks/b", "tasks/b/output"])
 
+    from ckpteval.tasks.progress import Progress
+
     def progress(v, task_dir):  # type: ignore[no-untyped-def]
         text = v.read_text(f"{task_dir}/output/progress")
-        return (int(text), None) if text else (0, None)
+        return Progress(int(text) if text else 0, None)
 
     snap = take_snapshot(view, [("a", "tasks/a"), ("b", "tasks/b")], progress)
     assert (remote.commands, remote.reads) == (1, 0)  # the whole snapshot from one command

@@ -61,6 +61,14 @@ def test_tasks_left_running_by_a_stopped_job_are_cancelled():
     assert settle_tasks(snap("running"), active=True).tasks[0].state == "running"
 
 
+def test_a_cancelled_job_reads_cancelled_down_to_the_tasks_it_never_started():
+    settled = settle_tasks(snap("succeeded", "running", "pending"), active=False, state="cancelled")
+    assert [t.state for t in settled.tasks] == ["succeeded", "cancelled", "cancelled"]
+    assert settled.deployment == "cancelled"
+    failed = settle_tasks(snap("running", "pending"), active=False, state="failed")
+    assert [t.state for t in failed.tasks] == ["cancelled", "pending"] and failed.deployment == "stopped"
+
+
 def test_unknown_partition_and_account_are_refused_with_what_exists():
     facts = ClusterFacts(partitions=("batch", "interactive"), accounts=("llm", "vision"), user="me")
     with pytest.raises(ClusterError) as err:

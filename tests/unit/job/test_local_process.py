@@ -108,3 +108,46 @@ def test_a_handle_attached_from_the_record_reads_the_job_dir_and_cancels_the_job
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_after_cancel_status_reads_cancelled_and_resume_runs_what_never_started(
+    tmp_path: Path, isolated_user: Path, monkeypatch
+):
+    """A real job script cancelled with `evaluate cancel` while its first task runs: `evaluate status` says the
+    deployment and both tasks (the one it stopped, the one it never started) are cancelled; `resume` still
+    runs the one that never started (it goes by each task's `.done`, not by what status says)."""
+    from typer.testing import CliRunner
+
+    from ckpteval.cli.main import app
+    from ckpteval.execution import local
+    from ckpteval.execution.local import LocalBackend, LocalJob
+    from ckpteval.invocation.record import TaskEntry, load_record
+    from tests.unit.job.test_script import free_port, make_plan, pid_written, write_job
+
+    monkeypatch.setattr(local, "CANCEL_GRACE_S", 2.0)  # what outlives the script on a loaded machine: not waited for
+    slow = "if [ -f go ]; then true; else echo $$ > a.pid; sleep 60; fi"
+    plan = make_plan(tmp_path / "job", port=free_port(), tasks=[("a", slow), ("b", "touch b.ran")])
+    write_job(tmp_path, plan)
+    job = Path(plan.job_dir)
+    record = _record(job, None)
+    record.tasks = [TaskEntry(t.name, t.dir) for t in plan.tasks]
+    started = LocalJob.start(record)
+    try:
+        wait_until(lambda: pid_written(job / "a.pid"), timeout=60, what="task a to start")
+        cancelled = CliRunner().invoke(app, ["cancel", record.id])
+        assert cancelled.exit_code == 0 and "cancelled invocation" in cancelled.output, cancelled.output
+        out = CliRunner().invoke(app, ["status", record.id], terminal_width=100).output
+        rows = {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in out.splitlines() if ln.startswith("│")}
+        assert out.splitlines()[0].split()[1] == "cancelled", out
+        assert rows == {"deployment": "cancelled", "a": "cancelled", "b": "cancelled"}, out
+        assert not (job / "b.ran").exists()
+
+        (job / "go").touch()
+        resumed = LocalBackend().resume(load_record(record.id), lambda _event: None)
+        assert resumed.proc.wait(timeout=120) == 0
+        resumed.close()
+        assert (job / "b.ran").exists()  # the task that never started ran
+        assert "succeeded" in CliRunner().invoke(app, ["status", record.id]).output.splitlines()[0]
+    finally:
+        started.proc.kill()
+        started.close()

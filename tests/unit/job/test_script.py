@@ -378,6 +378,9 @@ def test_rerun_skips_finished_tasks(tmp_path: Path):
     assert (job / "count.txt").read_text() == "x\n"  # task a did not run again
     assert "a: already done, skipped" in second.stdout
     assert state(job, "state/finished") == "0"
+    # when it started and ended (UTC), so a copy of the job dir fetched later still says how long it took
+    started, ended = (time.strptime(state(job, f"state/{n}"), "%Y-%m-%dT%H:%M:%SZ") for n in ("started", "ended"))
+    assert started <= ended
 
 
 def test_deployment_that_dies_fails_with_its_log_tail(tmp_path: Path):

@@ -7,7 +7,8 @@
   (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
   (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
   log-likelihood requests of one context are sent together (`ckpteval_request_order`: the server's
-  prefix cache computes the context once);
+  prefix cache computes the context once); the documents whose requests are all answered are counted
+  (`ckpteval_documents`, with `lm_eval.api.model`'s own response cache);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
 - `lm_eval.filters.sanitize`: a completion with a NUL byte is code that does not parse, not a crash;
 - `datasets.load_dataset`: an owner-less legacy id (`winogrande`) is loaded by its canonical id
@@ -198,9 +199,14 @@ def _hook_module(name: str) -> ModuleType:
 
 def _patch_api_models(module: ModuleType) -> None:
     _hook_module("ckpteval_responses").patch(module)  # innermost: at the HTTP call
+    _hook_module("ckpteval_documents").patch_api_models(module)
     _hook_module("ckpteval_request_order").patch(module)
     _hook_module("ckpteval_request_timeout").patch(module)
     _hook_module("ckpteval_wait_ready").patch_api_models(module)  # outermost: wait, then bound each request
+
+
+def _patch_model(module: ModuleType) -> None:
+    _hook_module("ckpteval_documents").patch_model(module)
 
 
 def _patch_sanitize(module: ModuleType) -> None:
@@ -235,6 +241,7 @@ _DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_dat
 _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "datasets": _patch_dataset_ids,
     "lm_eval.models.api_models": _patch_api_models,
+    "lm_eval.api.model": _patch_model,
     "nemo_evaluator.core.input": _patch_evaluator_input,
     "lm_eval.filters.sanitize": _patch_sanitize,
 }

@@ -85,12 +85,15 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
 }
 JOB_RC=1
 GATE_PID=""
-finish() { [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; mark state/finished "$JOB_RC"; }
+finish() {
+  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
+}
 trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 TASK_DIRS=(tasks/adlr_mmlu tasks/hellaswag)
