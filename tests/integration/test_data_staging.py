@@ -295,36 +295,44 @@ def full_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     server.stop()
 
 
-PRETRAIN = tuple(task_names(CompileRequest(configs=("pretrain",))))
+# every task of the packaged stage configs: pretrain's six, and sft's and rl's gsm8k, HumanEval and MMLU-Pro
+STAGE_TASKS = tuple(
+    dict.fromkeys(t for c in ("pretrain", "sft", "rl") for t in task_names(CompileRequest(configs=(c,))))
+)
 
 
 @pytest.mark.slow
-@pytest.mark.long  # six tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
+@pytest.mark.long  # nine tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
 @pytest.mark.timeout(3600)
-def test_every_pretrain_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
+def test_every_stage_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
     offline_profile, full_hub, infra, tiny_checkpoint, tmp_path, monkeypatch
 ):
+    assert len(STAGE_TASKS) == 9
     monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(tmp_path / "cache"))
     fetch = cli("data", "fetch", "-c", "pretrain")
     assert fetch.exit_code == 0, fetch.output
     assert "62 fetched, 0 already cached" in fetch.output  # 57 MMLU subjects + 5, legacy ids included
+    fetch = cli("data", "fetch", "-c", "sft", "-c", "rl")  # gsm8k, HumanEval, MMLU-Pro: the rest were fetched
+    assert fetch.exit_code == 0, fetch.output
+    assert "3 fetched, 60 already cached" in fetch.output
     full_hub.stop()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no hub here either: the local run reads the same cache
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     model = ["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
-    args = [*tiny_args(offline_profile(), *PRETRAIN), *model]
+    few_tokens = "evaluation.nemo_evaluator_config.config.params.max_new_tokens=16"  # gsm8k, HumanEval
+    args = [*tiny_args(offline_profile(), *STAGE_TASKS), *model, few_tokens]
     run = cli(*args, "--run", "CI")
-    assert "datasets staged: 62 sent" in run.output, run.output[-3000:]
+    assert "datasets staged: 65 sent" in run.output, run.output[-3000:]
     record = next(r for r in list_records() if r.executor == "slurm")
     there = json.loads(cli("results", record.id, "--json").stdout)["tasks"]
-    assert run.exit_code == 0 and {t: there[t]["status"] for t in PRETRAIN} == dict.fromkeys(PRETRAIN, "succeeded"), (
-        run.output[-3000:]
-    )
+    assert run.exit_code == 0 and {t: there[t]["status"] for t in STAGE_TASKS} == dict.fromkeys(
+        STAGE_TASKS, "succeeded"
+    ), run.output[-3000:]
     local = cli(*args)
     assert local.exit_code == 0, local.output[-3000:]
     mine = next(r for r in list_records() if r.executor == "local")
     here = json.loads(cli("results", mine.id, "--json").stdout)["tasks"]
-    for task in PRETRAIN:
+    for task in STAGE_TASKS:
         assert here[task]["n_samples"] == there[task]["n_samples"] > 0
         assert {m: v["value"] for m, v in here[task]["metrics"].items()} == pytest.approx(
             {m: v["value"] for m, v in there[task]["metrics"].items()}, abs=1e-9
