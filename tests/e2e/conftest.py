@@ -45,6 +45,20 @@ class ServedModel:
     health_url: str
     log: Path
 
+    def gsm8k_overrides(self) -> list[str]:
+        """Overrides that point `-c tiny` at this server for a few short zero-shot generations (the tiny
+        model's context holds zero-shot prompts only), one request at a time."""
+        params = "evaluation.nemo_evaluator_config.config.params"
+        return [
+            "deployment=none",
+            f"target.api_endpoint.url={self.url}",
+            f"target.api_endpoint.model_id={self.model_id}",
+            f"{params}.limit_samples=3",
+            f"+{params}.extra.num_fewshot=0",
+            f"{params}.max_new_tokens=16",
+            f"{params}.parallelism=1",
+        ]
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -80,22 +80,13 @@ def test_an_executor_registered_here_runs_an_evaluation(
     env_file = isolated_user / "env.toml"
     env_file.write_text(f'[here]\nexecutor = "{subdir_executor}"\n')
     model = served_model("tiny")
-    params = "evaluation.nemo_evaluator_config.config.params"
     request = make_request(
         ["tiny"],
         profile="here",
         tasks=["gsm8k"],
         env_file=env_file,
         cwd=isolated_user,
-        overrides=[
-            "deployment=none",
-            f"target.api_endpoint.url={model.url}",
-            f"target.api_endpoint.model_id={model.model_id}",
-            f"{params}.limit_samples=3",
-            f"+{params}.extra.num_fewshot=0",  # the tiny model's context holds zero-shot prompts only
-            f"{params}.max_new_tokens=16",
-            f"{params}.parallelism=1",
-        ],
+        overrides=model.gsm8k_overrides(),
     )
 
     outcome = ckpteval.run(request)

@@ -35,16 +35,7 @@ def test_run_from_python_prints_nothing_and_returns_the_scores(
     served_model: Callable[[str], ServedModel], tmp_path: Path
 ) -> None:
     model = served_model("tiny")
-    params = "evaluation.nemo_evaluator_config.config.params"
-    overrides = [
-        "deployment=none",
-        f"target.api_endpoint.url={model.url}",
-        f"target.api_endpoint.model_id={model.model_id}",
-        f"{params}.limit_samples=3",
-        f"+{params}.extra.num_fewshot=0",  # the tiny model's context holds zero-shot prompts only
-        f"{params}.max_new_tokens=16",
-        f"{params}.parallelism=1",
-    ]
+    overrides = model.gsm8k_overrides()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
         "XDG_STATE_HOME": str(tmp_path / "state"),

@@ -32,6 +32,8 @@ from tests.support.hub_datasets import ALIASES, GATED_REPO, REMOTE_CODE_REPO, RO
 runner = CliRunner()
 PIQA = DatasetRef("baber/piqa", None, None, ("train", "validation"))
 ARC = DatasetRef("allenai/ai2_arc", "ARC-Challenge", None, ("test", "train", "validation"))
+# no config named, and the repository's only one is not "default": the harness's call for HumanEval
+HUMANEVAL = DatasetRef("openai/openai_humaneval", None, None, ("test",))
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +91,20 @@ def test_fetched_data_is_what_the_harness_reads_offline_and_a_rerun_asks_the_hub
     assert manifest["dataset"] == "baber/piqa" and any(
         f.endswith(".parquet") for f in manifest["links"]
     )  # snapshots link to blobs
-    # the same call lm-eval makes, in a fresh process with the hub switched off, reads the cache
-    code = "import datasets; d = datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge'); print(len(d['test']))"
-    env = {**os.environ, "HF_HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env.pop("HF_ENDPOINT")
-    out = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == str(ROWS), out.stderr[-2000:]
+    # the same calls lm-eval makes, in a fresh process with the hub switched off, read the cache (HumanEval's
+    # names no config and its only one is not "default": the one the library chose when fetching was kept)
+    fetch_datasets([HUMANEVAL], tmp_path / "humaneval")
+    hub.requests.clear()
+    calls = {
+        root: "d = datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge')",
+        tmp_path / "humaneval": "d = datasets.load_dataset('openai/openai_humaneval')",
+    }
+    for cache, call in calls.items():
+        env = {**os.environ, "HF_HOME": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        env.pop("HF_ENDPOINT")
+        code = f"import datasets; {call}; print(len(d['test']))"
+        out = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], env=env, capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == str(ROWS), out.stderr[-2000:]
     again = fetch_datasets([PIQA, ARC], root)
     assert again.fetched == () and set(again.cached) == {PIQA, ARC}
     assert hub.requests == []  # nothing asked
@@ -295,36 +305,44 @@ def full_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     server.stop()
 
 
-PRETRAIN = tuple(task_names(CompileRequest(configs=("pretrain",))))
+# every task of the packaged stage configs: pretrain's six, and sft's and rl's gsm8k, HumanEval and MMLU-Pro
+STAGE_TASKS = tuple(
+    dict.fromkeys(t for c in ("pretrain", "sft", "rl") for t in task_names(CompileRequest(configs=(c,))))
+)
 
 
 @pytest.mark.slow
-@pytest.mark.long  # six tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
+@pytest.mark.long  # nine tasks on the cluster and here on 2 cores; the piqa test above is the default tier's
 @pytest.mark.timeout(3600)
-def test_every_pretrain_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
+def test_every_stage_task_fetched_pushed_and_run_offline_on_the_cluster_scores_as_here(
     offline_profile, full_hub, infra, tiny_checkpoint, tmp_path, monkeypatch
 ):
+    assert len(STAGE_TASKS) == 9
     monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(tmp_path / "cache"))
     fetch = cli("data", "fetch", "-c", "pretrain")
     assert fetch.exit_code == 0, fetch.output
     assert "62 fetched, 0 already cached" in fetch.output  # 57 MMLU subjects + 5, legacy ids included
+    fetch = cli("data", "fetch", "-c", "sft", "-c", "rl")  # gsm8k, HumanEval, MMLU-Pro: the rest were fetched
+    assert fetch.exit_code == 0, fetch.output
+    assert "3 fetched, 60 already cached" in fetch.output
     full_hub.stop()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no hub here either: the local run reads the same cache
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     model = ["deployment.prepare=null", f"run.model={tiny_checkpoint}"]
-    args = [*tiny_args(offline_profile(), *PRETRAIN), *model]
+    few_tokens = "evaluation.nemo_evaluator_config.config.params.max_new_tokens=16"  # gsm8k, HumanEval
+    args = [*tiny_args(offline_profile(), *STAGE_TASKS), *model, few_tokens]
     run = cli(*args, "--run", "CI")
-    assert "datasets staged: 62 sent" in run.output, run.output[-3000:]
+    assert "datasets staged: 65 sent" in run.output, run.output[-3000:]
     record = next(r for r in list_records() if r.executor == "slurm")
     there = json.loads(cli("results", record.id, "--json").stdout)["tasks"]
-    assert run.exit_code == 0 and {t: there[t]["status"] for t in PRETRAIN} == dict.fromkeys(PRETRAIN, "succeeded"), (
-        run.output[-3000:]
-    )
+    assert run.exit_code == 0 and {t: there[t]["status"] for t in STAGE_TASKS} == dict.fromkeys(
+        STAGE_TASKS, "succeeded"
+    ), run.output[-3000:]
     local = cli(*args)
     assert local.exit_code == 0, local.output[-3000:]
     mine = next(r for r in list_records() if r.executor == "local")
     here = json.loads(cli("results", mine.id, "--json").stdout)["tasks"]
-    for task in PRETRAIN:
+    for task in STAGE_TASKS:
         assert here[task]["n_samples"] == there[task]["n_samples"] > 0
         assert {m: v["value"] for m, v in here[task]["metrics"].items()} == pytest.approx(
             {m: v["value"] for m, v in there[task]["metrics"].items()}, abs=1e-9

@@ -103,6 +103,8 @@ class PreparedJob:
             if checkpoint is not None and backend.reads_remotely:
                 report(Note(checkpoint.title))
             statuses = data_statuses(job.compiled, host.remote, report=host.description)
+            if not job.compiled.config.execution.on_cluster:
+                refuse_hubless(job.compiled)
             plan = stage_secrets(job, host.remote, report)
             plan = stage_images(job, plan, host.remote, report)
             if statuses is not None:
@@ -183,6 +185,39 @@ def data_statuses(
     if report is not None:
         refuse_missing(found, profile=compiled.profile.name, where=report)
     return found
+
+
+def refuse_hubless(compiled: CompiledConfig) -> None:
+    """On this machine: refuse (ConfigError), before anything is written, the tasks that can only read their
+    datasets from the Hugging Face Hub (neither fetched into the dataset cache nor packaged, nor a
+    `dataset_dir`) when the hub does not answer with the job's environment. The hub is asked only when such a
+    task is in the run (a few seconds at most); a task whose data ckpteval does not know is not checked."""
+    from ckpteval.tasks.data_cache import default_cache_dir, is_cached
+    from ckpteval.tasks.data_status import hub_needs, refuse_unreachable_hub
+    from ckpteval.tasks.offline_data import hub_reachable
+
+    local = default_cache_dir()
+    config = compiled.config
+    common = {**getattr(config.execution, "env_vars", {}), **config.evaluation.env_vars}
+    tasks = [task for task in compiled.tasks if not task.dataset_dir]
+    needs = hub_needs(
+        [task.spec for task in tasks],
+        cached_here=lambda ref: is_cached(local, ref),
+        packaged_counts=config.evaluation.offline_data != "off",  # "off": packaged data is never read
+    )
+    if not needs:
+        return
+    env_of = {task.name: {**common, **task.env_vars} for task in tasks}
+    answers: dict[tuple[tuple[str, str], ...], bool] = {}
+    unreachable = []
+    for status in needs:
+        env = env_of[status.task]
+        key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("HF_")))
+        if key not in answers:
+            answers[key] = hub_reachable(env=env)
+        if not answers[key]:
+            unreachable.append(status)
+    refuse_unreachable_hub(unreachable, cache=str(local))
 
 
 def with_data(compiled: CompiledConfig, plan: JobPlan, statuses: list[TaskDataStatus]) -> JobPlan:

@@ -10,7 +10,6 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import copy
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,28 +338,17 @@ def _task_plan(
 
 def _local_cache_env(task: ResolvedTask) -> dict[str, str]:
     """On this machine, a task whose datasets are all in the dataset cache (`evaluate data fetch`) reads them
-    there with the hub off; one with neither cached nor packaged data, when the hub is switched off, is
-    flagged now rather than at the end of its client's start-up."""
-    from ckpteval.notices import notice
+    there with the hub off. (One that needs the hub when it does not answer is refused before the job is
+    written: `ckpteval.execution.pipeline.refuse_hubless`.)"""
     from ckpteval.tasks.data_cache import default_cache_dir, is_cached, offline_env
     from ckpteval.tasks.datasets import task_data
-    from ckpteval.tasks.offline_data import offline_source_key
 
     root = default_cache_dir()
-    hub_off = any(
-        os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
-    if not hub_off and not (root / "ckpteval").is_dir():
+    if not (root / "ckpteval").is_dir():
         return {}  # nothing fetched: the harness downloads as usual (or the hook serves packaged data)
     data = task_data(task.spec)
     if data.datasets and all(is_cached(root, ref) for ref in data.datasets):
         return offline_env(str(root))
-    if hub_off and data.datasets and offline_source_key(task.spec) is None and not task.dataset_dir:
-        missing = next(ref for ref in data.datasets if not is_cached(root, ref))
-        notice.warning(
-            f"Task {task.name} has no packaged data and its dataset {missing.key} is not in the dataset cache "
-            f"{root}, with the hub switched off: it will fail. Fetch it with `evaluate data fetch -t {task.name}`."
-        )
     return {}
 
 

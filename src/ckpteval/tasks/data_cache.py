@@ -46,10 +46,12 @@ def manifest_rel(ref: DatasetRef) -> str:
     return f"{MANIFEST_DIR}/{ref.slug}.json"
 
 
-def dataset_subtrees(ref: DatasetRef) -> tuple[str, str]:
-    """The two directories (relative to the cache root) that hold `ref`'s files."""
+def dataset_subtrees(ref: DatasetRef, config: str | None = None) -> tuple[str, str]:
+    """The two directories (relative to the cache root) that hold `ref`'s files: the hub's snapshot, and the
+    prepared Arrow files of its config (`config`: the one the datasets library chose when `ref` names none;
+    a repository's only config is not always "default", e.g. openai/openai_humaneval's)."""
     repo = ref.path.replace("/", "--")
-    return f"hub/datasets--{repo}", f"datasets/{ref.path.replace('/', '___')}/{ref.name or 'default'}"
+    return f"hub/datasets--{repo}", f"datasets/{ref.path.replace('/', '___')}/{ref.name or config or 'default'}"
 
 
 def is_cached(root: Path, ref: DatasetRef) -> bool:
@@ -73,20 +75,20 @@ def _wanted(rel: Path) -> bool:
     return not rel.name.endswith(_SKIP_SUFFIXES) and ".incomplete" not in rel.name
 
 
-def _files_of(staging: Path, ref: DatasetRef) -> list[Path]:
+def _files_of(staging: Path, ref: DatasetRef, config: str | None) -> list[Path]:
     out: list[Path] = []
-    for sub in dataset_subtrees(ref):
+    for sub in dataset_subtrees(ref, config):
         base = staging / sub
         if base.is_dir():
             out.extend(p for p in sorted(base.rglob("*")) if (p.is_file() or p.is_symlink()) and _wanted(p))
     return out
 
 
-def _install(staging: Path, root: Path, ref: DatasetRef) -> dict[str, Any]:
+def _install(staging: Path, root: Path, ref: DatasetRef, config: str | None = None) -> dict[str, Any]:
     """Move `ref`'s files from `staging` into `root` one by one, then write its manifest (last)."""
     files: dict[str, Any] = {}
     links: dict[str, str] = {}
-    for path in _files_of(staging, ref):
+    for path in _files_of(staging, ref, config):
         rel = path.relative_to(staging).as_posix()
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -124,11 +126,12 @@ import datasets
 for line in sys.stdin:
     ref = json.loads(line)
     try:
-        datasets.load_dataset(ref["path"], ref["name"], revision=ref["revision"])
+        loaded = datasets.load_dataset(ref["path"], ref["name"], revision=ref["revision"])
     except Exception as exc:
         print(json.dumps({"key": ref["key"], "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         continue
-    print(json.dumps({"key": ref["key"], "ok": True}), flush=True)
+    configs = sorted({split.info.config_name for split in loaded.values()})
+    print(json.dumps({"key": ref["key"], "ok": True, "config": configs[0] if len(configs) == 1 else None}), flush=True)
 """
 
 
@@ -230,7 +233,7 @@ def fetch_datasets(
                 if proc.poll() is not None:
                     break
                 continue
-            _install(staging, root, ref)
+            _install(staging, root, ref, answer.get("config"))
             fetched.append(ref)
             note(ref, "fetched")
         proc.stdin.close()

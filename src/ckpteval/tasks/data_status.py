@@ -98,6 +98,30 @@ def refuse_missing(statuses: Sequence[TaskDataStatus], *, profile: str, where: s
     )
 
 
+def hub_needs(
+    specs: Sequence[TaskSpec], *, cached_here: Callable[[DatasetRef], bool], packaged_counts: bool = True
+) -> list[TaskDataStatus]:
+    """On this machine: the tasks that can read their datasets only from the hub (some dataset not in the
+    dataset cache, and no packaged data, or packaged data switched off), each with what is missing."""
+    found = data_statuses(specs, cached_here=cached_here, staged_there=cached_here)
+    hub_only = ("missing", "packaged offline data") if not packaged_counts else ("missing",)
+    return [s for s in found if s.status in hub_only and s.missing]
+
+
+def refuse_unreachable_hub(needs: Sequence[TaskDataStatus], *, cache: str) -> None:
+    """One ConfigError for the tasks of a run on this machine that need the hub, which does not answer."""
+    if not needs:
+        return
+    lines = [f"{s.task}: {', '.join(ref.key for ref in s.missing[:3])}" for s in needs]
+    tasks = " ".join(f"-t {s.task}" for s in needs)
+    raise ConfigError(
+        "The Hugging Face Hub does not answer from this machine (or HF_HUB_OFFLINE is set), and these tasks' "
+        f"datasets are neither in the dataset cache {cache} nor packaged: " + "; ".join(lines) + ".",
+        hint=f"Run `evaluate data fetch {tasks}` where the hub answers and copy the cache here "
+        "($CKPTEVAL_DATA_CACHE names it), set HF_ENDPOINT to a mirror, or give each task a dataset_dir.",
+    )
+
+
 def render_statuses(statuses: Sequence[TaskDataStatus]) -> str:
     """The dry run's per-task data table, as plain text."""
     width = max((len(s.task) for s in statuses), default=4)

@@ -7,6 +7,7 @@ results.json), from the same table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ckpteval.errors import EvaluationError
@@ -79,6 +80,7 @@ def offline_task_names() -> list[str]:
     return sorted(spec.name for spec in load_catalog().tasks if offline_source_key(spec) is not None)
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True if the Hugging Face Hub answers (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE count as no)."""
-    return ckpteval_hook.hub_reachable(timeout)
+def hub_reachable(timeout: float = 3.0, *, env: Mapping[str, str] | None = None) -> bool:
+    """True if the Hugging Face Hub answers (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE count as no); `env`: what
+    the job adds to this environment (HF_ENDPOINT, the offline switches)."""
+    return ckpteval_hook.hub_reachable(timeout, env=env)

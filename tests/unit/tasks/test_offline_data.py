@@ -190,11 +190,12 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     datasets.load_dataset("hellaswag")
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
-    # only the harness fixes (legacy dataset ids, request_timeout per request, the wait for the deployment, the
-    # sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
+    # only the harness fixes (legacy dataset ids, code_eval, request_timeout per request, the wait for the
+    # deployment, the sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
         "datasets",
+        "evaluate",
         "lm_eval.filters.sanitize",
         "lm_eval.models.api_models",
         "nemo_evaluator.core.input",
@@ -299,6 +300,16 @@ def test_code_eval_is_replaced_by_the_sandboxed_one(tmp_path: Path) -> None:
         code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", CKPTEVAL_SANDBOX_CODE_EVAL="1", PYTHONPATH=pythonpath
     )
     assert forced.stdout.split()[0] == "SandboxedCodeEval"
+    # a hub (or the dataset cache read with the hub off) without the metric's script: evaluate's own error
+    (fake / "__init__.py").write_text(
+        "def load(path, *a, **k):\n"
+        "    if path == 'code_eval':\n"
+        '        raise FileNotFoundError("Couldn\'t find a module script at code_eval/code_eval.py.")\n'
+        "    return 'hub:' + path\n"
+    )
+    missing = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off", PYTHONPATH=pythonpath)
+    assert missing.stdout.split() == ["SandboxedCodeEval", "hub:exact_match"], missing.stderr
+    assert "sandboxed implementation (the hub's script could not be loaded: FileNotFoundError" in missing.stderr
 
 
 def test_the_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:

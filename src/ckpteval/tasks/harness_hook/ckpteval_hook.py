@@ -17,7 +17,8 @@
   (`$CKPTEVAL_DATASET_DIR`, also under the legacy id) or packaged data for (`ckpteval_offline_data.SOURCES`)
   returns that `DatasetDict`; anything else goes to the real loader, and if that fails offline the error
   says what is missing and how to provide it;
-- `evaluate.load`: "code_eval" returns `ckpteval_code_eval.SandboxedCodeEval`.
+- `evaluate.load` (always installed): "code_eval" is the hub's script while the hub serves it, else
+  `ckpteval_code_eval.SandboxedCodeEval` (no hub, CKPTEVAL_SANDBOX_CODE_EVAL=1, or a hub or cache without it).
 
 Whether the hook is active is decided once per process tree, lazily (at the first patched call):
 `CKPTEVAL_OFFLINE_DATA=on` always, `off` never, `auto` when the hub is not reachable (HF_HUB_OFFLINE or
@@ -33,7 +34,7 @@ import importlib.machinery
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -47,18 +48,20 @@ _announced: dict[str, bool] = {}
 _decision_lock = threading.Lock()
 
 
-def hub_reachable(timeout: float = _PROBE_TIMEOUT_S) -> bool:
+def hub_reachable(timeout: float = _PROBE_TIMEOUT_S, env: Mapping[str, str] | None = None) -> bool:
     """True if the Hugging Face Hub answers over HTTP (any status) within `timeout` seconds.
 
     Offline switches count as unreachable. The probe honours HF_ENDPOINT and HTTP(S)_PROXY, and runs in
-    a thread so a hanging DNS lookup cannot stall the caller past `timeout`.
+    a thread so a hanging DNS lookup cannot stall the caller past `timeout`. `env` (a job's variables) is
+    read over this process's environment.
     """
-    if any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+    seen = {**os.environ, **(env or {})}
+    if any(seen.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return False
     import urllib.error
     import urllib.request
 
-    url = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/api/datasets?limit=1"
+    url = seen.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/") + "/api/datasets?limit=1"
     result: list[bool] = []
 
     def probe() -> None:
@@ -147,16 +150,31 @@ class OfflineDataMissing(RuntimeError):
 
 
 def _patched_evaluate_load(real: Callable[..., Any]) -> Callable[..., Any]:
+    """`evaluate.load("code_eval")`: the hub's metric script while the hub serves it; ckpteval's sandboxed
+    implementation (same pass@k) with no hub, when asked (SANDBOX_ENV), or when the hub does not have the
+    script: a mirror without spaces, or a job reading the dataset cache with the hub switched off. Each
+    choice is said on the task's log."""
+
+    def sandboxed(why: str) -> Any:
+        import ckpteval_code_eval
+
+        if not _announced.get("code_eval"):
+            _announced["code_eval"] = True
+            _log(f"code_eval: ckpteval's sandboxed implementation ({why})")
+        return ckpteval_code_eval.SandboxedCodeEval()
+
     def load(path: Any, *args: Any, **kwargs: Any) -> Any:
         wanted = path == "code_eval" or (isinstance(path, str) and path.rstrip("/").endswith("/code_eval"))
-        if wanted and (offline_active() or os.environ.get(SANDBOX_ENV, "").lower() in _TRUE):
-            import ckpteval_code_eval
-
-            if not _announced.get("code_eval"):
-                _announced["code_eval"] = True
-                _log("code_eval: ckpteval's sandboxed implementation")
-            return ckpteval_code_eval.SandboxedCodeEval()
-        return real(path, *args, **kwargs)
+        if not wanted:
+            return real(path, *args, **kwargs)
+        if offline_active():
+            return sandboxed("no hub")
+        if os.environ.get(SANDBOX_ENV, "").lower() in _TRUE:
+            return sandboxed(f"{SANDBOX_ENV} is set")
+        try:
+            return real(path, *args, **kwargs)
+        except OSError as exc:  # FileNotFoundError: not on this hub, or offline with nothing cached
+            return sandboxed(f"the hub's script could not be loaded: {type(exc).__name__}: {str(exc)[:200]}")
 
     load.__wrapped__ = real  # type: ignore[attr-defined]
     return load
@@ -234,12 +252,12 @@ def _patch_evaluator_input(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_input(module)
 
 
-# offline data and the sandboxed code_eval: only when asked for (see sitecustomize); their `datasets` patch
-# includes the harness's
-_DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets, "evaluate": _patch_evaluate}
-# fixes to the harness itself: always
+# offline data: only when asked for (see sitecustomize); its `datasets` patch includes the harness's
+_DATA_PATCHES: dict[str, Callable[[ModuleType], None]] = {"datasets": _patch_datasets}
+# fixes to the harness itself, and code_eval (the hub's script, else the sandboxed one): always
 _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "datasets": _patch_dataset_ids,
+    "evaluate": _patch_evaluate,
     "lm_eval.models.api_models": _patch_api_models,
     "lm_eval.api.model": _patch_model,
     "nemo_evaluator.core.input": _patch_evaluator_input,
@@ -283,7 +301,7 @@ class _PatchingFinder(importlib.abc.MetaPathFinder):
 def install(*, data: bool = True) -> None:
     """Install the import hook (idempotent); patches modules already imported right away.
 
-    The harness fixes are always installed; `data` adds the offline-data and code_eval patches.
+    The harness fixes and code_eval are always installed; `data` adds the offline-data patches.
     """
     patches = {**_HARNESS_PATCHES, **(_DATA_PATCHES if data else {})}
     finder = next((f for f in sys.meta_path if isinstance(f, _PatchingFinder)), None)
