@@ -190,12 +190,13 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     datasets.load_dataset("hellaswag")
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
-    # only the harness fixes (legacy dataset ids, code_eval, request_timeout per request, the wait for the
-    # deployment, the sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
+    # only the harness fixes (legacy dataset ids, code_eval, documents counted, request_timeout per request, the
+    # wait for the deployment, the sanitizer) are installed, not the data patches: the id rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
         "datasets",
         "evaluate",
+        "lm_eval.api.model",
         "lm_eval.filters.sanitize",
         "lm_eval.models.api_models",
         "nemo_evaluator.core.input",
