@@ -1,8 +1,9 @@
 """Turn plain mappings (parsed TOML, resolved YAML) into typed dataclasses, with errors a user can fix.
 
 One small converter instead of a validation framework: it knows the handful of types our schemas
-use (scalars, Optional, Literal, list, dict, nested dataclasses, Any) and reports the dotted path of
-the first bad value, an unknown key with its closest valid names, or a missing required key.
+use (scalars, Optional, Literal, list, dict, nested dataclasses, Any, and sections typed by a registry:
+`Annotated[T, Registered(table)]`) and reports the dotted path of the first bad value, an unknown key with
+its closest valid names, or a missing required key.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ckpteval.errors import ConfigError, did_you_mean
@@ -20,9 +22,26 @@ T = TypeVar("T")
 _MISSING = dataclasses.MISSING
 
 
+@dataclass(frozen=True)
+class Registered:
+    """`Annotated` metadata: a value typed by a registry's table (name -> section dataclass), read when a
+    config is typed, so a section registered after the schema was written is typed like a shipped one.
+
+    `by="type"`: the value is one section, chosen by its own `type` key (`deployment`). `by=None`: each key
+    of the value names a section (`export.<name>`); the annotated type is built from the typed mapping."""
+
+    table: Mapping[str, type]
+    by: str | None = None
+
+
 def from_mapping(cls: type[T], data: Any, *, where: str, path: str = "") -> T:
     """Build dataclass `cls` from `data`; `where` names the source in messages (a file, "config")."""
     return typing.cast(T, _convert(cls, data, where=where, path=path))
+
+
+def typed_value(tp: Any, data: Any, *, where: str, path: str = "") -> Any:
+    """`data` typed as `tp`, any schema type (an `Annotated` registry section, say); as `from_mapping`."""
+    return _convert(tp, data, where=where, path=path)
 
 
 def _describe(path: str) -> str:
@@ -35,6 +54,11 @@ def _convert(tp: Any, value: Any, *, where: str, path: str) -> Any:
 
     if tp is Any or tp is object:
         return value
+    if origin is typing.Annotated:
+        registered = next((m for m in tp.__metadata__ if isinstance(m, Registered)), None)
+        if registered is None:
+            return _convert(args[0], value, where=where, path=path)
+        return _convert_registered(args[0], registered, value, where=where, path=path)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -124,6 +148,34 @@ def _tagged_choice(args: tuple[Any, ...], value: Any, *, where: str, path: str) 
     )
 
 
+def _convert_registered(tp: Any, registered: Registered, value: Any, *, where: str, path: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
+    table = registered.table
+    if registered.by is not None:
+        tag = value.get(registered.by)
+        if tag not in table:
+            sub = f"{path}.{registered.by}" if path else registered.by
+            allowed = ", ".join(repr(t) for t in table)
+            raise ConfigError(
+                f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
+                + (did_you_mean(str(tag), list(table)) if isinstance(tag, str) else "")
+            )
+        return _convert(table[tag], value, where=where, path=path)
+    unknown = [k for k in value if k not in table]
+    if unknown:
+        key = str(unknown[0])
+        full = f"{path}.{key}" if path else key
+        raise ConfigError(
+            f"{where}: unknown key '{full}'.{did_you_mean(key, list(table))}",
+            hint="Valid keys here: " + ", ".join(sorted(table)) + ".",
+        )
+    typed = {
+        str(k): _convert(table[k], v, where=where, path=f"{path}.{k}" if path else str(k)) for k, v in value.items()
+    }
+    return tp(typed)
+
+
 def _type_name(tp: Any) -> str:
     if dataclasses.is_dataclass(tp):
         return "a table"
@@ -133,7 +185,7 @@ def _type_name(tp: Any) -> str:
 def _convert_dataclass(cls: type, value: Any, *, where: str, path: str) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in value if k not in fields]
     if unknown:

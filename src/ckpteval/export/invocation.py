@@ -35,10 +35,12 @@ def enabled_destinations(export: ExportSection) -> list[Destination]:
 
 
 def export_section(config: Mapping[str, Any], *, where: str = "config.yaml") -> ExportSection:
-    """The typed `export` section of a saved config."""
-    from ckpteval.config.typed import from_mapping
+    """The typed `export` section of a saved config (each destination registered now, from its section)."""
+    from ckpteval.config.schema import Export
+    from ckpteval.config.typed import typed_value
 
-    return from_mapping(ExportSection, config.get("export") or {}, where=where, path="export")
+    section: ExportSection = typed_value(Export, config.get("export") or {}, where=where, path="export")
+    return section
 
 
 def export_invocation(
@@ -82,7 +84,7 @@ def _export_one(
     """One destination's outcome: what it wrote or skipped, or why it failed and how to retry."""
     retry = f"evaluate export {content.invocation} --to {where.name}"
     try:
-        return where.write(content, where.section(export), context)
+        return where.write(content, where.settings(export), context)
     except ExportError as exc:
         return ExportOutcome(where.name, "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
     except OSError as exc:  # a result file vanished or a run directory is not writable
