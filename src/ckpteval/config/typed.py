@@ -154,14 +154,15 @@ def _convert_registered(tp: Any, registered: Registered, value: Any, *, where: s
     table = registered.table
     if registered.by is not None:
         tag = value.get(registered.by)
-        if tag not in table:
+        section = table.get(tag) if isinstance(tag, str) else None
+        if section is None:
             sub = f"{path}.{registered.by}" if path else registered.by
             allowed = ", ".join(repr(t) for t in table)
             raise ConfigError(
                 f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
                 + (did_you_mean(str(tag), list(table)) if isinstance(tag, str) else "")
             )
-        return _convert(table[tag], value, where=where, path=path)
+        return _convert(section, value, where=where, path=path)
     unknown = [k for k in value if k not in table]
     if unknown:
         key = str(unknown[0])
