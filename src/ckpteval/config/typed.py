@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -137,10 +137,15 @@ def _tagged_choice(args: tuple[Any, ...], value: Any, *, where: str, path: str) 
             tags[tag] = member
     if not isinstance(value, Mapping):
         return None
-    tag = value.get("type")
-    if tag in tags:
+    return _chosen(tags, value, "type", where=where, path=path)
+
+
+def _chosen(tags: Mapping[Any, Any], value: Mapping[Any, Any], by: str, *, where: str, path: str) -> Any:
+    """The entry of `tags` that `value[by]` names; a ConfigError naming the choices (and the close one)."""
+    tag = value.get(by)
+    if isinstance(tag, Hashable) and tag in tags:  # a list or table given as the tag names nothing
         return tags[tag]
-    sub = f"{path}.type" if path else "type"
+    sub = f"{path}.{by}" if path else by
     allowed = ", ".join(repr(t) for t in tags)
     raise ConfigError(
         f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
@@ -148,29 +153,25 @@ def _tagged_choice(args: tuple[Any, ...], value: Any, *, where: str, path: str) 
     )
 
 
+def _refuse_unknown_keys(value: Mapping[Any, Any], valid: Mapping[str, Any], *, where: str, path: str) -> None:
+    """A ConfigError for the first key of `value` not in `valid`: its dotted path, the close name, the valid ones."""
+    unknown = [k for k in value if k not in valid]
+    if unknown:
+        key = str(unknown[0])
+        full = f"{path}.{key}" if path else key
+        raise ConfigError(
+            f"{where}: unknown key '{full}'.{did_you_mean(key, list(valid))}",
+            hint="Valid keys here: " + ", ".join(sorted(valid)) + ".",
+        )
+
+
 def _convert_registered(tp: Any, registered: Registered, value: Any, *, where: str, path: str) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
     table = registered.table
     if registered.by is not None:
-        tag = value.get(registered.by)
-        section = table.get(tag) if isinstance(tag, str) else None
-        if section is None:
-            sub = f"{path}.{registered.by}" if path else registered.by
-            allowed = ", ".join(repr(t) for t in table)
-            raise ConfigError(
-                f"{where}: '{sub}' is {tag!r}; it must be one of {allowed}."
-                + (did_you_mean(str(tag), list(table)) if isinstance(tag, str) else "")
-            )
-        return _convert(section, value, where=where, path=path)
-    unknown = [k for k in value if k not in table]
-    if unknown:
-        key = str(unknown[0])
-        full = f"{path}.{key}" if path else key
-        raise ConfigError(
-            f"{where}: unknown key '{full}'.{did_you_mean(key, list(table))}",
-            hint="Valid keys here: " + ", ".join(sorted(table)) + ".",
-        )
+        return _convert(_chosen(table, value, registered.by, where=where, path=path), value, where=where, path=path)
+    _refuse_unknown_keys(value, table, where=where, path=path)
     typed = {
         str(k): _convert(table[k], v, where=where, path=f"{path}.{k}" if path else str(k)) for k, v in value.items()
     }
@@ -188,14 +189,7 @@ def _convert_dataclass(cls: type, value: Any, *, where: str, path: str) -> Any:
         raise ConfigError(f"{where}: {_describe(path)} must be a table/mapping, not {value!r}.")
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = [k for k in value if k not in fields]
-    if unknown:
-        key = str(unknown[0])
-        full = f"{path}.{key}" if path else key
-        raise ConfigError(
-            f"{where}: unknown key '{full}'.{did_you_mean(key, fields)}",
-            hint="Valid keys here: " + ", ".join(sorted(fields)) + ".",
-        )
+    _refuse_unknown_keys(value, fields, where=where, path=path)
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         sub = f"{path}.{name}" if path else name

@@ -76,7 +76,12 @@ def test_a_config_names_the_registered_type_and_sets_its_own_keys(health_double:
         ("deployment.prot=80", "Did you mean deployment.port=80?"),
         ("+deployment.prot=80", "unknown key 'deployment.prot'. Did you mean 'port'?"),
         ("+deployment.prepare=tiny", "deployment.prepare belongs to deployment type megatron"),
-        ("deployment.type=health-dubble", "'deployment.type' is 'health-dubble'; it must be one of"),
+        (
+            "deployment.type=health-dubble",
+            "'health-dubble'; it must be one of 'megatron', 'vllm', 'generic', 'none', "
+            "'health-double'. Did you mean 'health-double'?",
+        ),
+        ("deployment.type=[a,b]", "'deployment.type' is ['a', 'b']; it must be one of"),
     ],
 )
 def test_its_keys_are_checked_like_a_shipped_sections(health_double: DeploymentBackend, override: str, message: str):
