@@ -368,16 +368,11 @@ def check_cluster_paths(config: EvalConfig, profile: Profile) -> None:
 
 
 def _check_export(config: EvalConfig) -> None:
-    """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
-    import os
-
-    wandb = config.export.wandb
-    if wandb.enabled and not wandb.project and not os.environ.get("WANDB_PROJECT"):
-        raise ConfigError(
-            "export.wandb is enabled but no W&B project is set.",
-            hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
-            "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
-        )
+    """What each destination's section checks of its settings (W&B: a project to put the run in)."""
+    for section in config.export.values():
+        check = getattr(section, "check", None)
+        if check is not None:
+            check()
 
 
 def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:

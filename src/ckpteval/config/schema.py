@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from ckpteval.config.typed import Registered
+from ckpteval.errors import ConfigError
 
 EndpointType = Literal["completions", "chat"]
 
@@ -138,7 +139,8 @@ def register_deployment_section(section: S) -> S:
 
 def register_export_section(name: str) -> typing.Callable[[S], S]:
     """Make `export.<name>` typed by the decorated section, which must have a default for every key (a
-    config that does not name the destination gets them) and an `enabled` switch."""
+    config that does not name the destination gets them) and an `enabled` switch. A `check()` method, if it
+    has one, is called when a config is compiled (it raises ConfigError for settings it cannot export with)."""
 
     def register(section: S) -> S:
         defaults = section()
@@ -327,6 +329,17 @@ class WandbExport:
     tags: list[str] = field(default_factory=list)
     job_type: str = "evaluation"
     timeout: int = 60  # seconds W&B may take to accept a run before the export gives up
+
+    def check(self) -> None:
+        """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
+        import os
+
+        if self.enabled and not self.project and not os.environ.get("WANDB_PROJECT"):
+            raise ConfigError(
+                "export.wandb is enabled but no W&B project is set.",
+                hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
+                "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
+            )
 
 
 @register_export_section("mlflow")

@@ -34,7 +34,12 @@ class NotebookSettings:
     """The double's section: `export.notebook.*`."""
 
     enabled: bool = False
-    path: str = "notebook.jsonl"
+    path: str = ""
+
+    def check(self) -> None:
+        """Called when a config is compiled, as W&B's section checks for a project."""
+        if self.enabled and not self.path:
+            raise ConfigError("export.notebook is enabled but has no path.", hint="Set export.notebook.path=FILE.")
 
 
 def _write(content: ExportContent, settings: NotebookSettings, context: ExportContext) -> ExportOutcome:
@@ -100,6 +105,7 @@ def test_a_saved_config_names_it_as_the_export_step_reads_it(notebook: Path):
         ("export.notebook.pth=x", "Did you mean export.notebook.path=x?"),
         ("+export.notebook.pth=x", "unknown key 'export.notebook.pth'. Did you mean 'path'?"),
         ("+export.notebok.enabled=true", "unknown key 'export.notebok'. Did you mean 'notebook'?"),
+        ("export.notebook.enabled=true", "export.notebook is enabled but has no path. Set export.notebook.path=FILE."),
     ],
 )
 def test_its_keys_are_checked_like_wandbs(notebook: Path, override: str, message: str):
