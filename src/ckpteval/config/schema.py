@@ -356,9 +356,13 @@ class ExportSection(Mapping[str, Any]):
     `section.wandb.enabled`, `section["wandb"].enabled`); a destination the config does not name has its
     section's defaults. `ExportSection(wandb=WandbExport(enabled=True))` builds one in code."""
 
-    def __init__(self, sections: Mapping[str, Any] | None = None, /, **named: Any) -> None:
+    def __init__(
+        self, sections: Mapping[str, Any] | None = None, /, *, unregistered: tuple[str, ...] = (), **named: Any
+    ) -> None:
         given = {**(sections or {}), **named}
         self._sections = {name: given.get(name) or cls() for name, cls in EXPORT_SECTIONS.items()} | given
+        # enabled in a saved config, but not registered where it is read (see export.invocation.export_section)
+        self.unregistered = unregistered
 
     def __getitem__(self, name: str) -> Any:
         return self._sections[name]

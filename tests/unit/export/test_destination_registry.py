@@ -114,11 +114,40 @@ def test_its_keys_are_checked_like_wandbs(notebook: Path, override: str, message
     assert message in f"{refused.value.message} {refused.value.hint}"
 
 
-def test_unregistered_its_keys_are_refused_again():
+def test_unregistered_a_config_naming_it_is_refused_again():
     register_destination(ExportDestination("notebook", "Notebook", NotebookSettings, _write))
     unregister_destination("notebook")
     with pytest.raises(ConfigError, match=r"unknown key 'export\.notebook'"):
-        export_section({"export": {"notebook": {"enabled": True}}})
+        compile_config(CompileRequest(configs=("tiny",), overrides=("+export.notebook.enabled=true",)))
+
+
+def test_an_export_where_it_is_not_registered_fails_for_it_and_says_where_to_export_from(
+    notebook: Path, tmp_path: Path
+):
+    """A Slurm job's export step runs without the code that registered the destination: it exports to the
+    others and reports this one as failed, rather than refusing the saved config."""
+    ledger = tmp_path / "ledger.jsonl"
+    register_destination(ExportDestination("ledger", "Ledger", NotebookSettings, _write))
+    try:
+        overrides = ("export.notebook.enabled=true", f"export.notebook.path={notebook}")
+        overrides += ("export.ledger.enabled=true", f"export.ledger.path={ledger}")
+        saved = compile_config(CompileRequest(configs=("tiny",), overrides=overrides)).data
+        unregister_destination("notebook")  # the job's export step: only ledger is registered there
+        export = export_section(saved)
+        assert (export.unregistered, enabled_destinations(export)) == (("notebook",), ["ledger"])
+        results = make_job_dir(
+            tmp_path / "job", "4a4b4c4d", config_yaml=compiled_config_yaml([]), results=sample_results("4a4b4c4d")
+        )
+        unregistered, exported = export_invocation(results, tmp_path / "job", export, environ={})
+    finally:
+        unregister_destination("ledger")
+    assert (unregistered.destination, unregistered.status, exported.status) == ("notebook", "failed", "exported")
+    assert unregistered.message == (
+        "export.notebook is enabled, but no destination 'notebook' is registered where this export ran."
+    )
+    assert unregistered.hint == "Export it from the code that registers it: ckpteval.export('4a4b4c4d', ['notebook'])."
+    assert not notebook.exists()
+    assert [line["invocation"] for line in _lines(ledger)] == ["4a4b4c4d"]
 
 
 def test_a_registered_destination_draws_a_watch_runs_curves(notebook: Path):
