@@ -14,6 +14,7 @@ entry carries, so a backend or destination registered from elsewhere is named in
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -332,8 +333,6 @@ class WandbExport:
 
     def check(self) -> None:
         """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
-        import os
-
         if self.enabled and not self.project and not os.environ.get("WANDB_PROJECT"):
             raise ConfigError(
                 "export.wandb is enabled but no W&B project is set.",
