@@ -383,6 +383,7 @@ class ExportSection(Mapping[str, Any]):
 
 
 Export = Annotated[ExportSection, Registered(EXPORT_SECTIONS)]  # how `export` is typed (`typed_value`)
+SHIPPED_EXPORT_SECTIONS = frozenset(EXPORT_SECTIONS)  # those registered above: conf/default.yaml declares them
 
 
 @dataclass(frozen=True, kw_only=True)

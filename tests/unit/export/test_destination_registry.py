@@ -183,3 +183,14 @@ def test_a_destination_that_fails_ends_in_a_failed_outcome_with_the_retry_comman
         unregister_destination("full")
     assert (outcome.status, outcome.message) == ("failed", "the notebook is full.")
     assert outcome.hint == "Retry with: evaluate export 6a6b6c6d --to full"
+
+
+def test_the_packaged_default_declares_every_shipped_section():
+    """Composing adds a section's defaults only for destinations registered beyond the shipped ones."""
+    import yaml
+
+    from ckpteval.config.compose import PACKAGED_CONF
+    from ckpteval.config.schema import SHIPPED_EXPORT_SECTIONS
+
+    default = yaml.safe_load((PACKAGED_CONF / "default.yaml").read_text())
+    assert set(default["export"]) == SHIPPED_EXPORT_SECTIONS == {"wandb", "mlflow"}
