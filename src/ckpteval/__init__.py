@@ -17,6 +17,9 @@ The functions load on first use, so `import ckpteval` stays light; heavy depende
 nemo_run, wandb) are imported only where they are used.
 """
 
+# The imports under TYPE_CHECKING are read by type checkers; `__all__` is made from `_WHERE`, so ruff does
+# not see them used.
+# ruff: noqa: F401
 from __future__ import annotations
 
 import importlib
@@ -24,15 +27,10 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ckpteval.errors import (
-    CkptevalError,
-    ClusterError,
-    ConfigError,
-    DeploymentError,
-    EvaluationError,
-    ExportError,
-)
+from ckpteval import errors  # `ckpteval.errors` is there after `import ckpteval`, as it always was
 
+# For type checkers only; at run time each name loads from `_WHERE` (tests/unit/test_public_api.py keeps
+# the two the same).
 if TYPE_CHECKING:
     from ckpteval.api import (
         Outcome,
@@ -50,6 +48,14 @@ if TYPE_CHECKING:
         submit,
     )
     from ckpteval.config.compose import CompileRequest
+    from ckpteval.errors import (
+        CkptevalError,
+        ClusterError,
+        ConfigError,
+        DeploymentError,
+        EvaluationError,
+        ExportError,
+    )
     from ckpteval.library import (
         compare,
         export_inspect,
@@ -76,132 +82,82 @@ if TYPE_CHECKING:
         watch_stop,
     )
 
-_API = (
-    "Outcome",
-    "cancel",
-    "compile_config",
-    "export",
-    "inspect_checkpoint",
-    "logs",
-    "make_request",
-    "resume",
-    "results",
-    "run",
-    "status",
-    "statuses",
-    "submit",
-)
-_LIBRARY = (
-    "compare",
-    "export_inspect",
-    "fetch_data",
-    "prepare",
-    "push_data",
-    "report",
-    "sample_flips",
-    "samples",
-    "serve",
-    "serve_delegate",
-    "squash",
-    "squash_plan",
-    "tasks",
-    "watch",
-    "watch_curves",
-    "watch_detach",
-    "watch_detach_dry_run",
-    "watch_dry_run",
-    "watch_hosted",
-    "watch_hosted_runs",
-    "watch_hosted_status",
-    "watch_runs",
-    "watch_stop",
-)
-
-__all__ = [
-    "CkptevalError",
-    "ClusterError",
-    "CompileRequest",
-    "ConfigError",
-    "DeploymentError",
-    "EvaluationError",
-    "ExportError",
-    "Outcome",
-    "cancel",
-    "compare",
-    "compile_config",
-    "export",
-    "export_inspect",
-    "fetch_data",
-    "inspect_checkpoint",
-    "logs",
-    "make_request",
-    "prepare",
-    "push_data",
-    "report",
-    "results",
-    "resume",
-    "run",
-    "sample_flips",
-    "samples",
-    "serve",
-    "serve_delegate",
-    "squash",
-    "squash_plan",
-    "status",
-    "statuses",
-    "submit",
-    "tasks",
-    "watch",
-    "watch_curves",
-    "watch_detach",
-    "watch_detach_dry_run",
-    "watch_dry_run",
-    "watch_hosted",
-    "watch_hosted_runs",
-    "watch_hosted_status",
-    "watch_runs",
-    "watch_stop",
-]
+# The public names, each with the module it loads from on first use.
+_WHERE: dict[str, str] = {
+    **dict.fromkeys(
+        ("CkptevalError", "ClusterError", "ConfigError", "DeploymentError", "EvaluationError", "ExportError"),
+        "ckpteval.errors",
+    ),
+    "CompileRequest": "ckpteval.config.compose",
+    **dict.fromkeys(
+        (
+            "Outcome",
+            "cancel",
+            "compile_config",
+            "export",
+            "inspect_checkpoint",
+            "logs",
+            "make_request",
+            "results",
+            "resume",
+            "run",
+            "status",
+            "statuses",
+            "submit",
+        ),
+        "ckpteval.api",
+    ),
+    **dict.fromkeys(
+        (
+            "compare",
+            "export_inspect",
+            "fetch_data",
+            "prepare",
+            "push_data",
+            "report",
+            "sample_flips",
+            "samples",
+            "serve",
+            "serve_delegate",
+            "squash",
+            "squash_plan",
+            "tasks",
+            "watch",
+            "watch_curves",
+            "watch_detach",
+            "watch_detach_dry_run",
+            "watch_dry_run",
+            "watch_hosted",
+            "watch_hosted_runs",
+            "watch_hosted_status",
+            "watch_runs",
+            "watch_stop",
+        ),
+        "ckpteval.library",
+    ),
+}
+__all__ = sorted(_WHERE)
 __version__ = "0.1.0"
 
 
-def _api_function(name: str, module: str = "api") -> property:
-    def get(_module: ModuleType) -> Any:
-        return getattr(importlib.import_module(f"ckpteval.{module}"), name)
+def _loaded(name: str, module: str) -> property:
+    def get(_package: ModuleType) -> Any:
+        return getattr(importlib.import_module(module), name)
 
-    def keep(_module: ModuleType, _value: object) -> None:
+    def keep(_package: ModuleType, _value: object) -> None:
         """The import system binding the subpackage of the same name: it stays in sys.modules."""
 
     return property(get, keep)
 
 
 class _Package(ModuleType):
-    """`ckpteval.results`, `export`, `report`, `tasks` and `watch` are the API's functions, though subpackages
+    """Each public name is a property that loads it on first use (one per `_WHERE` entry, set below).
+    `ckpteval.results`, `export`, `report`, `tasks` and `watch` are the API's functions though subpackages
     share their names (`from ckpteval.tasks.catalog import ...` still works: imports go through sys.modules;
     `import ckpteval.tasks.catalog as m` does not, and `from ckpteval.tasks import catalog` does)."""
 
-    results = _api_function("results")
-    export = _api_function("export")
-    report = _api_function("report", "library")
-    tasks = _api_function("tasks", "library")
-    watch = _api_function("watch", "library")
 
-
+for _name, _module in _WHERE.items():
+    setattr(_Package, _name, _loaded(_name, _module))
+del _name, _module
 sys.modules[__name__].__class__ = _Package
-
-
-def __getattr__(name: str) -> Any:
-    """The API functions, imported on first use."""
-    if name in _API:
-        from ckpteval import api
-
-        return getattr(api, name)
-    if name in _LIBRARY:
-        from ckpteval import library
-
-        return getattr(library, name)
-    if name == "CompileRequest":
-        from ckpteval.config.compose import CompileRequest
-
-        return CompileRequest
-    raise AttributeError(f"module 'ckpteval' has no attribute {name!r}")

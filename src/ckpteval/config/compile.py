@@ -319,8 +319,9 @@ def _check_ranges(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
     bounds: list[tuple[str, Any, int, int | None]] = [
         ("execution.endpoint_readiness_timeout", execution.endpoint_readiness_timeout, 1, None),
     ]
-    if not isinstance(deployment, NoDeployment):
-        bounds.append(("deployment.port", deployment.port, 1, MAX_PORT))
+    port = getattr(deployment, "port", None)  # every section that starts a server has one
+    if port is not None:
+        bounds.append(("deployment.port", port, 1, MAX_PORT))
     if isinstance(deployment, MegatronDeployment):
         bounds += [
             ("deployment.num_nodes", deployment.num_nodes, 1, None),
@@ -367,16 +368,11 @@ def check_cluster_paths(config: EvalConfig, profile: Profile) -> None:
 
 
 def _check_export(config: EvalConfig) -> None:
-    """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
-    import os
-
-    wandb = config.export.wandb
-    if wandb.enabled and not wandb.project and not os.environ.get("WANDB_PROJECT"):
-        raise ConfigError(
-            "export.wandb is enabled but no W&B project is set.",
-            hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
-            "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
-        )
+    """What each destination's section checks of its settings (W&B: a project to put the run in)."""
+    for section in config.export.values():
+        check = getattr(section, "check", None)
+        if check is not None:
+            check()
 
 
 def _check_tasks(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
@@ -434,7 +430,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             endpoint_url_for(config, task.endpoint_type)
         return
     if not isinstance(deployment, MegatronDeployment):
-        if not execution.runs_containers:
+        if getattr(deployment, "runs_in_image", False) and not execution.runs_containers:
             raise ConfigError(
                 f"deployment: {deployment.type} runs a container image; this machine runs no containers.",
                 hint="Evaluate on a Slurm profile (--run/--batch PROFILE), or serve the model yourself and use "

@@ -2,6 +2,9 @@
 
 Precedence, lowest first — all of it decided in `composition_layers`, nowhere else:
 
+0. the registered sections' own defaults (`export.<name>` of a destination `conf/default.yaml` does not
+   declare; `deployment=<type>` for a registered type with no `conf/deployment/<type>.yaml`), so a
+   registered one is set like a shipped one
 1. packaged defaults (`conf/default.yaml` and the groups it selects)
 2. stage configs, `-c` left to right (names from the user's config dirs or the packaged `conf/`, or paths)
 3. the env.toml profile (`run.env`, `run.wandb`, and the execution group it implies)
@@ -38,6 +41,7 @@ PACKAGED_CONF = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_PATH_VAR = "CKPTEVAL_CONFIG_PATH"
 _PRIMARY = "__ckpteval_primary__"
 _PROFILE = "__ckpteval_profile__"
+_SECTIONS = "__ckpteval_sections__"
 _TASK_FILTER = "__ckpteval_task_filter__"
 _MAX_NAME = 200  # a config name longer than this cannot be a file name (most filesystems: 255 bytes)
 
@@ -152,10 +156,13 @@ def profile_node(profile: Profile, env: EnvFile) -> dict[str, Any]:
     return node
 
 
-def composition_layers(request: CompileRequest, profile: Profile, env: EnvFile, config_names: Sequence[str]) -> Layers:
-    """The one place that decides precedence: defaults < -c configs < profile < overrides < -t."""
+def composition_layers(
+    request: CompileRequest, profile: Profile, env: EnvFile, config_names: Sequence[str], *, sections: bool = False
+) -> Layers:
+    """The one place that decides precedence: registered sections (`sections`: when there are any beyond the
+    packaged ones) < defaults < -c configs < profile < overrides < -t."""
     return Layers(
-        configs=("default", *config_names, _PROFILE),
+        configs=(*([_SECTIONS] if sections else []), "default", *config_names, _PROFILE),
         overrides=tuple(request.overrides),
         profile_node=profile_node(profile, env),
         task_filter=tuple(request.tasks),
@@ -194,7 +201,8 @@ def _compose_unresolved(
         names.append(name)
         files.append(path)
 
-    layers = composition_layers(request, profile, env, names)
+    sections = _store_registered_sections(store, search_path)
+    layers = composition_layers(request, profile, env, names, sections=sections)
     store.store(name=_PROFILE, node=layers.profile_node)
     store.store(name=_PRIMARY, node={"defaults": [*layers.configs, "_self_"]})
 
@@ -202,6 +210,43 @@ def _compose_unresolved(
     cfg = _hydra_compose(search_path, layers.overrides)
     added = apply_task_filter(cfg, layers.task_filter, catalog)
     return cfg, profile, env, search_path, files, added
+
+
+def _store_registered_sections(store: Any, search_path: Sequence[Path]) -> bool:
+    """Layer 0 (see the module docstring): the defaults of each export section the packaged config does not
+    declare, a required key as `???`; and `deployment=<type>` for a registered type with no yaml. Whether
+    there is a layer 0 (without sections registered beyond the shipped ones there is none: no cost)."""
+    from ckpteval.config.schema import DEPLOYMENT_TYPES, EXPORT_SECTIONS, SHIPPED_EXPORT_SECTIONS
+
+    for name, cls in DEPLOYMENT_TYPES.items():
+        if not any(is_file(d / "deployment" / f"{name}.yaml") for d in search_path):
+            store.store(group="deployment", name=name, node={**section_defaults(cls), "type": name})
+    added = {
+        name: section_defaults(cls) for name, cls in EXPORT_SECTIONS.items() if name not in SHIPPED_EXPORT_SECTIONS
+    }
+    if added:
+        store.store(name=_SECTIONS, node={"export": added})
+    return bool(added)
+
+
+def section_defaults(section: type) -> dict[str, Any]:
+    """A section's keys with their defaults as plain data; `???` (required) where it has none."""
+    import dataclasses
+
+    def plain(value: Any) -> Any:
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+    node: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            node[f.name] = plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            node[f.name] = plain(f.default_factory())
+        else:
+            node[f.name] = "???"
+    return node
 
 
 def compose(

@@ -3,12 +3,25 @@
 Sections mirror nemo-evaluator-launcher's (`execution`, `deployment`, `target`, `evaluation`, `export`)
 plus `run` (profile, W&B defaults, model). A resolved config dict becomes an `EvalConfig` through
 `ckpteval.config.typed.from_mapping`, which rejects unknown keys and wrong types with the dotted path.
+
+`deployment` and `export` are typed by what is registered, not by a fixed list: `deployment` by the section
+its `type` names in `DEPLOYMENT_TYPES`, `export.<name>` by the section of destination `<name>` in
+`EXPORT_SECTIONS`. The shipped sections are registered here; the deployment and destination registries
+(`deploy.backends.register_backend`, `export.destinations.register_destination`) register the section each
+entry carries, so a backend or destination registered from elsewhere is named in a config like a shipped one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from ckpteval.config.typed import Registered
+from ckpteval.errors import ConfigError
 
 EndpointType = Literal["completions", "chat"]
 
@@ -103,7 +116,44 @@ class Endpoints:
 
 FROM_CHECKPOINT = "from-checkpoint"  # deployment.tokenizer: the checkpoint's own tokenizer, as the job publishes it
 
+S = TypeVar("S", bound=type)
 
+# `deployment.type` -> its section; `export.<name>` -> destination <name>'s section. Filled by registration.
+DEPLOYMENT_TYPES: dict[str, type] = {}
+EXPORT_SECTIONS: dict[str, type] = {}
+
+
+def deployment_types(section: type) -> tuple[str, ...]:
+    """The `deployment.type` values `section` is for: its `type: Literal[...]` field's."""
+    hint = typing.get_type_hints(section).get("type") if dataclasses.is_dataclass(section) else None
+    if typing.get_origin(hint) is not Literal:
+        raise TypeError(f"{section.__name__}: a deployment section is a dataclass with a `type: Literal[...]` field")
+    return tuple(str(t) for t in typing.get_args(hint))
+
+
+def register_deployment_section(section: S) -> S:
+    """Make `deployment.type=<its type>` select `section` (a later registration of the same type replaces it)."""
+    for name in deployment_types(section):
+        DEPLOYMENT_TYPES[name] = section
+    return section
+
+
+def register_export_section(name: str) -> typing.Callable[[S], S]:
+    """Make `export.<name>` typed by the decorated section, which must have a default for every key (a
+    config that does not name the destination gets them) and an `enabled` switch. A `check()` method, if it
+    has one, is called when a config is compiled (it raises ConfigError for settings it cannot export with)."""
+
+    def register(section: S) -> S:
+        defaults = section()
+        if not isinstance(getattr(defaults, "enabled", None), bool):
+            raise TypeError(f"{section.__name__}: an export section has an `enabled: bool` key")
+        EXPORT_SECTIONS[name] = section
+        return section
+
+    return register
+
+
+@register_deployment_section
 @dataclass(frozen=True, kw_only=True)
 class MegatronDeployment:
     type: Literal["megatron"]
@@ -140,6 +190,7 @@ class MegatronDeployment:
     endpoints: Endpoints
 
 
+@register_deployment_section
 @dataclass(frozen=True, kw_only=True)
 class VllmDeployment:
     type: Literal["vllm"]
@@ -157,7 +208,10 @@ class VllmDeployment:
     extra_args: str = ""
     endpoints: Endpoints
 
+    runs_in_image: ClassVar[bool] = True  # its server is in `image`: the execution must run containers
 
+
+@register_deployment_section
 @dataclass(frozen=True, kw_only=True)
 class GenericDeployment:
     type: Literal["generic"]
@@ -170,7 +224,10 @@ class GenericDeployment:
     env_vars: dict[str, str] = field(default_factory=dict)
     endpoints: Endpoints
 
+    runs_in_image: ClassVar[bool] = True  # its server is in `image`: the execution must run containers
 
+
+@register_deployment_section
 @dataclass(frozen=True, kw_only=True)
 class NoDeployment:
     type: Literal["none"]
@@ -178,13 +235,8 @@ class NoDeployment:
     served_model_name: str = "model"
 
 
+# For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.
 Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
-DEPLOYMENT_TYPES: dict[str, type] = {
-    "megatron": MegatronDeployment,
-    "vllm": VllmDeployment,
-    "generic": GenericDeployment,
-    "none": NoDeployment,
-}
 EXECUTION_TYPES: dict[str, type] = {"local": LocalExecution, "slurm": SlurmExecution}
 
 
@@ -265,6 +317,7 @@ class Evaluation:
     tasks: list[TaskConfig] = field(default_factory=list)
 
 
+@register_export_section("wandb")
 @dataclass(frozen=True, kw_only=True)
 class WandbExport:
     enabled: bool = False
@@ -278,7 +331,17 @@ class WandbExport:
     job_type: str = "evaluation"
     timeout: int = 60  # seconds W&B may take to accept a run before the export gives up
 
+    def check(self) -> None:
+        """W&B needs a project to put the run in; without one it would land in "uncategorized"."""
+        if self.enabled and not self.project and not os.environ.get("WANDB_PROJECT"):
+            raise ConfigError(
+                "export.wandb is enabled but no W&B project is set.",
+                hint='Set project in env.toml [wandb] (project = "evals"), or export.wandb.project=NAME, '
+                "or $WANDB_PROJECT; or turn the export off with export.wandb.enabled=false.",
+            )
 
+
+@register_export_section("mlflow")
 @dataclass(frozen=True, kw_only=True)
 class MlflowExport:
     enabled: bool = False
@@ -287,10 +350,40 @@ class MlflowExport:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExportSection:
-    wandb: WandbExport = field(default_factory=WandbExport)
-    mlflow: MlflowExport = field(default_factory=MlflowExport)
+class ExportSection(Mapping[str, Any]):
+    """`export`: each registered destination's section, by name (`export.wandb.enabled` reads as
+    `section.wandb.enabled`, `section["wandb"].enabled`); a destination the config does not name has its
+    section's defaults. `ExportSection(wandb=WandbExport(enabled=True))` builds one in code."""
+
+    def __init__(
+        self, sections: Mapping[str, Any] | None = None, /, *, unregistered: tuple[str, ...] = (), **named: Any
+    ) -> None:
+        given = {**(sections or {}), **named}
+        self._sections = {name: given.get(name) or cls() for name, cls in EXPORT_SECTIONS.items()} | given
+        # enabled in a saved config, but not registered where it is read (see export.invocation.export_section)
+        self.unregistered = unregistered
+
+    def __getitem__(self, name: str) -> Any:
+        return self._sections[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sections)
+
+    def __len__(self) -> int:
+        return len(self._sections)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_sections"][name]
+        except KeyError:
+            raise AttributeError(f"export has no destination {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"ExportSection({self._sections!r})"
+
+
+Export = Annotated[ExportSection, Registered(EXPORT_SECTIONS)]  # how `export` is typed (`typed_value`)
+SHIPPED_EXPORT_SECTIONS = frozenset(EXPORT_SECTIONS)  # those registered above: conf/default.yaml declares them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,7 +392,7 @@ class EvalConfig:
 
     run: RunSection
     execution: Execution
-    deployment: Deployment
+    deployment: Annotated[Deployment, Registered(DEPLOYMENT_TYPES, by="type")]
     target: Target
     evaluation: Evaluation
-    export: ExportSection = field(default_factory=ExportSection)
+    export: Export = field(default_factory=ExportSection)

@@ -6,9 +6,11 @@ with its image and nodes), and what the job may rely on: whether it reports the 
 which route), whether it holds its own port and writes it down, whether it publishes the tokenizer it serves
 with, and why it is known to mix request settings in a batch. `job.build` asks the registry, never the type.
 
-The backends ckpteval ships are registered at the end of this module; their command lines live beside them
-(`deploy.commands`, `deploy.export_deploy`). Adding one: its module with a launch function, one
-`register_backend(...)`, and its section in `config.schema` (where the config is typed).
+Registering a backend registers its section with the config (`config.schema.register_deployment_section`):
+from then on `deployment.type=<its type>` is typed by it, and `deployment=<its type>` selects it with its
+defaults where no `conf/deployment/<type>.yaml` does. The backends ckpteval ships are registered at the end
+of this module; their sections are in `config.schema` (a config is typed before any backend is asked) and
+their command lines beside them (`deploy.commands`, `deploy.export_deploy`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ckpteval.config.schema import GenericDeployment, MegatronDeployment, VllmDeployment
+from ckpteval.config.schema import (
+    DEPLOYMENT_TYPES,
+    GenericDeployment,
+    MegatronDeployment,
+    VllmDeployment,
+    deployment_types,
+    register_deployment_section,
+)
 from ckpteval.errors import ConfigError
 
 
@@ -67,14 +76,21 @@ _REGISTRY: dict[str, DeploymentBackend] = {}
 
 
 def register_backend(backend: DeploymentBackend) -> DeploymentBackend:
-    """Add (or replace) the backend of `backend.kind`."""
+    """Add (or replace) the backend of `backend.kind`, and its section as the config's `deployment.type`."""
+    register_deployment_section(backend.section)
     _REGISTRY[backend.kind] = backend
     return backend
 
 
 def unregister_backend(kind: str) -> None:
-    """Remove the backend of `kind` (a test's double, when the test ends)."""
-    _REGISTRY.pop(kind, None)
+    """Remove the backend of `kind` (a test's double, when the test ends), and its section with the last
+    backend that carries it."""
+    backend = _REGISTRY.pop(kind, None)
+    if backend is None or any(b.section is backend.section for b in _REGISTRY.values()):
+        return
+    for name in deployment_types(backend.section):
+        if DEPLOYMENT_TYPES.get(name) is backend.section:
+            del DEPLOYMENT_TYPES[name]
 
 
 def deployment_kind(deployment: Any) -> str:

@@ -35,10 +35,19 @@ def enabled_destinations(export: ExportSection) -> list[Destination]:
 
 
 def export_section(config: Mapping[str, Any], *, where: str = "config.yaml") -> ExportSection:
-    """The typed `export` section of a saved config."""
-    from ckpteval.config.typed import from_mapping
+    """The typed `export` section of a saved config (each destination registered here, from its section).
 
-    return from_mapping(ExportSection, config.get("export") or {}, where=where, path="export")
+    A destination the config names that is not registered here was registered by the code that compiled it
+    (a Slurm job's export step runs without that code): it is left out, and if the config enabled it,
+    `export_invocation` reports it as failed, with where to export it from."""
+    from ckpteval.config.schema import EXPORT_SECTIONS, Export
+    from ckpteval.config.typed import typed_value
+
+    raw = config.get("export") or {}
+    here = {name: value for name, value in raw.items() if name in EXPORT_SECTIONS}
+    section: ExportSection = typed_value(Export, here, where=where, path="export")
+    elsewhere = [n for n, v in raw.items() if n not in here and isinstance(v, Mapping) and v.get("enabled") is True]
+    return ExportSection(section, unregistered=tuple(elsewhere)) if elsewhere else section
 
 
 def export_invocation(
@@ -61,10 +70,13 @@ def export_invocation(
     MLFLOW_TRACKING_URI. Returns one outcome per destination; never raises for a destination's failure.
     """
     chosen = list(destinations) if destinations is not None else enabled_destinations(export)
+    outcomes = [] if destinations is not None else [_unregistered(name, results) for name in export.unregistered]
+    for outcome in outcomes:
+        if report is not None:
+            report(outcome)
     if not chosen:
-        return []
+        return outcomes
     env = os.environ if environ is None else environ
-    outcomes = []
     with tempfile.TemporaryDirectory(prefix="ckpteval-export-") as scratch:
         content = _content(results, job_dir, config_file=config_file, task_dirs=task_dirs, scratch=Path(scratch))
         context = ExportContext(environ=env, job_dir=job_dir, key=key)
@@ -76,13 +88,22 @@ def export_invocation(
     return outcomes
 
 
+def _unregistered(name: str, results: InvocationResults) -> ExportOutcome:
+    return ExportOutcome(
+        name,
+        "failed",
+        f"export.{name} is enabled, but no destination {name!r} is registered where this export ran.",
+        hint=f"Export it from the code that registers it: ckpteval.export({results.invocation!r}, [{name!r}]).",
+    )
+
+
 def _export_one(
     where: ExportDestination, content: ExportContent, export: ExportSection, context: ExportContext
 ) -> ExportOutcome:
     """One destination's outcome: what it wrote or skipped, or why it failed and how to retry."""
     retry = f"evaluate export {content.invocation} --to {where.name}"
     try:
-        return where.write(content, where.section(export), context)
+        return where.write(content, where.settings(export), context)
     except ExportError as exc:
         return ExportOutcome(where.name, "failed", exc.message, hint=exc.hint or f"Retry with: {retry}")
     except OSError as exc:  # a result file vanished or a run directory is not writable

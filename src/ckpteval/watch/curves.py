@@ -38,7 +38,7 @@ def export_curves(state: WatchState, entries: list[IterationEntry], export: Expo
         points=[(entry.iteration, _points(entry)) for entry in entries],
         directory=watch_dir() / state.run,
     )
-    done = [d.curves(curves, d.section(export)) for d in destinations() if d.curves is not None and d.enabled(export)]
+    done = [d.curves(curves, d.settings(export)) for d in destinations() if d.curves is not None and d.enabled(export)]
     return "; ".join(done) or None
 
 
