@@ -34,6 +34,8 @@ PIQA = DatasetRef("baber/piqa", None, None, ("train", "validation"))
 ARC = DatasetRef("allenai/ai2_arc", "ARC-Challenge", None, ("test", "train", "validation"))
 # no config named, and the repository's only one is not "default": the harness's call for HumanEval
 HUMANEVAL = DatasetRef("openai/openai_humaneval", None, None, ("test",))
+# the datasets library names its Arrow directory TIGER-Lab___mmlu-pro (its own snake case)
+MMLU_PRO = DatasetRef("TIGER-Lab/MMLU-Pro", None, None, ("test", "validation"))
 
 
 @pytest.fixture(scope="module")
@@ -91,20 +93,22 @@ def test_fetched_data_is_what_the_harness_reads_offline_and_a_rerun_asks_the_hub
     assert manifest["dataset"] == "baber/piqa" and any(
         f.endswith(".parquet") for f in manifest["links"]
     )  # snapshots link to blobs
-    # the same calls lm-eval makes, in a fresh process with the hub switched off, read the cache (HumanEval's
-    # names no config and its only one is not "default": the one the library chose when fetching was kept)
-    fetch_datasets([HUMANEVAL], tmp_path / "humaneval")
+    # the same calls lm-eval makes, in a fresh process with the hub switched off, read the cache: kept where the
+    # library put them (HumanEval names no config and its only one is not "default"; MMLU-Pro's directory is
+    # the library's own snake case)
+    fetch_datasets([HUMANEVAL, MMLU_PRO], tmp_path / "more")
     hub.requests.clear()
     calls = {
-        root: "d = datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge')",
-        tmp_path / "humaneval": "d = datasets.load_dataset('openai/openai_humaneval')",
+        "d = datasets.load_dataset('allenai/ai2_arc', 'ARC-Challenge')": (root, ROWS),
+        "d = datasets.load_dataset('openai/openai_humaneval')": (tmp_path / "more", ROWS),
+        "d = datasets.load_dataset('TIGER-Lab/MMLU-Pro')": (tmp_path / "more", 70),  # 5 items x 14 categories
     }
-    for cache, call in calls.items():
+    for call, (cache, rows) in calls.items():
         env = {**os.environ, "HF_HOME": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
         env.pop("HF_ENDPOINT")
         code = f"import datasets; {call}; print(len(d['test']))"
         out = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], env=env, capture_output=True, text=True)
-        assert out.returncode == 0 and out.stdout.strip() == str(ROWS), out.stderr[-2000:]
+        assert out.returncode == 0 and out.stdout.strip() == str(rows), (call, out.stderr[-2000:])
     again = fetch_datasets([PIQA, ARC], root)
     assert again.fetched == () and set(again.cached) == {PIQA, ARC}
     assert hub.requests == []  # nothing asked

@@ -46,12 +46,13 @@ def manifest_rel(ref: DatasetRef) -> str:
     return f"{MANIFEST_DIR}/{ref.slug}.json"
 
 
-def dataset_subtrees(ref: DatasetRef, config: str | None = None) -> tuple[str, str]:
+def dataset_subtrees(ref: DatasetRef, arrow: str | None = None) -> tuple[str, str]:
     """The two directories (relative to the cache root) that hold `ref`'s files: the hub's snapshot, and the
-    prepared Arrow files of its config (`config`: the one the datasets library chose when `ref` names none;
-    a repository's only config is not always "default", e.g. openai/openai_humaneval's)."""
+    prepared Arrow files of its config. `arrow`: where the datasets library put those when it loaded `ref`
+    (relative to its cache): its naming is its own (`TIGER-Lab___mmlu-pro`, and a config chosen when `ref`
+    names none, e.g. openai/openai_humaneval's only one, `openai_humaneval`); else the usual place."""
     repo = ref.path.replace("/", "--")
-    return f"hub/datasets--{repo}", f"datasets/{ref.path.replace('/', '___')}/{ref.name or config or 'default'}"
+    return f"hub/datasets--{repo}", f"datasets/{arrow or ref.path.replace('/', '___') + '/' + (ref.name or 'default')}"
 
 
 def is_cached(root: Path, ref: DatasetRef) -> bool:
@@ -75,20 +76,20 @@ def _wanted(rel: Path) -> bool:
     return not rel.name.endswith(_SKIP_SUFFIXES) and ".incomplete" not in rel.name
 
 
-def _files_of(staging: Path, ref: DatasetRef, config: str | None) -> list[Path]:
+def _files_of(staging: Path, ref: DatasetRef, arrow: str | None) -> list[Path]:
     out: list[Path] = []
-    for sub in dataset_subtrees(ref, config):
+    for sub in dataset_subtrees(ref, arrow):
         base = staging / sub
         if base.is_dir():
             out.extend(p for p in sorted(base.rglob("*")) if (p.is_file() or p.is_symlink()) and _wanted(p))
     return out
 
 
-def _install(staging: Path, root: Path, ref: DatasetRef, config: str | None = None) -> dict[str, Any]:
+def _install(staging: Path, root: Path, ref: DatasetRef, arrow: str | None = None) -> dict[str, Any]:
     """Move `ref`'s files from `staging` into `root` one by one, then write its manifest (last)."""
     files: dict[str, Any] = {}
     links: dict[str, str] = {}
-    for path in _files_of(staging, ref, config):
+    for path in _files_of(staging, ref, arrow):
         rel = path.relative_to(staging).as_posix()
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -121,8 +122,9 @@ class FetchResult:
 
 
 _WORKER = r"""
-import json, sys
+import json, os, sys
 import datasets
+root = os.path.realpath(datasets.config.HF_DATASETS_CACHE)
 for line in sys.stdin:
     ref = json.loads(line)
     try:
@@ -130,8 +132,15 @@ for line in sys.stdin:
     except Exception as exc:
         print(json.dumps({"key": ref["key"], "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         continue
-    configs = sorted({split.info.config_name for split in loaded.values()})
-    print(json.dumps({"key": ref["key"], "ok": True, "config": configs[0] if len(configs) == 1 else None}), flush=True)
+    # <cache>/<dataset>/<config>/<version>/<hash>/<file>.arrow: the dataset's and config's directories as named
+    arrow = {
+        os.path.relpath(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(f["filename"])))), root)
+        for split in loaded.values()
+        for f in split.cache_files
+    }
+    one = arrow.pop() if len(arrow) == 1 else None
+    one = None if one is None or one.startswith("..") else one
+    print(json.dumps({"key": ref["key"], "ok": True, "arrow": one}), flush=True)
 """
 
 
@@ -233,7 +242,7 @@ def fetch_datasets(
                 if proc.poll() is not None:
                     break
                 continue
-            _install(staging, root, ref, answer.get("config"))
+            _install(staging, root, ref, answer.get("arrow"))
             fetched.append(ref)
             note(ref, "fetched")
         proc.stdin.close()
