@@ -38,7 +38,16 @@ _WHERE = {
 }
 
 __all__ = sorted(
-    [*_WHERE, "config_names", "finished_at", "invocation_ids", "profile_names", "results_file", "task_names"]
+    [
+        *_WHERE,
+        "config_names",
+        "export_destinations",
+        "finished_at",
+        "invocation_ids",
+        "profile_names",
+        "results_file",
+        "task_names",
+    ]
 )
 
 
@@ -64,6 +73,13 @@ def task_names() -> list[str]:
     from ckpteval.tasks.catalog import load_catalog
 
     return [n for n in load_catalog().names() if "." not in n]
+
+
+def export_destinations() -> list[str]:
+    """The export destinations a config can enable and `evaluate export --to` names (the registered ones)."""
+    from ckpteval.config.schema import EXPORT_SECTIONS
+
+    return list(EXPORT_SECTIONS)
 
 
 def invocation_ids() -> list[str]:

@@ -1,4 +1,7 @@
-"""`evaluate export INVOCATION [--to wandb|mlflow|inspect] [--out DIR]`: export a finished invocation (again)."""
+"""`evaluate export INVOCATION [--to DESTINATION|inspect] [--out DIR]`: export a finished invocation (again).
+
+`--to`'s choices are the registered export destinations (`views.export_destinations`: W&B and MLflow as
+shipped), and `inspect` (Inspect logs, written on request)."""
 
 from __future__ import annotations
 
@@ -12,15 +15,14 @@ import typer
 
 from ckpteval.cli import completion
 from ckpteval.errors import ConfigError
+from ckpteval.views import export_destinations
 
 if TYPE_CHECKING:
     from ckpteval.types import Destination as ExportDestination
 
 
-class Destination(StrEnum):
-    wandb = "wandb"
-    mlflow = "mlflow"
-    inspect = "inspect"
+INSPECT = "inspect"
+Destination = StrEnum("Destination", {name: name for name in [*export_destinations(), INSPECT]})  # type: ignore[misc]
 
 
 def export_command(
@@ -52,15 +54,15 @@ def export_command(
     from ckpteval.cli.console import ConsoleReporter
 
     chosen = list(dict.fromkeys(to or []))
-    if out is not None and Destination.inspect not in chosen:
+    if out is not None and Destination(INSPECT) not in chosen:
         raise ConfigError("--out is where Inspect logs go: give it with --to inspect.")
-    if Destination.inspect in chosen:
+    if Destination(INSPECT) in chosen:
         written = ckpteval.export_inspect(invocation, out if out is not None else "logs")
         for task, path in written.items():
             typer.echo(f"{task}: {path}")
         log_dir = next(iter(written.values())).parent
         typer.echo(f"Open them with: inspect view --log-dir {log_dir}")
-        chosen.remove(Destination.inspect)
+        chosen.remove(Destination(INSPECT))
         if not chosen:
             return
     with ConsoleReporter() as reporter:

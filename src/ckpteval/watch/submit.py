@@ -24,6 +24,7 @@ from ckpteval.api import compile_config, make_request  # api's compile_config re
 from ckpteval.checkpoint.layout import TOKENIZER_DIR
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.compose import CompileRequest
+from ckpteval.config.schema import EXPORT_SECTIONS
 from ckpteval.errors import ConfigError
 from ckpteval.invocation.record import WatchOrigin, new_invocation_id
 from ckpteval.results.model import InvocationResults
@@ -55,8 +56,7 @@ def checkpoint_overrides(spec: WatchSpec, iteration: int, iter_dir: str, *, run:
         f"run.name={run}-iter{iteration}",
         *spec.overrides,
         # the watcher exports one run with a point per iteration, not a run per invocation
-        "export.wandb.enabled=false",
-        "export.mlflow.enabled=false",
+        *(f"export.{name}.enabled=false" for name in EXPORT_SECTIONS),
     )
 
 
