@@ -27,9 +27,10 @@ def _record(job_dir: Path, pid: int | None, started: str | None = None) -> Invoc
 
 def test_the_jobs_own_process_is_alive_and_cancel_stops_it(tmp_path: Path):
     # like a real job script: a trap and more after the command (a lone last command bash would exec)
-    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\nsleep 60 &\nwait\nexit 0\n")
-    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
+    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\ntouch trapped\nsleep 60 &\nwait\nexit 0\n")
+    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, start_new_session=True)
     try:
+        wait_until(lambda: (tmp_path / "trapped").exists(), timeout=60, what="the script to set its trap")
         record = _record(tmp_path, proc.pid)
         assert job_process_alive(record)
         assert "cancelled" in cancel(record)
@@ -93,9 +94,10 @@ def test_a_handle_attached_from_the_record_reads_the_job_dir_and_cancels_the_job
 
     (tmp_path / "logs").mkdir()
     (tmp_path / JobDir.JOB_LOG).write_text("one\ntwo\n")
-    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\nsleep 60 &\nwait\nexit 0\n")
-    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], start_new_session=True)
+    (tmp_path / "job.sh").write_text("trap 'exit 143' TERM\ntouch trapped\nsleep 60 &\nwait\nexit 0\n")
+    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, start_new_session=True)
     try:
+        wait_until(lambda: (tmp_path / "trapped").exists(), timeout=60, what="the script to set its trap")
         with LocalBackend().attach(_record(tmp_path, proc.pid)) as job:
             assert job.state() == "pending"  # alive, no task started
             assert job.read("job.sh") == (tmp_path / "job.sh").read_text()
