@@ -35,9 +35,12 @@ def hub_repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def hub(hub_repos: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandIn]:
+def hub(hub_repos: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubStandIn]:
     server = HubStandIn(hub_repos, aliases=ALIASES)
     monkeypatch.setenv("HF_ENDPOINT", server.url)
+    # what the harness downloads from the stand-in stays in the test's own HF cache: in the user's, its small
+    # copies would stand in for the real datasets of later runs (and answer a later test's "no data" case)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the e2e session sets them; here the hub is reachable
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     yield server
