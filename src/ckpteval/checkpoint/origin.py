@@ -5,7 +5,8 @@ model: Megatron-LM's `tools/checkpoint/convert.py` (llama_mistral loader) never 
 args say `rotary_base=10000` for a model trained with 100000, and the server computes what the args say.
 Where the origin is known, its `config.json` holds the truth; `compare_with_origin` lists every number that
 defines the forward pass on which the two disagree, and a run is refused on any of them (before any side
-effect) unless the user says `deployment.ignore_origin_mismatch=true`.
+effect) unless the user says `deployment.ignore_origin_mismatch=true`. config.json is read in transformers 4's
+and 5's formats (`checkpoint.hf_config`); a setting it does not say is listed as not compared, never as agreeing.
 
 The origin is, first to last: `deployment.origin` (a Hugging Face model directory or a hub id in the local
 cache), `deployment.tokenizer` when it names a directory (or cached hub id) with a `config.json` (a user who
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpteval.checkpoint.hf_config import MEGATRON_LLAMA3, origin_settings
 from ckpteval.errors import DeploymentError
 
 CONFIG_FILE = "config.json"
@@ -34,14 +36,33 @@ _MAX_VOCAB_PADDING = 128 * 16
 class Disagreement:
     """One forward-pass number on which the checkpoint's args and its origin's config.json differ."""
 
-    setting: str  # the Megatron-LM arg
+    setting: str  # the Megatron-LM arg, or a name for what several args set (see ARGS_OF)
     checkpoint: Any
-    origin_key: str  # the Hugging Face config key
+    origin_key: str  # the Hugging Face config key, or "model_type=..." where the model type fixes it
     origin: Any
 
     def __str__(self) -> str:
-        mine, theirs = _show(self.checkpoint), _show(self.origin)
-        return f"{self.setting}={mine} in the checkpoint, {self.origin_key}={theirs} in it"
+        mine, theirs = show_value(self.checkpoint), show_value(self.origin)
+        args = f" (args {ARGS_OF[self.setting]})" if self.setting in ARGS_OF else ""
+        if self.origin_key.startswith("model_type="):
+            return f"{self.setting}={mine} in the checkpoint{args}, {theirs} in it ({self.origin_key})"
+        return f"{self.setting}={mine} in the checkpoint{args}, {self.origin_key}={theirs} in it"
+
+
+# the Megatron-LM args behind a compared setting that is not itself an arg
+ARGS_OF = {
+    "rope_type": "use_rope_scaling, rotary_seq_len_interpolation_factor",
+    "rope_scaling.factor": "rope_scaling_factor or rotary_seq_len_interpolation_factor",
+    "rope_scaling.low_freq_factor": "none: megatron-core fixes 1",
+    "rope_scaling.high_freq_factor": "none: megatron-core fixes 4",
+    "rope_scaling.original_max_position_embeddings": "none: megatron-core fixes 8192",
+    "activation": "swiglu, squared_relu, quick_geglu",
+    "qk_norm": "qk_layernorm, qk_l2_norm",
+    "qkv_bias": "add_qkv_bias, add_bias_linear",
+    "window_layers": "window_attn_skip_freq",
+    "tied_embeddings": "untie_embeddings_and_output_weights",
+    "moe_topk_renormalized": "moe_router_pre_softmax",
+}
 
 
 @dataclass(frozen=True)
@@ -52,14 +73,16 @@ class OriginCheck:
     config: str  # the config.json read
     compared: tuple[str, ...]  # the Megatron-LM settings compared
     disagreements: tuple[Disagreement, ...] = ()
+    not_compared: tuple[str, ...] = ()  # "setting (why)": what config.json does not say, or says unreadably
 
 
 def forward_numbers(architecture: dict[str, Any]) -> dict[str, Any]:
     """The numbers that define a model's forward pass, defaults included, under Megatron-LM's names (what
-    `evaluate inspect` shows and what is compared with the origin); `architecture` is a ModelArchitecture's
-    fields."""
+    `evaluate inspect` shows and what is compared with the origin; None: not used by this model);
+    `architecture` is a ModelArchitecture's fields."""
     a = architecture
     rope = a["position_embedding_type"] == "rope"
+    window = a.get("window_size")
     numbers: dict[str, Any] = {
         "num_layers": a["num_layers"],
         "hidden_size": a["hidden_size"],
@@ -71,84 +94,96 @@ def forward_numbers(architecture: dict[str, Any]) -> dict[str, Any]:
         "position_embedding_type": a["position_embedding_type"],
         "rotary_base": a["rotary_base"] if rope else None,
         "rotary_percent": a["rotary_percent"] if rope else None,
-        "rope_scaling": _megatron_rope_scaling(a) if rope else None,
+        **(_megatron_rope_scaling(a) if rope else {}),
         "normalization": a["normalization"],
+        "apply_layernorm_1p": bool(a.get("apply_layernorm_1p")),
         "norm_epsilon": a["norm_epsilon"],
+        "activation": _megatron_activation(a),
+        "qk_norm": "l2" if a.get("qk_l2_norm") else "learned" if a.get("qk_layernorm") else "none",
+        "qkv_bias": bool(a["add_qkv_bias"] or a.get("add_bias_linear", True)),
+        "add_bias_linear": bool(a.get("add_bias_linear", True)),
+        "window_size": window[0] + 1 if window else "none",  # Hugging Face's sliding_window: left + 1
+        "window_layers": _window_layers(a) if window else None,
         "tied_embeddings": not a["untie_embeddings_and_output_weights"],
-        "add_qkv_bias": a["add_qkv_bias"],
     }
     if a.get("num_experts"):
-        numbers.update(num_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"])
-        numbers["moe_ffn_hidden_size"] = a["moe_ffn_hidden_size"]
+        softmax = a.get("moe_router_score_function", "softmax") == "softmax"
+        numbers.update(
+            num_experts=a["num_experts"],
+            moe_router_topk=a["moe_router_topk"],
+            moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
+            moe_shared_expert_intermediate_size=a.get("moe_shared_expert_intermediate_size") or "none",
+            # softmax over the top-k logits renormalises them; pre-softmax picks from every expert's probability
+            moe_topk_renormalized=not a.get("moe_router_pre_softmax") if softmax else a["moe_router_topk"] > 1,
+            moe_router_score_function=a.get("moe_router_score_function", "softmax"),
+        )
     return numbers
 
 
-def _megatron_rope_scaling(a: dict[str, Any]) -> str:
+def _megatron_rope_scaling(a: dict[str, Any]) -> dict[str, Any]:
     if a.get("use_rope_scaling"):
-        return f"llama3 x{_show(float(a['rope_scaling_factor']))}"
+        factors = {f"rope_scaling.{k}": v for k, v in MEGATRON_LLAMA3.items()}
+        return {"rope_type": "llama3", "rope_scaling.factor": float(a["rope_scaling_factor"]), **factors}
     if a.get("rotary_seq_len_interpolation_factor"):
-        return f"linear x{_show(float(a['rotary_seq_len_interpolation_factor']))}"
-    return "none"
+        return {"rope_type": "linear", "rope_scaling.factor": float(a["rotary_seq_len_interpolation_factor"])}
+    return {"rope_type": "default"}
 
 
-def _hf_rope_scaling(config: dict[str, Any]) -> str:
-    scaling = config.get("rope_scaling")
-    if not scaling:
-        return "none"
-    kind = scaling.get("rope_type") or scaling.get("type") or "?"
-    if kind == "default":
-        return "none"
-    factor = scaling.get("factor")
-    return f"{kind} x{_show(float(factor))}" if isinstance(factor, (int, float)) else str(kind)
+def _megatron_activation(a: dict[str, Any]) -> str:
+    if a.get("swiglu"):
+        return "silu"
+    if a.get("squared_relu"):
+        return "relu2"
+    return "quick-gelu" if a.get("quick_geglu") else "gelu"
 
 
-# Megatron-LM setting -> (Hugging Face keys, first found wins), compared where config.json has one of them
-_KEYS: dict[str, tuple[str, ...]] = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd"),
-    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
-    "num_query_groups": ("num_key_value_heads",),
-    "kv_channels": ("head_dim",),
-    "padded_vocab_size": ("vocab_size",),
-    "rotary_base": ("rope_theta",),
-    "rotary_percent": ("partial_rotary_factor",),
-    "norm_epsilon": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
-    "tied_embeddings": ("tie_word_embeddings",),
-    "add_qkv_bias": ("attention_bias",),
-    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
-    "moe_router_topk": ("num_experts_per_tok",),
-    "moe_ffn_hidden_size": ("moe_intermediate_size",),
-}
+def _window_layers(a: dict[str, Any]) -> tuple[bool, ...]:
+    """Per layer, whether it attends through the window (megatron-core's is_layer_window_attention)."""
+    skip = a.get("window_attn_skip_freq")
+    if skip is None:
+        return (True,) * a["num_layers"]
+    if isinstance(skip, int):
+        return tuple((n + 1) % skip != 0 for n in range(a["num_layers"]))
+    return tuple(bool(v) for v in skip)
 
 
-def compare_with_origin(architecture: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], list[Disagreement]]:
-    """(the settings compared, those that disagree) between a checkpoint's architecture (ModelArchitecture's
-    fields) and a Hugging Face config.json. A key config.json lacks is not compared (Hugging Face's defaults
-    differ by model type); the RoPE scaling is compared whenever the model uses RoPE (no `rope_scaling`: none)."""
-    config = config.get("text_config") or config  # a multimodal model's language model
+def compare_with_origin(
+    architecture: dict[str, Any], config: dict[str, Any]
+) -> tuple[list[str], list[Disagreement], list[str]]:
+    """(the settings compared, those that disagree, those not compared with why) between a checkpoint's
+    architecture (ModelArchitecture's fields) and a Hugging Face config.json (transformers 4 or 5 format).
+
+    A setting is compared only where both sides say it: a key config.json lacks (and its model type does not
+    fix) is listed as not compared, never taken for a default (Hugging Face's defaults differ by model type).
+    The RoPE scaling's factors are compared where both sides use the same scaling type."""
+    said, unreadable = origin_settings(config)
     numbers = forward_numbers(architecture)
     compared: list[str] = []
     disagreements: list[Disagreement] = []
-    for setting, keys in _KEYS.items():
-        key = next((k for k in keys if config.get(k) is not None), None)
-        if key is None or numbers.get(setting) is None:
+    not_compared: list[str] = []
+    rope_types_agree = "rope_type" in said and numbers.get("rope_type") == said["rope_type"].value
+    for setting, mine in numbers.items():
+        if mine is None:
+            continue
+        if setting.startswith("rope_scaling.") and not rope_types_agree:
+            continue  # the type's disagreement (or not being compared) says it
+        if setting not in said:
+            why = unreadable.get(setting, "config.json does not say")
+            not_compared.append(f"{setting} ({why})")
             continue
         compared.append(setting)
-        mine, theirs = numbers[setting], config[key]
-        if not _agree(setting, mine, theirs):
-            disagreements.append(Disagreement(setting, mine, key, theirs))
-    if numbers["rope_scaling"] is not None:
-        compared.append("rope_scaling")
-        theirs = _hf_rope_scaling(config)
-        if numbers["rope_scaling"] != theirs:
-            disagreements.append(Disagreement("rope_scaling", numbers["rope_scaling"], "rope_scaling", theirs))
-    return compared, disagreements
+        theirs = said[setting]
+        if not _agree(setting, mine, theirs.value):
+            disagreements.append(Disagreement(setting, mine, theirs.key, theirs.value))
+    not_compared += [f"{key} ({why})" for key, why in unreadable.items() if key not in numbers]
+    return compared, disagreements, not_compared
 
 
 def _agree(setting: str, mine: Any, theirs: Any) -> bool:
     if isinstance(mine, bool) or isinstance(theirs, bool):
-        return bool(mine) == bool(theirs)
+        return isinstance(mine, bool) and isinstance(theirs, bool) and mine == theirs
+    if isinstance(mine, str) or isinstance(theirs, str) or isinstance(mine, tuple) or isinstance(theirs, tuple):
+        return mine == theirs
     if not isinstance(theirs, (int, float)):
         return False
     if setting == "padded_vocab_size":  # Megatron-LM pads the vocabulary; never below the model's
@@ -205,9 +240,13 @@ def check_origin(architecture: dict[str, Any], named_by: str, config_path: Path)
         raise DeploymentError(f"{config_path} ({named_by}) cannot be read: {exc}") from None
     if not isinstance(config, dict):
         raise DeploymentError(f"{config_path} ({named_by}) does not hold a JSON object.")
-    compared, disagreements = compare_with_origin(architecture, config)
+    compared, disagreements, not_compared = compare_with_origin(architecture, config)
     return OriginCheck(
-        origin=named_by, config=str(config_path), compared=tuple(compared), disagreements=tuple(disagreements)
+        origin=named_by,
+        config=str(config_path),
+        compared=tuple(compared),
+        disagreements=tuple(disagreements),
+        not_compared=tuple(not_compared),
     )
 
 
@@ -231,7 +270,10 @@ def refuse_mismatch(check: OriginCheck, where: str) -> None:
     )
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A setting's value for people: 8.0 as 8, a per-layer pattern as the layers it is on."""
+    if isinstance(value, tuple) and all(isinstance(v, bool) for v in value):  # per layer: the windowed ones
+        return "layers " + ",".join(str(n + 1) for n, on in enumerate(value) if on) if any(value) else "no layer"
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     return str(value)

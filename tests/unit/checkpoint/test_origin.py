@@ -109,7 +109,7 @@ def test_inspect_shows_the_rope_base_when_it_is_megatron_s_default(converted: di
     shown = runner.invoke(app, ["inspect", str(converted["wrong"]), "--origin", str(converted["hf"])])
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.split())
-    assert "rotary_base=10000.0" in text and "norm_epsilon=" in text and "tied_embeddings=" in text
+    assert "rotary_base=10000," in text and "norm_epsilon=" in text and "tied_embeddings=" in text
     assert "DISAGREES" in text and "rope_theta=100000" in text
 
 
@@ -126,8 +126,8 @@ def test_the_comparison_names_every_number_that_differs() -> None:
         "num_key_value_heads": 2, "vocab_size": 49152, "rope_theta": 10000, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True,
     }  # fmt: skip
-    compared, differ = compare_with_origin(mine, same)
-    assert differ == [] and {"rotary_base", "rope_scaling", "padded_vocab_size", "tied_embeddings"} <= set(compared)
+    compared, differ, _ = compare_with_origin(mine, same)
+    assert differ == [] and {"rotary_base", "rope_type", "padded_vocab_size", "tied_embeddings"} <= set(compared)
     # Megatron-LM pads the vocabulary: 49152 rows serve a 49131-token model, not a 50000-token one
     assert compare_with_origin(mine, {**same, "vocab_size": 49131})[1] == []
     other = {
@@ -140,7 +140,7 @@ def test_the_comparison_names_every_number_that_differs() -> None:
         "num_query_groups": (2, 4),
         "norm_epsilon": (1e-5, 1e-6),
         "tied_embeddings": (True, False),
-        "rope_scaling": ("none", "llama3 x32"),
+        "rope_type": ("default", "llama3"),
     }
 
 
@@ -154,3 +154,139 @@ def test_only_the_tokenizer_files_of_a_model_directory_are_published(
     assert "model.safetensors" not in names
     assert names == {p.name for p in converted["hf"].iterdir()} - {"model.safetensors"}
     assert sum(p.stat().st_size for p in published.iterdir()) < 10 << 20
+
+
+def _saved_config(target: Path, architecture: dict, kind: str = "llama", **settings: object) -> Path:
+    """config.json as the pinned transformers' `save_pretrained` writes it (transformers 5: `rope_parameters`,
+    no top-level `rope_theta`) for the architecture, as a `kind` model with `settings`."""
+    import transformers
+
+    a = architecture
+    classes = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
+    config = classes[kind](
+        num_hidden_layers=a["num_layers"],
+        hidden_size=a["hidden_size"],
+        intermediate_size=a["ffn_hidden_size"],
+        num_attention_heads=a["num_attention_heads"],
+        num_key_value_heads=a["num_query_groups"],
+        head_dim=a["kv_channels"],
+        vocab_size=a["padded_vocab_size"],
+        max_position_embeddings=a["max_position_embeddings"],
+        rms_norm_eps=a["norm_epsilon"],
+        tie_word_embeddings=not a["untie_embeddings_and_output_weights"],
+        **settings,
+    )
+    config.save_pretrained(str(target))
+    return target
+
+
+LLAMA31_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def saved_v5(converted: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """config.json files written by the pinned transformers (5) for the tiny model: with rope_theta 100000, and
+    Llama-3.1's RoPE (theta 500000, llama3 scaling x8); and the tiny checkpoint converted as Llama-3.1 is."""
+    base = tmp_path_factory.mktemp("origin-v5")
+    architecture = describe_checkpoint(converted["right"]).architecture
+    theta = {"rope_type": "default", "rope_theta": 100000.0}
+    return {
+        "plain": _saved_config(base / "plain", architecture, rope_parameters=theta),
+        "llama31": _saved_config(base / "llama31", architecture, rope_parameters=LLAMA31_ROPE),
+        "checkpoint31": with_args(
+            converted["right"], base / "ckpt31", rotary_base=500000.0, use_rope_scaling=True, rope_scaling_factor=8.0
+        ),
+    }
+
+
+def test_a_transformers_5_config_refuses_the_converter_s_rotary_base(
+    converted: dict[str, Path], saved_v5: dict[str, Path]
+) -> None:
+    from ckpteval.checkpoint.description import refuse_origin_mismatch
+    from ckpteval.errors import DeploymentError
+
+    written = json.loads((saved_v5["plain"] / "config.json").read_text())
+    assert "rope_theta" not in written and written["rope_parameters"]["rope_theta"] == 100000.0  # the v5 format
+    wrong = describe_checkpoint(converted["wrong"], origin=str(saved_v5["plain"]))
+    assert wrong.origin is not None
+    assert [str(d) for d in wrong.origin.disagreements] == [
+        "rotary_base=10000 in the checkpoint, rope_parameters.rope_theta=100000 in it"
+    ]
+    with pytest.raises(DeploymentError, match=r"rope_parameters\.rope_theta=100000"):
+        refuse_origin_mismatch(wrong)
+    right = describe_checkpoint(converted["right"], origin=str(saved_v5["plain"])).origin
+    assert right is not None and right.disagreements == ()
+    # every forward-pass setting of the tiny Llama is said by a Llama config.json written by transformers
+    assert {"rotary_base", "rope_type", "activation", "normalization", "qk_norm", "qkv_bias", "window_size"} <= set(
+        right.compared
+    )
+    assert right.not_compared == ()
+
+
+def test_a_llama_3_1_conversion_with_a_transformers_5_config_is_accepted(saved_v5: dict[str, Path]) -> None:
+    check = describe_checkpoint(saved_v5["checkpoint31"], origin=str(saved_v5["llama31"])).origin
+    assert check is not None and check.disagreements == (), [str(d) for d in check.disagreements]
+    assert {"rope_type", "rope_scaling.factor", "rope_scaling.high_freq_factor"} <= set(check.compared)
+
+
+def test_the_scaling_s_factors_are_compared_and_an_absent_one_is_never_none(
+    converted: dict[str, Path], saved_v5: dict[str, Path], tmp_path: Path
+) -> None:
+    architecture = describe_checkpoint(saved_v5["checkpoint31"]).architecture
+    # Llama-3.2's factor 32 where the checkpoint says 8; a high_freq_factor megatron-core does not use
+    config = json.loads((saved_v5["llama31"] / "config.json").read_text())
+    config["rope_parameters"].update(factor=32.0, high_freq_factor=2.0)
+    named = {str(d) for d in compare_with_origin(architecture, config)[1]}
+    assert named == {
+        "rope_scaling.factor=8 in the checkpoint (args rope_scaling_factor or rotary_seq_len_interpolation_factor), "
+        "rope_parameters.factor=32 in it",
+        "rope_scaling.high_freq_factor=4 in the checkpoint (args none: megatron-core fixes 4), "
+        "rope_parameters.high_freq_factor=2 in it",
+    }
+    # a checkpoint that lost its scaling, next to a v5 config that has one: the type disagrees (not "none")
+    plain = describe_checkpoint(converted["right"]).architecture
+    lost = {d.setting: d.origin for d in compare_with_origin({**plain, "rotary_base": 500000.0}, config)[1]}
+    assert lost == {"rope_type": "llama3"}
+    # a config.json that says nothing about RoPE: listed as not compared, never as agreeing
+    bare = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+    compared, differ, not_compared = compare_with_origin(plain, bare)
+    assert differ == [] and "rotary_base" not in compared and "rope_type" not in compared
+    assert "rotary_base (config.json does not say)" in not_compared
+    assert "rope_type (config.json does not say)" in not_compared
+
+
+def test_what_the_model_type_fixes_is_compared(converted: dict[str, Path], tmp_path: Path) -> None:
+    """Qwen2's config.json has no key for its QKV bias (transformers' Qwen2 attention always has one)."""
+    architecture = describe_checkpoint(converted["right"]).architecture
+    qwen2 = _saved_config(tmp_path / "qwen2", architecture, kind="qwen2", rope_parameters={"rope_theta": 10000.0})
+    config = json.loads((qwen2 / "config.json").read_text())
+    assert "attention_bias" not in config and "qkv_bias" not in config
+    named = [str(d) for d in compare_with_origin(architecture, config)[1]]
+    said = "qkv_bias=False in the checkpoint (args add_qkv_bias, add_bias_linear), True in it (model_type=qwen2)"
+    assert said in named
+    assert not [d for d in compare_with_origin({**architecture, "add_qkv_bias": True}, config)[1] if "qkv" in d.setting]
+
+
+def test_inspect_and_provenance_list_what_is_not_compared(converted: dict[str, Path], tmp_path: Path) -> None:
+    from ckpteval.config.compile import compile_config
+    from ckpteval.config.compose import CompileRequest
+    from ckpteval.job.files import checked_checkpoint
+
+    architecture = describe_checkpoint(converted["right"]).architecture
+    config = _hf_config(architecture, rope_theta=100000.0)
+    del config["rms_norm_eps"]
+    config["hidden_act"] = "mystery_act"
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "unknown"}))
+    shown = runner.invoke(app, ["inspect", str(converted["right"]), "--origin", str(tmp_path)])
+    text = " ".join(shown.output.split())
+    assert shown.exit_code == 0, shown.output
+    assert "not compared:" in text and "norm_epsilon (config.json does not say)" in text
+    assert "activation (hidden_act=mystery_act is not one ckpteval knows)" in text
+    description = describe_checkpoint(converted["right"], origin=str(tmp_path))
+    compiled = compile_config(CompileRequest(configs=("tiny",), tasks=("gsm8k",)))
+    recorded = checked_checkpoint(description, compiled)["origin"]
+    assert "norm_epsilon (config.json does not say)" in recorded["not_compared"]
+    assert "norm_epsilon" not in recorded["compared"]
