@@ -26,6 +26,7 @@ from ckpteval.errors import DeploymentError
 if TYPE_CHECKING:
     from ckpteval.checkpoint.identity import CheckpointIdentity
     from ckpteval.checkpoint.origin import OriginCheck
+    from ckpteval.checkpoint.unexpected_tensors import UnexpectedTensors
     from ckpteval.config.preview import PreviewPanel
 
 BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
@@ -128,6 +129,8 @@ class CheckpointDescription:
     problems: tuple[str, ...] = ()  # what keeps the builtin from building the model, in words
     origin: OriginCheck | None = None  # the checkpoint compared with the Hugging Face model it came from
     identity: CheckpointIdentity | None = None  # hashes of its metadata files and of its file list
+    # tensors in its index that the model its args build does not have, by the arg that would build them
+    unexpected_tensors: tuple[UnexpectedTensors, ...] = ()
 
     def verdict(self, backend: BackendName) -> BackendVerdict:
         """The verdict for one backend."""
@@ -200,6 +203,11 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
     parameters = sum(_numel(shape) for shape, _ in tensors.values())
     weight_bytes = sum(_numel(shape) * _itemsize(dtype) for shape, dtype in tensors.values())
     saved = saved_parallelism(args, layout.iter_dir)
+    unexpected: tuple[UnexpectedTensors, ...] = ()
+    if architecture:
+        from ckpteval.checkpoint.unexpected_tensors import unexpected_in_index
+
+        unexpected = unexpected_in_index(architecture, tensors)
     family = _family(args)
     builtin_ok = not problems
     description = CheckpointDescription(
@@ -230,6 +238,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
         ),
         problems=tuple(problems),
         identity=checkpoint_identity(layout.iter_dir),
+        unexpected_tensors=unexpected,
     )
     return description
 
@@ -551,6 +560,15 @@ def refuse_origin_mismatch(description: CheckpointDescription, *, ignore: bool =
         refuse_mismatch(description.origin, description.path)
 
 
+def refuse_unexpected_tensors(description: CheckpointDescription, *, ignore: bool = False) -> None:
+    """Raise the one DeploymentError a run gets when the checkpoint holds tensors the model its args build
+    does not have (unless `ignore`: deployment.ignore_unexpected_tensors)."""
+    from ckpteval.checkpoint.unexpected_tensors import refuse_unexpected
+
+    if not ignore:
+        refuse_unexpected(description.unexpected_tensors, description.path)
+
+
 def headline(description: CheckpointDescription) -> str:
     """One line: family, size, dtype, saved parallelism."""
     d = description
@@ -577,10 +595,10 @@ def summary(description: CheckpointDescription) -> str:
         if d.tokenizer.problem:
             lines.append(f"              problem: {d.tokenizer.problem}")
     if d.architecture:
-        from ckpteval.checkpoint.origin import forward_numbers
+        from ckpteval.checkpoint.origin import forward_numbers, show_value
 
         numbers = forward_numbers(d.architecture)
-        lines.append("forward       " + ", ".join(f"{k}={v}" for k, v in numbers.items() if v is not None))
+        lines.append("forward       " + ", ".join(f"{k}={show_value(v)}" for k, v in numbers.items() if v is not None))
     if d.origin is not None:
         if d.origin.disagreements:
             lines.append(f"origin        {d.origin.origin} ({d.origin.config}) DISAGREES:")
@@ -588,6 +606,10 @@ def summary(description: CheckpointDescription) -> str:
         else:
             compared = ", ".join(d.origin.compared)
             lines.append(f"origin        {d.origin.origin} ({d.origin.config}) agrees on {compared}")
+        if d.origin.not_compared:
+            lines.append("              not compared: " + "; ".join(d.origin.not_compared))
+    for group in d.unexpected_tensors:
+        lines.append(f"unexpected    {group}")
     for setting in d.forward_settings:
         lines.append(
             f"setting       {setting.name}={setting.value!r}: {setting.status}"

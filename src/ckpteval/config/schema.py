@@ -164,6 +164,7 @@ class MegatronDeployment:
     # the Hugging Face model the checkpoint came from (a directory or cached hub id), compared with its args
     origin: str | None = None
     ignore_origin_mismatch: bool = False  # serve a checkpoint whose args disagree with its origin, as it is
+    ignore_unexpected_tensors: bool = False  # serve a checkpoint holding tensors its args' model lacks, without them
     served_model_name: str
     image: str | None = None
     port: int = 8000

@@ -40,6 +40,7 @@ def builtin_command(
         prepare=deployment.prepare,
         replicas=deployment.num_replicas or 1,  # null (export-deploy's 'as many as fit') is one here
         tokenizer=None if deployment.tokenizer in (None, FROM_CHECKPOINT) else deployment.tokenizer,
+        ignore_unexpected_tensors=deployment.ignore_unexpected_tensors,
         publish_tokenizer=None if publish_tokenizer is None else Path(publish_tokenizer),
         prefix_cache=deployment.prefix_cache,
         identity=identity,

@@ -140,6 +140,7 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
         checkpoint_panel,
         clients_read,
         refuse_origin_mismatch,
+        refuse_unexpected_tensors,
         refuse_unservable,
         user_tokenizer,
     )
@@ -154,6 +155,7 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     )
     refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
     refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
+    refuse_unexpected_tensors(description, ignore=getattr(deployment, "ignore_unexpected_tensors", False))
     job.description = description
     return checkpoint_panel(description, backend)
 

@@ -86,8 +86,10 @@ def checked_checkpoint(checkpoint: CheckpointDescription | None, compiled: Compi
             "config": checkpoint.origin.config,
             "compared": list(checkpoint.origin.compared),
             "disagreements": [str(d) for d in checkpoint.origin.disagreements],
+            "not_compared": list(checkpoint.origin.not_compared),
             "mismatch_ignored": ignored and bool(checkpoint.origin.disagreements),
         }
+    unexpected = [str(group) for group in checkpoint.unexpected_tensors]
     return {
         "checkpoint": {
             "path": checkpoint.path,
@@ -95,6 +97,10 @@ def checked_checkpoint(checkpoint: CheckpointDescription | None, compiled: Compi
             "format": checkpoint.format,
             "iteration": checkpoint.iteration,
             **identity,
+            # tensors the args' model lacks, seen in the tensor index: only there when allowed
+            "unexpected_tensors": unexpected,
+            "unexpected_tensors_ignored": bool(unexpected)
+            and bool(getattr(compiled.config.deployment, "ignore_unexpected_tensors", False)),
         },
         "tokenizer": None
         if token is None

@@ -196,6 +196,8 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
         where = f"{c.get('layout')} {c.get('format')} iteration {c.get('iteration')}"
         meta = (c.get("metadata_sha256") or "-")[:12]
         out["checkpoint"] = f"{where}; metadata {meta}, files {(c.get('files_sha256') or '-')[:12]}"
+        if c.get("unexpected_tensors"):
+            out["checkpoint"] += f"; UNEXPECTED TENSORS, served without: {'; '.join(c['unexpected_tensors'])}"
     else:
         out["checkpoint"] = "not inspected before the job (prepared by it)"
     if p.tokenizer:
@@ -203,6 +205,8 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
     if p.origin:
         disagreements = p.origin.get("disagreements") or []
         verdict = f"DISAGREES, run anyway: {'; '.join(disagreements)}" if disagreements else "agrees"
+        skipped = p.origin.get("not_compared") or []
+        verdict += f" (not compared: {'; '.join(skipped)})" if skipped else ""
         out["origin"] = f"{p.origin.get('origin')}: {verdict}"
     deployment = " ".join(str(v) for v in (p.deployment.get("kind"), p.deployment.get("image")) if v)
     if deployment:

@@ -218,8 +218,26 @@ def check_matches_checkpoint(model: GPTModel, iter_dir: Path) -> None:
         )
 
 
+def check_no_unexpected_tensors(model: GPTModel, arch: ModelArchitecture, iter_dir: Path, *, ignore: bool) -> None:
+    """Raise DeploymentError naming the checkpoint's tensors the model does not have (and the arg that
+    probably went missing), unless `ignore` (--ignore-unexpected-tensors): megatron would leave them unread."""
+    import dataclasses
+
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedBase
+
+    from ckpteval.checkpoint.unexpected_tensors import SERVER_ALLOW, explain, is_model_tensor, refuse_unexpected
+
+    if ignore or legacy_state_file(iter_dir) is not None:  # a legacy checkpoint's loader refuses them itself
+        return
+    built = {t.key for t in nested_values(model.sharded_state_dict(prefix="")) if isinstance(t, ShardedBase)}
+    extra = [key for key in checkpoint_tensor_shapes(iter_dir) if is_model_tensor(key) and key not in built]
+    refuse_unexpected(explain(dataclasses.asdict(arch), extra), str(iter_dir), allow=SERVER_ALLOW)
+
+
 def load_weights(model: GPTModel, iter_dir: Path) -> None:
-    """Fill `model` with the weights of an iteration directory (shapes checked first).
+    """Fill `model` with the weights of an iteration directory (shapes checked first; run
+    `check_no_unexpected_tensors` before it).
 
     torch_dist is resharded by megatron to the model's parallel sizes, whatever it was saved with;
     a legacy `torch` checkpoint (TP=PP=1 only, see `layout`) is one plain state dict.
@@ -234,7 +252,9 @@ def load_weights(model: GPTModel, iter_dir: Path) -> None:
     loaded = dist_checkpointing.load(
         {"model": model.sharded_state_dict(prefix="")},
         str(iter_dir),
-        strict=StrictHandling.ASSUME_OK_UNEXPECTED,  # optimizer and rng state are not needed to serve
+        # optimizer and rng state are not needed to serve; model tensors the model lacks were refused before
+        # (check_no_unexpected_tensors) unless the user allowed them
+        strict=StrictHandling.ASSUME_OK_UNEXPECTED,
     )
     result = model.load_state_dict(loaded["model"], strict=True)
     missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]

@@ -40,6 +40,7 @@ class ServeOptions:
     prepare: str | None = None  # a packaged model to prepare into `checkpoint` first if it is not there
     replicas: int = 1  # > 1: that many server processes behind one router (see `server.router`)
     tokenizer: str | None = None  # a Hugging Face tokenizer dir or hub id; None: the checkpoint's
+    ignore_unexpected_tensors: bool = False  # serve a checkpoint holding tensors its args' model lacks
     publish_tokenizer: Path | None = None  # first write the tokenizer served with here, for the task clients
     prefix_cache: bool = True  # score each shared token prefix once (see `server.prefix_cache`)
     prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
@@ -157,6 +158,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("replicas", "Server processes behind this port; each request goes to the least busy."),
     Flag(
         "tokenizer", "A Hugging Face tokenizer directory or hub id. Default: the checkpoint's own (evaluate inspect)."
+    ),
+    Flag(
+        "ignore_unexpected_tensors",
+        "Serve a checkpoint that holds tensors the model its args build does not have (they are not loaded).",
     ),
     Flag(
         "publish_tokenizer",

@@ -158,12 +158,18 @@ class LoadingResponder:
 
 
 def load_model(
-    checkpoint: Path, *, device: str = "auto", dtype: str = "auto", tokenizer: str | None = None
+    checkpoint: Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    tokenizer: str | None = None,
+    ignore_unexpected_tensors: bool = False,
 ) -> LoadedModel:
-    """Read the checkpoint, set up the runtime and return a ready `ModelRunner` (slow: imports megatron)."""
+    """Read the checkpoint, set up the runtime and return a ready `ModelRunner` (slow: imports megatron).
+    A checkpoint holding tensors the model its args build lacks is refused unless `ignore_unexpected_tensors`."""
     from ckpteval.server.checkpoint import load_checkpoint_info
     from ckpteval.server.engine import ModelRunner
-    from ckpteval.server.model import build_gpt_model, load_weights
+    from ckpteval.server.model import build_gpt_model, check_no_unexpected_tensors, load_weights
     from ckpteval.server.runtime import init_runtime
     from ckpteval.server.tokenizer import ServedTokenizer
 
@@ -171,6 +177,7 @@ def load_model(
     runtime = init_runtime(device, dtype, trained_in=info.architecture.params_dtype)
     served_tokenizer = ServedTokenizer(info.tokenizer_dir)
     model = build_gpt_model(info.architecture, dtype=runtime.dtype)
+    check_no_unexpected_tensors(model, info.architecture, info.iter_dir, ignore=ignore_unexpected_tensors)
     load_weights(model, info.iter_dir)
     model = model.to(runtime.device).requires_grad_(False)
     runner = ModelRunner(
@@ -267,7 +274,11 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
             started = time.perf_counter()
             _say(f"Loading {options.checkpoint} ...")
             loaded = load_model(
-                options.checkpoint, device=options.device, dtype=options.dtype, tokenizer=options.tokenizer
+                options.checkpoint,
+                device=options.device,
+                dtype=options.dtype,
+                tokenizer=options.tokenizer,
+                ignore_unexpected_tensors=options.ignore_unexpected_tensors,
             )
             app, scheduler = build_app(
                 loaded,
