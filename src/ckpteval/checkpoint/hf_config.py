@@ -120,11 +120,11 @@ def _rope(config: dict[str, Any], kind: str, said: dict[str, Said], unreadable: 
             said["rotary_base"] = Said("rope_parameters.rope_theta", params["rope_theta"])
         if params.get("partial_rotary_factor") is not None:
             said["rotary_percent"] = Said("rope_parameters.partial_rotary_factor", params["partial_rotary_factor"])
-    else:  # transformers 4: rope_scaling null or absent-with-rope_theta means none
+    else:  # transformers 4: `rope_scaling: null` means none; no rope_scaling key says nothing
         where, scaling = "rope_scaling", config.get("rope_scaling")
         if config.get("rope_theta") is not None:
             said["rotary_base"] = Said("rope_theta", config["rope_theta"])
-        if scaling is None and ("rope_scaling" in config or "rope_theta" in config):
+        if scaling is None and "rope_scaling" in config:
             scaling = {"rope_type": "default"}
     if "rotary_percent" not in said and config.get("partial_rotary_factor") is not None:
         said["rotary_percent"] = Said("partial_rotary_factor", config["partial_rotary_factor"])

@@ -28,6 +28,7 @@ EVERY_SETTING = ServeOptions(
     prepare="tiny",
     replicas=3,
     tokenizer="acme/tok",
+    ignore_unexpected_tensors=True,
     publish_tokenizer=Path("/job/tokenizer"),
     prefix_cache=False,
     prefix_cache_mib=7,
