@@ -94,7 +94,7 @@ def origin_settings(config: dict[str, Any]) -> tuple[dict[str, Said], dict[str, 
     first("padded_vocab_size", "vocab_size")
     first("norm_epsilon", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
     first("tied_embeddings", "tie_word_embeddings")
-    _rope(config, kind, said, unreadable)
+    _rope(config, said, unreadable)
     _activation(config, said, unreadable)
     _normalization(config, said)
     _attention(config, kind, said, unreadable)
@@ -104,7 +104,7 @@ def origin_settings(config: dict[str, Any]) -> tuple[dict[str, Said], dict[str, 
     return said, unreadable
 
 
-def _rope(config: dict[str, Any], kind: str, said: dict[str, Said], unreadable: dict[str, str]) -> None:
+def _rope(config: dict[str, Any], said: dict[str, Said], unreadable: dict[str, str]) -> None:
     params = config.get("rope_parameters")
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         if len(params) != 1:  # one per layer type (Gemma-3): Megatron-LM has one RoPE
