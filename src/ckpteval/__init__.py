@@ -110,6 +110,7 @@ _WHERE: dict[str, str] = {
     **dict.fromkeys(
         (
             "compare",
+            "export_hf",
             "export_inspect",
             "fetch_data",
             "prepare",

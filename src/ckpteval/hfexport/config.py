@@ -221,7 +221,9 @@ def hf_config(
     return config
 
 
-def generation_config(*, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None) -> dict[str, Any]:
+def generation_config(
+    *, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None
+) -> dict[str, Any]:
     """generation_config.json: the tokens generation stops at, the same the builtin server stops at (its EOS)."""
     return {
         "bos_token_id": bos_token_id,

@@ -97,7 +97,9 @@ def _dtype_name(dtype: Any) -> str:
 
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     if dtype not in names:
-        raise DeploymentError(f"The checkpoint's weights are stored as {dtype}; only float32, bfloat16 and float16 are.")
+        raise DeploymentError(
+            f"The checkpoint's weights are stored as {dtype}; only float32, bfloat16 and float16 are."
+        )
     return names[dtype]
 
 
