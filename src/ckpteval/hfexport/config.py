@@ -244,3 +244,17 @@ def legacy_view(config: dict[str, Any]) -> dict[str, Any]:
         if "rope_scaling" not in config and parameters.get("rope_type", "default") != "default":
             config["rope_scaling"] = {k: v for k, v in parameters.items() if k != "rope_theta"}
     return config
+
+
+def export_verdict(architecture: dict[str, Any], *, where: str) -> tuple[HfFamily | None, str]:
+    """(the family, None when there is none; in words) whether vLLM/SGLang can serve a Megatron checkpoint of
+    this architecture (ModelArchitecture's fields; empty when the builtin cannot build it) through an export."""
+    if not architecture:
+        return None, "export-hf: no, its architecture cannot be read (see problems)"
+    try:
+        family = hf_family(ModelArchitecture(**architecture), where=where)
+    except DeploymentError as exc:
+        return None, f"export-hf: no: {exc.message.split(': ', 1)[-1]}"
+    except TypeError:  # fields of another version of ModelArchitecture
+        return None, "export-hf: unknown (the architecture's fields are not this version's)"
+    return family, f"export-hf: yes, as {family.architecture}"
