@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     )
     from ckpteval.library import (
         compare,
+        export_hf,
         export_inspect,
         fetch_data,
         prepare,

@@ -9,6 +9,7 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,9 @@ def export_checked(
     report = check_parity(export.checkpoint, export.output, tokenizer=tokenizer)
     report.refuse()
     parity = report.provenance()
-    (export.output / PARITY_FILE).write_text(
-        json.dumps({"identity": export.identity, **parity}, indent=2) + "\n", encoding="utf-8"
-    )
+    staging = export.output / f".{PARITY_FILE}.{os.getpid()}"  # renamed into place: a reader never sees half
+    staging.write_text(json.dumps({"identity": export.identity, **parity}, indent=2) + "\n", encoding="utf-8")
+    os.replace(staging, export.output / PARITY_FILE)
     return CheckedExport(export=export, parity=parity)
 
 

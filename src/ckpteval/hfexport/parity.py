@@ -164,7 +164,11 @@ def _compare_config(arch: Any, config: dict[str, Any]) -> tuple[list[str], list[
     from ckpteval.hfexport.config import legacy_view
 
     view = legacy_view(config)
-    compared, disagreements = compare_with_origin(asdict(arch), view)
+    fields = asdict(arch)
+    if arch.is_moe and arch.moe_layer_freq == 1 and view.get("model_type") == "mixtral":
+        # every MLP is experts: Mixtral's intermediate_size is theirs, and the dense size computes nothing
+        fields["ffn_hidden_size"] = arch.moe_ffn_hidden_size
+    compared, disagreements = compare_with_origin(fields, view)
     differences = [str(d).replace(" in it", " in config.json") for d in disagreements]
     window = None if arch.window_size is None else arch.window_size[0] + 1
     theirs = view.get("sliding_window") if view.get("use_sliding_window", True) else None
