@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     )
     from ckpteval.library import (
         compare,
+        export_hf,
         export_inspect,
         fetch_data,
         prepare,
@@ -110,6 +111,7 @@ _WHERE: dict[str, str] = {
     **dict.fromkeys(
         (
             "compare",
+            "export_hf",
             "export_inspect",
             "fetch_data",
             "prepare",

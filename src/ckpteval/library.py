@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ckpteval.cluster.squash import SquashEvent, SquashPlan, SquashResult
     from ckpteval.config.profiles import Profile
     from ckpteval.delegate.service import DelegateSettings
+    from ckpteval.hfexport.checked import CheckedExport
     from ckpteval.results.answers import DocumentAnswer, TaskFlips
     from ckpteval.results.compare import Comparison
     from ckpteval.server.serve import ServeOptions
@@ -251,6 +252,24 @@ def prepare(model: str, output: str | Path | None = None, *, force: bool = False
         raise ConfigError(f"Unknown packaged model {model!r}.", hint=f"Choose one of: {', '.join(PACKAGED_MODELS)}.")
     target = Path(output) if output is not None else default_checkpoint_dir(model)
     return prepare_checkpoint(model, target, force=force)  # type: ignore[arg-type]
+
+
+def export_hf(
+    checkpoint: str | Path,
+    output: str | Path,
+    *,
+    dtype: str = "checkpoint",
+    tokenizer: str | None = None,
+    force: bool = False,
+    check: bool = True,
+) -> CheckedExport:
+    """Write a Megatron checkpoint as a Hugging Face directory (for vLLM, SGLang, transformers) and, unless
+    `check` is false, prove it computes what the checkpoint computes (config, tensors, tokenizer, logits,
+    greedy tokens); DeploymentError naming what differs. An export of the same checkpoint content already at
+    `output` is reused. See docs/deploy.md, "vLLM and SGLang on a Megatron checkpoint"."""
+    from ckpteval.hfexport.checked import export_checked
+
+    return export_checked(checkpoint, output, dtype=dtype, tokenizer=tokenizer, force=force, check=check)
 
 
 # -- the cluster: squashed images and staged datasets ------------------------------------------------------

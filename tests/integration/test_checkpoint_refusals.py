@@ -69,7 +69,7 @@ def _args(env: Path, checkpoint: Path, *extra: str) -> list[str]:
         (
             "tiny",
             ("deployment=vllm", "deployment.image=vllm/vllm-openai:v0.8.5"),
-            "vLLM serves Hugging Face checkpoints",
+            "vLLM and SGLang serve Hugging Face directories",
         ),
     ],
     ids=["hybrid-mamba-on-builtin", "null-tokenizer", "vllm-on-a-megatron-directory"],

@@ -228,19 +228,32 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
             _builtin_verdict("builtin-cpu", builtin_ok, problems, hints, parameters, "float32"),
             _builtin_verdict("builtin-gpu", builtin_ok, problems, hints, parameters, trained),
             _export_deploy_verdict(family, parameters, trained, saved, token),
-            BackendVerdict(
-                "vllm",
-                False,
-                "vLLM serves Hugging Face checkpoints (config.json + safetensors); this is a Megatron checkpoint.",
-                hint="Use deployment=megatron (builtin or export-deploy), or convert it to Hugging Face with "
-                "Megatron-Bridge (AutoBridge.export_ckpt) and point deployment.checkpoint_path at that.",
-            ),
+            _vllm_verdict(architecture, str(layout.iter_dir)),
         ),
         problems=tuple(problems),
         identity=checkpoint_identity(layout.iter_dir),
         unexpected_tensors=unexpected,
     )
     return description
+
+
+def _vllm_verdict(architecture: dict[str, Any], where: str) -> BackendVerdict:
+    """vLLM (and SGLang) serve Hugging Face directories: a Megatron checkpoint only through an export."""
+    from ckpteval.hfexport.config import export_verdict
+
+    family, via_export = export_verdict(architecture, where=where)
+    hint = "Use deployment=megatron (builtin or export-deploy)"
+    if family is not None:
+        hint += (
+            ", or export it: evaluate export-hf CKPT OUT (checked against the checkpoint), "
+            "then deployment.checkpoint_path=OUT"
+        )
+    return BackendVerdict(
+        "vllm",
+        False,
+        f"vLLM and SGLang serve Hugging Face directories, not Megatron checkpoints; {via_export}",
+        hint=hint + ".",
+    )
 
 
 def _describe_hf(root: Path) -> CheckpointDescription:

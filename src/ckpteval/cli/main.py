@@ -56,6 +56,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "squash": ("squash", "squash_command", "Squash Docker images to cached .sqsh files on a Slurm cluster."),
     "prepare": ("prepare", "prepare_command", "Write a packaged model (smollm2, tiny) as a Megatron checkpoint."),
     "deploy": ("deploy", "deploy_command", "Serve a Megatron checkpoint behind an OpenAI-compatible API."),
+    "export-hf": (
+        "export_hf",
+        "export_hf_command",
+        "Write a Megatron checkpoint as a Hugging Face directory (vLLM, SGLang), checked against it.",
+    ),
     "serve-delegate": (
         "serve_delegate",
         "serve_delegate_command",

@@ -46,7 +46,10 @@ def test_the_tiny_checkpoint_is_described_as_saved(tiny_checkpoint: Path) -> Non
     assert {s.name for s in d.forward_settings} >= {"swiglu", "normalization", "position_embedding_type"}
     assert all(s.status == "served" for s in d.forward_settings)
     assert [v.backend for v in d.backends if v.can_serve] == ["builtin-cpu", "builtin-gpu", "export-deploy"]
-    assert "Hugging Face" in d.verdict("vllm").reason and "Megatron-Bridge" in d.verdict("vllm").hint
+    assert (
+        "Hugging Face" in d.verdict("vllm").reason and "export-hf: yes, as LlamaForCausalLM" in d.verdict("vllm").reason
+    )
+    assert "evaluate export-hf CKPT OUT" in d.verdict("vllm").hint
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -78,12 +78,16 @@ def test_whole_catalog_fits(isolated_user, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(
-    "command", ["--help", "deploy --help", "compare --help", "status --help", "tasks --help", "serve-delegate --help"]
-)
+    "command",
+    ["--help", "deploy --help", "compare --help", "status --help", "tasks --help", "serve-delegate --help",
+     "export-hf --help"],
+)  # fmt: skip
 def test_help_is_not_cut(isolated_user, command, width):
     out = _render(command.split(), width)
     if command == "deploy --help":
         assert "--no-prefix-cache" in out and "latest_checkpointed_iteration.txt" in out
+    if command == "export-hf --help":
+        assert "--no-check" in out and "--dtype" in out
     if command == "serve-delegate --help":  # slime's flag names, whole
         assert "--max-concurrent-requests" in out and "--openai-model-name" in out
 
