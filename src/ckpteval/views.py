@@ -44,6 +44,7 @@ __all__ = sorted(
         "export_destinations",
         "finished_at",
         "invocation_ids",
+        "no_tasks_hint",
         "profile_names",
         "results_file",
         "task_names",
@@ -73,6 +74,14 @@ def task_names() -> list[str]:
     from ckpteval.tasks.catalog import load_catalog
 
     return [n for n in load_catalog().names() if "." not in n]
+
+
+def no_tasks_hint(pattern: str | None = None, *, harness: str | None = None) -> str:
+    """What to try when `ckpteval.tasks(pattern, harness=harness)` finds nothing (the harness meant, the
+    names that match once case, '-' and '_' are set aside)."""
+    from ckpteval.tasks.catalog import load_catalog
+
+    return load_catalog().no_match_hint(pattern, harness=harness)
 
 
 def export_destinations() -> list[str]:

@@ -111,6 +111,7 @@ def evaluate_command(
     from ckpteval import CompileRequest
     from ckpteval import run as run_invocation
     from ckpteval.cli.console import ConsoleReporter, render_outcome
+    from ckpteval.cli.habits import root_flag_word
     from ckpteval.errors import ConfigError
 
     if run and batch:
@@ -120,12 +121,22 @@ def evaluate_command(
         )
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be a positive number of samples, not {limit}.")
+    empty = [value for value in task or () if not value.replace(",", "").strip()]
+    if empty:  # `-t "$TASKS"` with an empty variable must not mean "every task of the config"
+        raise ConfigError(
+            f"-t {empty[0]!r} names no task.",
+            hint="Name one (-t adlr_mmlu), or leave -t out to run the config's tasks.",
+        )
+    for word in overrides or ():
+        refused = root_flag_word(word)
+        if refused is not None:
+            raise refused
     request = CompileRequest(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
         overrides=shortcut_overrides(limit=limit, model=model) + tuple(override or ()) + tuple(overrides or ()),
-        tasks=tuple(name for value in task or () for name in value.split(",") if name),
+        tasks=tuple(name.strip() for value in task or () for name in value.split(",") if name.strip()),
         env_file=env_file,
     )
     if check and not dry_run:

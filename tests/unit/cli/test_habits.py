@@ -20,7 +20,15 @@ MISTAKES = [
     ("nel-ls-runs", ["ls", "runs"], "use `evaluate status`"),
     ("kill", ["kill", "abc123"], "use `evaluate cancel ID`"),
     ("bare-word", ["frobnicate"], "is neither a command nor an override"),
-    ("lm-eval-model-args", ["--model_args", "pretrained=x"], "No option --model_args: pass deployment.*"),
+    ("lm-eval-model-args", ["--model_args", "pretrained=x"], "the checkpoint is --model PATH (run.model=PATH)"),
+    ("lm-eval-batch-size", ["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
+    ("lm-eval-batch-size-dash", ["-c", "tiny", "--batch-size=8"], "params.parallelism=8"),
+    ("lm-eval-device", ["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
+    ("lm-eval-fewshot", ["-c", "tiny", "--num_fewshot", "5"], "+evaluation.nemo_evaluator_config.config.params.extra"),
+    ("version-word", ["version"], "Did you mean `evaluate --version`?"),
+    ("version-word-after-config", ["-c", "tiny", "version"], "Did you mean `evaluate --version`?"),
+    ("empty-task", ["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
+    ("empty-task-list", ["-c", "tiny", "-d", "-t", " , "], "names no task."),
     ("unknown-flag-close", ["--lmit", "3"], "No such option: --lmit (Possible options: --limit)."),
     ("subcommand-flag", ["status", "--bogus"], "No such option: --bogus."),
     ("subcommand-value", ["status", "--limit", "lots"], "Invalid value for '--limit'"),
@@ -55,6 +63,21 @@ def test_mistake_is_one_line_exit_2(isolated_user, argv, expected):
 def test_override_hint_suggests_the_close_key_first(isolated_user):
     lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "deployment.prot=9000"]), "no such key")
     assert lines[1] == "Did you mean deployment.port=9000?"
+
+
+def test_override_hint_corrects_a_misspelled_section_rather_than_offering_plus(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "exection.output_dir=/tmp/x"]), "no such key")
+    assert lines[1] == "Did you mean execution.output_dir=/tmp/x?"
+
+
+def test_hinted_overrides_are_accepted(isolated_user):
+    # what the hints above tell the user to type compiles
+    argv = ["-c", "tiny", "-d", "deployment.max_batch_size=8", "deployment.device=cuda", "execution.output_dir=/tmp/x"]
+    argv += ["evaluation.nemo_evaluator_config.config.params.parallelism=8"]
+    argv += ["+evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=5"]
+    result = _invoke(argv)
+    assert result.exit_code == 0, result.output
+    assert "num_fewshot: 5" in result.output
 
 
 def test_override_hint_names_the_real_path_of_a_deeper_key(isolated_user):

@@ -94,6 +94,21 @@ def test_the_end_of_a_run_says_how_long_where_and_what_next(isolated_user):
     ]
 
 
+def test_a_failed_run_ends_with_what_happened_and_how_to_go_on_not_with_reading_its_scores(isolated_user):
+    # one task finished before the job failed: its scores exist, but the run's next step is not to read them
+    results = record_invocation(
+        isolated_user / "jobs", "ffff0006", {"hellaswag": sample_rows("hellaswag", {"acc": [1.0, 0.0]})}
+    )
+    record = load_record("ffff0006")
+    console, out = _console()
+    render_outcome(Outcome("ffff0006", "failed", 1, record=record, results=results), console, elapsed=3)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "failed in 3s · invocation ffff0006"
+    commands = [ln.split("#")[0].strip() for ln in lines[2:]]
+    assert commands == ["evaluate logs ffff0006", "evaluate resume ffff0006"]
+    assert all(len(ln) <= 80 for ln in lines)
+
+
 @pytest.mark.parametrize(("seconds", "shown"), [(4.4, "4s"), (65, "1m 05s"), (7325, "2h 02m")])
 def test_durations_read_like_a_person_says_them(seconds, shown):
     assert format_duration(seconds) == shown
