@@ -122,7 +122,7 @@ class ConsoleReporter:
             self._live = Live(console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
         assert self._rates is not None
-        self._live.update(render_progress(event.snapshot, self._rates))
+        self._live.update(render_progress(event.snapshot, self._rates, self.console.width))
 
     def _end_live(self) -> None:
         if self._live is not None:

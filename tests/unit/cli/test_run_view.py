@@ -141,9 +141,40 @@ def test_progress_counts_documents_with_requests_as_detail():
         ),
         finished=None,
     )
-    console, out = _console()
-    console.print(render_progress(snapshot, Rates()))
+    console, out = _console(140)
+    console.print(render_progress(snapshot, Rates(), 140))
     lines = out.getvalue().splitlines()
     assert lines[1].split()[:2] == ["hellaswag", "succeeded"] and lines[1].rstrip().endswith("2/2 docs · 8/8 requests")
     assert lines[2].split() == ["humaneval", "running", "3", "requests"]  # requests alone, no guess at documents
     assert lines[3].split() == ["gsm8k", "pending"]
+
+
+def _frame(width: int, docs: int, done: int) -> list[str]:
+    from ckpteval.cli.progress import Rates, render_progress
+    from ckpteval.types import JobSnapshot, TaskSnapshot
+
+    # MMLU at --limit 5: 285 documents, 1,140 requests; the second task not begun
+    snapshot = JobSnapshot(
+        deployment="ready",
+        tasks=(
+            TaskSnapshot("adlr_mmlu", "tasks/adlr_mmlu", "running", done, 1140, docs=docs, docs_total=285),
+            TaskSnapshot("hellaswag", "tasks/hellaswag", "pending"),
+        ),
+        finished=None,
+    )
+    console, out = _console(width)
+    console.print(render_progress(snapshot, Rates(), width))
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_the_progress_fits_and_holds_still_from_frame_to_frame(width: int):
+    frames = [_frame(width, docs, done) for docs, done in ((0, 0), (7, 28), (57, 228), (285, 1140))]
+    for lines in frames:
+        assert all(len(line) <= width for line in lines), lines
+        assert len(lines) == len(frames[0])  # no row wraps anew
+    # the count ends in the same column in every frame
+    ends = {next(ln for ln in lines if "docs" in ln).index("docs") for lines in frames[1:]}
+    assert len(ends) == 1, frames
+    joined = "\n".join(frames[2])
+    assert "57/285 docs" in joined and "228/1140 requests" in joined

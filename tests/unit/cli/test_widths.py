@@ -162,3 +162,47 @@ def test_resume_of_a_succeeded_invocation_does_nothing(recorded):
     assert result.exit_code == 0, result.output
     assert "succeeded already: nothing to resume" in result.output
     assert sorted(p.relative_to(recorded) for p in recorded.rglob("*")) == before
+
+
+LONG_OVERRIDE = "evaluation.nemo_evaluator_config.config.params.limit_samples=null"
+
+
+def _outside_scripts(output: str) -> list[str]:
+    """The lines of a dry run outside its copyable scripts (a `job script` section runs to the next rule)."""
+    kept, in_script = [], False
+    for line in output.splitlines():
+        if line.startswith(("job script", "sbatch script")):
+            in_script = True
+            continue
+        if in_script and "───" in line and not line.startswith((" ", "#")):
+            in_script = line.startswith(("job script", "sbatch script"))
+        if not in_script:
+            kept.append(line)
+    return kept
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint, isolated_user, width):
+    argv = ["-c", "tiny", "-t", "adlr_mmlu,gsm8k", "deployment.prepare=null", f"run.model={tiny_checkpoint}"]
+    result = CliRunner().invoke(app, [*argv, LONG_OVERRIDE, "--dry-run"], terminal_width=width, env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = _outside_scripts(result.output)
+    # every line fits, but a single word longer than the room (a path), left whole to copy
+    too_wide = [ln for ln in lines if len(ln.rstrip()) > width and len(ln.split()) > 1]
+    assert not too_wide, "\n".join(too_wide)
+    assert "…" not in "\n".join(lines)
+    text = "\n".join(lines)
+    for seen in ("forward", "num_query_groups=", "export-deploy yes", "group 1: adlr_mmlu", "group 2: gsm8k"):
+        assert seen in text, seen
+    # the long override whole: its key on one line, its value on the next where it does not fit
+    header = "".join(ln.strip(" │") for ln in lines[: lines.index(next(ln for ln in lines if "tasks" in ln))])
+    assert LONG_OVERRIDE in header.replace(" ", ""), header
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_inspect_fits(tiny_checkpoint, isolated_user, width):
+    result = CliRunner().invoke(app, ["inspect", str(tiny_checkpoint)], terminal_width=width, env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    too_wide = [ln for ln in result.output.splitlines() if len(ln.rstrip()) > width and len(ln.split()) > 1]
+    assert not too_wide, "\n".join(too_wide)
+    assert "num_query_groups=" in result.output and "…" not in result.output
