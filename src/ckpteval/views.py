@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # the two the same). InvocationRecord is for this module's own signatures.
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import summary as checkpoint_summary
+    from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import config_yaml
     from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.answers import shorten
@@ -45,8 +46,10 @@ __all__ = sorted(
         "finished_at",
         "invocation_ids",
         "no_tasks_hint",
+        "planned_documents",
         "profile_names",
         "results_file",
+        "score_summary",
         "task_names",
     ]
 )
@@ -103,6 +106,59 @@ def results_file(record: InvocationRecord) -> Path | None:
     from ckpteval.invocation.jobdir import JobDir
 
     return Path(record.local_results_dir) / JobDir.RESULTS if record.local_results_dir else None
+
+
+def planned_documents(compiled: CompiledConfig) -> dict[str, str]:
+    """Per task of a compiled invocation whose document count ckpteval knows, how many documents it will
+    evaluate, in words: `285 documents (5 per subject, 57 subjects)` where the limit applies per subtask."""
+    from ckpteval.merge import deep_merge
+    from ckpteval.tasks.offline_data import offline_source_key
+    from ckpteval.tasks.progress import documents_per_subtask
+
+    config = compiled.config
+    out = {}
+    for task in compiled.tasks:
+        params = deep_merge(task.spec.params, (task.evaluator_config.get("config") or {}).get("params") or {})
+        # on this machine a task with packaged data reads it (the hub is not asked here)
+        offline = (
+            not config.execution.on_cluster
+            and offline_source_key(task.spec) is not None
+            and config.evaluation.offline_data != "off"
+        )
+        counts = documents_per_subtask(params, offline=offline)
+        if not counts:
+            continue
+        text = f"{sum(counts):,} documents"
+        if len(counts) > 1:
+            limit = params.get("limit_samples")
+            each = f"{limit} per subtask, " if limit is not None and max(counts) == min(counts) else ""
+            text += f" ({each}{len(counts)} subtasks)"
+        out[task.name] = text
+    return out
+
+
+def score_summary(record: InvocationRecord) -> str:
+    """An invocation's scores in a few words, from the results.json this machine holds ("" where it holds
+    none): each task's first metric and the documents behind it, `adlr_mmlu 0.2456 n=57`."""
+    from ckpteval.errors import CkptevalError
+    from ckpteval.results.store import read_results
+
+    path = results_file(record)
+    if path is None or not path.is_file():
+        return ""
+    try:
+        found = read_results(path)
+    except (CkptevalError, OSError, ValueError):
+        return ""
+    parts = []
+    for name, outcome in found.tasks.items():
+        metric = next(iter(outcome.metrics.values()), None)
+        if outcome.status != "succeeded" or metric is None:
+            parts.append(f"{name} {outcome.status}")
+            continue
+        n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
+        parts.append(f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else ""))
+    return ", ".join(parts)
 
 
 def finished_at(record: InvocationRecord) -> float | None:

@@ -42,7 +42,7 @@ def render_preview(
     if compiled.request.overrides:
         room = console.width - 4 - len("invocation") - 2  # inside the panel's border, after the labels
         summary.add_row("overrides", "\n".join(_override_lines(redact(o), room) for o in compiled.request.overrides))
-    summary.add_row("tasks", ", ".join(t.name for t in compiled.tasks))
+    summary.add_row("tasks", tasks_with_documents(compiled))
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
@@ -67,6 +67,17 @@ def render_preview(
         console.print(body, markup=False, highlight=False, soft_wrap=True, crop=False)
     if panels:
         console.rule(style="green")
+
+
+def tasks_with_documents(compiled: CompiledConfig) -> str:
+    """The tasks, each with the documents it will evaluate where ckpteval knows the count (`--limit` applies
+    per subtask: MMLU's 5 is 285 documents), one per line when any count is known."""
+    from ckpteval.views import planned_documents
+
+    counts = planned_documents(compiled)
+    if not counts:
+        return ", ".join(t.name for t in compiled.tasks)
+    return "\n".join(t.name + (f": {counts[t.name]}" if t.name in counts else "") for t in compiled.tasks)
 
 
 def _override_lines(override: str, room: int) -> str:
@@ -151,7 +162,7 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
         ("invocation", invocation),
         ("model", str(model)),
         ("served by", served),
-        ("tasks", ", ".join(t.name for t in compiled.tasks)),
+        ("tasks", tasks_with_documents(compiled)),
         ("profile", profile),
         ("results", results),
     ]

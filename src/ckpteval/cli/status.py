@@ -76,14 +76,15 @@ def status_command(
     from rich import box
 
     from ckpteval.cli.fit import print_fitting
+    from ckpteval.views import score_summary
 
     # `where` only when it tells invocations apart (not every one ran here)
     where = any(s.record.where != "local" for s in statuses)
-    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "tasks")
+    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "scores")
     # no vertical rules, no outer padding: the list fits 80 columns
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
-        table.add_column(col, no_wrap=col != "tasks", overflow="fold")  # a long task list wraps between names
+        table.add_column(col, no_wrap=col != "scores", overflow="fold")  # the scores wrap between tasks
     rows = []
     for s in statuses:
         rows.append(
@@ -94,7 +95,8 @@ def status_command(
                 *([escape(s.record.where)] if where else []),
                 escape(s.state + (f" ({s.detail})" if s.detail else "")),
                 duration(s),
-                escape(" ".join(s.record.task_names)),  # spaces: a narrow column wraps between names
+                # each task's first score and n (its task name alone until it has one)
+                escape(score_summary(s.record) or " ".join(s.record.task_names)),
             ]
         )
         table.add_row(*rows[-1])

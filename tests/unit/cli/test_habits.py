@@ -36,7 +36,8 @@ MISTAKES = [
     ("close-key", ["-c", "tiny", "-d", "deployment.prot=9000"], "Cannot override 'deployment.prot'"),
     ("deeper-key", ["-c", "tiny", "-d", "evaluation.limit_samples=3"], "Cannot override 'evaluation.limit_samples'"),
     ("group-option", ["-c", "tiny", "-d", "deployment=vlm"], "Unknown deployment 'vlm'."),
-    ("bad-limit", ["-c", "tiny", "-d", "--limit", "0"], "--limit must be a positive number of samples, not 0."),
+    ("bad-limit", ["-c", "tiny", "-d", "--limit", "0"], "--limit takes a number of documents per task (5)"),
+    ("word-limit", ["-c", "tiny", "-d", "--limit", "lots"], "a fraction of each task's documents (0.1), or none"),
 ]
 
 
@@ -132,4 +133,25 @@ def test_limit_and_comma_tasks_reach_the_compiled_config(isolated_user):
     assert "limit_samples: 3" in result.output
     assert "max_parallel_tasks: 1" in result.output
     summary = next(ln for ln in result.output.splitlines() if "tasks " in ln and "adlr_mmlu" in ln)
-    assert "adlr_mmlu, hellaswag" in summary
+    assert "adlr_mmlu: 171 documents" in summary and "│             hellaswag: 3 documents" in result.output
+
+
+@pytest.mark.parametrize(
+    ("limit", "compiled", "documents"),
+    [
+        ("5", "limit_samples: 5", "adlr_mmlu: 285 documents (5 per subtask, 57 subtasks)"),
+        ("0.1", "limit_samples: 0.1", "adlr_mmlu: 1,397 documents (57 subtasks)"),
+        ("none", "limit_samples: null", "adlr_mmlu: 13,757 documents (57 subtasks)"),
+    ],
+)
+def test_limit_takes_what_lm_eval_takes_and_the_dry_run_says_the_documents(isolated_user, limit, compiled, documents):
+    result = runner.invoke(app, ["-c", "tiny", "-d", "--limit", limit], terminal_width=120, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert compiled in result.output
+    assert documents in result.output  # before the run: lm-eval applies the limit per MMLU subject
+
+
+def test_the_help_names_no_limit_and_the_few_shot_key(isolated_user):
+    result = runner.invoke(app, ["-c", "x", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--limit none" in result.output and "params.extra.num_fewshot=5" in result.output

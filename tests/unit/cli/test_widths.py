@@ -112,8 +112,11 @@ def _finish(jobs: Path, invocation: str, *, seconds: float, code: int = 0) -> No
 def test_status_lists_model_and_duration(recorded, width):
     _finish(recorded, "aaaa0001", seconds=125)
     out = _render(["status"], width)
-    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu", "hellaswag"):
+    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu", "hellaswag", "scores"):
         assert text in out, text
+    # each run's scores and the documents behind them tell three runs of the same tasks apart
+    flat = " ".join(out.split())
+    assert flat.count("n=100") == 6 and "adlr_mmlu 0." in flat and "hellaswag 0." in flat, out
     single = _render(["status", "aaaa0001"], width)
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
 
