@@ -138,10 +138,25 @@ def duration(s) -> str:
     return "" if finished is None else format_duration(max(0.0, finished - created))
 
 
+STATES = ("pending", "running", "succeeded", "failed", "cancelled", "interrupted", "skipped", "unknown")
+
+
+def state_enum(state: str) -> tuple[str, int | None]:
+    """A state as JSON gives it: one word of `STATES` and, for `failed 1`, the exit code apart."""
+    word, _, rest = state.partition(" ")
+    code = int(rest) if rest.strip().lstrip("-").isdigit() else None
+    return (word if word in STATES else "unknown"), code
+
+
+def _task_json(t) -> dict:
+    state, code = state_enum(t.state)
+    return {"name": t.name, "state": state} | ({"exit_code": code} if code is not None else {})
+
+
 def _as_json(s) -> dict:
     tasks = (
         [
-            {"name": t.name, "state": t.state, "done": t.done, "total": t.total}
+            _task_json(t) | {"done": t.done, "total": t.total}
             | ({"docs": t.docs, "docs_total": t.docs_total} if t.docs is not None else {})
             | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
             for t in s.snapshot.tasks
@@ -151,7 +166,7 @@ def _as_json(s) -> dict:
     )
     return {
         "invocation": s.record.id,
-        "state": s.state,
+        "state": state_enum(s.state)[0],
         "detail": s.detail,
         "slurm_job": s.slurm_job,
         "log_tail": s.log_tail,

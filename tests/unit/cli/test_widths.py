@@ -209,3 +209,53 @@ def test_inspect_fits(tiny_checkpoint, isolated_user, width):
     too_wide = [ln for ln in result.output.splitlines() if len(ln.rstrip()) > width and len(ln.split()) > 1]
     assert not too_wide, "\n".join(too_wide)
     assert "num_query_groups=" in result.output and "…" not in result.output
+
+
+def test_status_json_gives_states_as_words_and_the_exit_code_apart(recorded):
+    import json
+
+    _finish(recorded, "cccc0003", seconds=30, code=1)
+    job = recorded / "cccc0003"
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("failed 1\n")
+    (job / JobDir.task_state("tasks/hellaswag")).write_text("succeeded\n")
+    result = CliRunner().invoke(app, ["status", "cccc0003", "--json"])
+    assert result.exit_code == 0, result.output
+    [status] = json.loads(result.stdout)
+    assert status["state"] == "failed"
+    tasks = {t["name"]: t for t in status["tasks"]}
+    assert (tasks["adlr_mmlu"]["state"], tasks["adlr_mmlu"]["exit_code"]) == ("failed", 1)
+    assert tasks["hellaswag"]["state"] == "succeeded" and "exit_code" not in tasks["hellaswag"]
+
+
+def test_logs_without_an_id_means_the_latest(recorded):
+    from ckpteval.invocation.record import list_records
+
+    latest = list_records()[0]
+    log = recorded / latest.id / JobDir.JOB_LOG
+    log.parent.mkdir(exist_ok=True)
+    log.write_text("the latest job's own line\n")
+    result = CliRunner().invoke(app, ["logs"])
+    assert result.exit_code == 0, result.output
+    assert "the latest job's own line" in result.output and f"the latest invocation: {latest.id}" in result.output
+
+
+def test_resume_says_which_invocation_and_what_it_skips_replays_and_runs(recorded):
+    import ckpteval
+    from ckpteval.cli.resume import resume_plan
+
+    job = recorded / "bbbb0002"
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.DEPLOYMENT_STATE).write_text("ready\n")
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("succeeded\n")
+    (job / JobDir.task_state("tasks/hellaswag")).write_text("running\n")
+    record = load_record("bbbb0002")
+    record.command_line = ["evaluate", "-c", "sft", "-t", "adlr_mmlu,hellaswag"]
+    record.save()
+    found = ckpteval.status("bbbb0002")
+    text = resume_plan(found)
+    assert text.splitlines()[0].startswith("resuming invocation bbbb0002")
+    assert "first run as: evaluate -c sft -t adlr_mmlu,hellaswag" in text
+    assert "skips (finished): adlr_mmlu" in text
+    assert "hellaswag" in text.split("skips (finished): adlr_mmlu", 1)[1]  # replayed or run, never skipped
+    assert all(len(line) <= 80 for line in text.splitlines())
