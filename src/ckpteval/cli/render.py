@@ -36,7 +36,8 @@ def print_catalog(tasks: Sequence[TaskInfo], *, json_output: bool, hint: str = "
     for harness in harnesses:
         group = [t for t in tasks if t.harness == harness]
         here = group[0].runs_here
-        title = f"{harness} ({len(group)}): " + ("runs here" if here == "yes" else f"here: {here}")
+        where = "runs here" if here == "yes" else (f"{here} to run here" if here.startswith("needs") else here)
+        title = f"{harness} ({len(group)}): {where}"
         console.print()
         table = _catalog_table(title, group, with_harness=False)
         if fits(console, table):
