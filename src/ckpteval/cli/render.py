@@ -16,7 +16,6 @@ def print_catalog(tasks: Sequence[TaskInfo], *, json_output: bool, hint: str = "
         print(json.dumps([t.to_json() for t in tasks], indent=2))
         return
     from rich.console import Console
-
     from rich.markup import escape
 
     from ckpteval.cli.fit import fits, stacked_lines

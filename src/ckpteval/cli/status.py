@@ -156,7 +156,8 @@ def _task_json(t) -> dict:
 def _as_json(s) -> dict:
     tasks = (
         [
-            _task_json(t) | {"done": t.done, "total": t.total}
+            _task_json(t)
+            | {"done": t.done, "total": t.total}
             | ({"docs": t.docs, "docs_total": t.docs_total} if t.docs is not None else {})
             | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
             for t in s.snapshot.tasks

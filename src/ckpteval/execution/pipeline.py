@@ -206,7 +206,7 @@ def refuse_unrunnable(compiled: CompiledConfig) -> None:
             unmet.append(found)
     if not config.execution.on_cluster:
         refused = {u.task for u in unmet}
-        left = dataclasses.replace(compiled, tasks=[t for t in compiled.tasks if t.spec.name not in refused])
+        left = dataclasses.replace(compiled, tasks=tuple(t for t in compiled.tasks if t.spec.name not in refused))
         unmet += hubless(left)
     refuse_unmet(unmet)
 

@@ -97,7 +97,6 @@ class Catalog:
             out.append(task)
         return out
 
-
     def no_match_hint(self, pattern: str | None = None, *, harness: str | None = None) -> str:
         """What to try when `search(pattern, harness=harness)` finds nothing: the harness meant, or the
         names that match once case, '-' and '_' are set aside (`mt-bench` -> mtbench)."""

@@ -187,7 +187,9 @@ def _outside_scripts(output: str) -> list[str]:
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint, isolated_user, width):
     argv = ["-c", "tiny", "-t", "adlr_mmlu,gsm8k", "deployment.prepare=null", f"run.model={tiny_checkpoint}"]
-    result = CliRunner().invoke(app, [*argv, LONG_OVERRIDE, "--dry-run"], terminal_width=width, env={"COLUMNS": str(width)})
+    result = CliRunner().invoke(
+        app, [*argv, LONG_OVERRIDE, "--dry-run"], terminal_width=width, env={"COLUMNS": str(width)}
+    )
     assert result.exit_code == 0, result.output
     lines = _outside_scripts(result.output)
     # every line fits, but a single word longer than the room (a path), left whole to copy
@@ -204,7 +206,9 @@ def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint,
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_inspect_fits(tiny_checkpoint, isolated_user, width):
-    result = CliRunner().invoke(app, ["inspect", str(tiny_checkpoint)], terminal_width=width, env={"COLUMNS": str(width)})
+    result = CliRunner().invoke(
+        app, ["inspect", str(tiny_checkpoint)], terminal_width=width, env={"COLUMNS": str(width)}
+    )
     assert result.exit_code == 0, result.output
     too_wide = [ln for ln in result.output.splitlines() if len(ln.rstrip()) > width and len(ln.split()) > 1]
     assert not too_wide, "\n".join(too_wide)

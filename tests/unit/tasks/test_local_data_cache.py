@@ -89,7 +89,9 @@ def test_the_hub_is_asked_only_for_tasks_that_need_it_and_with_the_jobs_own_envi
     from tests.support.hf_hub import HubStandIn
 
     refuse_hubless(compiled_for("adlr_mmlu", "hellaswag"))  # packaged data: the hub is not needed
-    with pytest.raises(ConfigError, match=r"hellaswag cannot run here: its datasets \(Rowan/hellaswag"):  # packaged data switched off
+    with pytest.raises(
+        ConfigError, match=r"hellaswag cannot run here: its datasets \(Rowan/hellaswag"
+    ):  # packaged data switched off
         refuse_hubless(compiled_for("hellaswag", overrides=("evaluation.offline_data=off",)))
     own_copy = compiled_for("piqa")  # a task given its own dataset_dir reads it there
     own_copy = dataclasses.replace(own_copy, tasks=[dataclasses.replace(own_copy.tasks[0], dataset_dir="/data")])
@@ -100,7 +102,9 @@ def test_the_hub_is_asked_only_for_tasks_that_need_it_and_with_the_jobs_own_envi
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"files": {}, "links": {}}))
     refuse_hubless(compiled_for("piqa"))
-    with pytest.raises(ConfigError, match=r"adlr_arc_challenge_llama_25_shot cannot run here: its datasets \(allenai/ai2_arc") as refused:
+    with pytest.raises(
+        ConfigError, match=r"adlr_arc_challenge_llama_25_shot cannot run here: its datasets \(allenai/ai2_arc"
+    ) as refused:
         refuse_hubless(compiled_for("piqa", "adlr_arc_challenge_llama_25_shot"))
     assert "piqa" not in str(refused.value.message)
 
