@@ -154,7 +154,7 @@ def planned_documents(compiled: CompiledConfig) -> dict[str, str]:
         counts = documents_per_subtask(params, offline=offline)
         if not counts:
             continue
-        text = f"{sum(counts):,} documents"
+        text = f"{sum(counts):,} document" + ("" if sum(counts) == 1 else "s")
         if len(counts) > 1:
             limit = params.get("limit_samples")
             each = f"{limit} per subtask, " if limit is not None and max(counts) == min(counts) else ""

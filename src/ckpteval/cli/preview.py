@@ -133,7 +133,8 @@ def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> No
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         # soft-wrapped: a path longer than the terminal is left whole for the terminal to wrap, so it copies whole
-        line = f"[bold]{label:<{width}}[/]  {escape(compiled.secrets.redact(value))}"
+        shown = escape(compiled.secrets.redact(value)).replace("\n", "\n" + " " * (width + 2))  # under the value
+        line = f"[bold]{label:<{width}}[/]  {shown}"
         console.print(line, soft_wrap=True, highlight=False)
     console.print("[dim]the compiled config and job script: --show-config (or --dry-run)[/]")
 

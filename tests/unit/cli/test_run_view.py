@@ -45,7 +45,8 @@ def test_a_run_starts_with_a_compact_header(compiled, capsys):
     assert lines[0].split() == ["invocation", "abcd1234"]
     assert any(ln.startswith("model") and "smollm2" in ln for ln in lines)
     assert any(ln.startswith("served by") and "builtin backend" in ln for ln in lines)
-    assert any(ln.split()[:2] == ["tasks", "hellaswag"] for ln in lines)
+    # the task with the documents it will evaluate (the tiny config's limit: 1)
+    assert any(ln.split() == ["tasks", "hellaswag:", "1", "document"] for ln in lines), text
     assert any(ln.startswith("profile") and "local (this machine, attached)" in ln for ln in lines), text
     # where the configured output_dir (./results in the tiny config) puts this invocation, as a whole path
     output_dir = Path(compiled.data["execution"]["output_dir"]).resolve()
