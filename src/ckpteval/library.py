@@ -201,9 +201,17 @@ class TaskInfo:
     endpoint_types: tuple[str, ...]
     needs_logprobs: bool
     offline_data: bool  # a packaged stand-in dataset lets it run with no hub
+    runs_here: str  # "yes", or what this machine lacks to run it (`ckpteval.tasks.runnable.runs_here`)
     container: str
     description: str
     datasets: tuple[dict[str, Any], ...] | None = None  # with datasets=True; None: not known to ckpteval
+
+    @property
+    def summary(self) -> str:
+        """The description's first sentence (the table's column; `--json` has all of it)."""
+        text = self.description.removeprefix("- ").strip()
+        end = text.find(". ")
+        return text if end < 0 else text[: end + 1]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
@@ -218,6 +226,7 @@ def tasks(pattern: str | None = None, *, harness: str | None = None, datasets: b
     from ckpteval.tasks.catalog import load_catalog
     from ckpteval.tasks.datasets import task_data
     from ckpteval.tasks.offline_data import offline_source_key
+    from ckpteval.tasks.runnable import runs_here
 
     def datasets_of(spec: Any) -> tuple[dict[str, Any], ...] | None:
         data = task_data(spec)
@@ -235,6 +244,7 @@ def tasks(pattern: str | None = None, *, harness: str | None = None, datasets: b
             endpoint_types=tuple(t.endpoint_types),
             needs_logprobs=t.needs_logprobs,
             offline_data=offline_source_key(t) is not None,
+            runs_here=runs_here(t),
             container=t.container,
             description=t.description,
             datasets=datasets_of(t) if datasets else None,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # the two the same). InvocationRecord is for this module's own signatures.
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import summary as checkpoint_summary
+    from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import config_yaml
     from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.answers import shorten
@@ -44,8 +45,12 @@ __all__ = sorted(
         "export_destinations",
         "finished_at",
         "invocation_ids",
+        "no_tasks_hint",
+        "note_seen_before",
+        "planned_documents",
         "profile_names",
         "results_file",
+        "score_summary",
         "task_names",
     ]
 )
@@ -75,6 +80,14 @@ def task_names() -> list[str]:
     return [n for n in load_catalog().names() if "." not in n]
 
 
+def no_tasks_hint(pattern: str | None = None, *, harness: str | None = None) -> str:
+    """What to try when `ckpteval.tasks(pattern, harness=harness)` finds nothing (the harness meant, the
+    names that match once case, '-' and '_' are set aside)."""
+    from ckpteval.tasks.catalog import load_catalog
+
+    return load_catalog().no_match_hint(pattern, harness=harness)
+
+
 def export_destinations() -> list[str]:
     """The export destinations a config can enable and `evaluate export --to` names (the registered ones)."""
     from ckpteval.config.schema import EXPORT_SECTIONS
@@ -94,6 +107,84 @@ def results_file(record: InvocationRecord) -> Path | None:
     from ckpteval.invocation.jobdir import JobDir
 
     return Path(record.local_results_dir) / JobDir.RESULTS if record.local_results_dir else None
+
+
+def note_seen_before(note: str) -> bool:
+    """Whether this user was shown `note` (a score table's footnote) before; records it as shown. A long
+    note the user has read is then said in a few words (the full text stays in results.json and
+    `evaluate results`)."""
+    import hashlib
+
+    from ckpteval.invocation.record import state_dir
+
+    path = state_dir() / "notes-seen"
+    digest = hashlib.sha256(note.encode()).hexdigest()[:16]
+    try:
+        seen = set(path.read_text(encoding="utf-8").split())
+    except OSError:
+        seen = set()
+    if digest in seen:
+        return True
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(digest + "\n")
+    except OSError:
+        pass  # a read-only state dir: the note is shown in full every time
+    return False
+
+
+def planned_documents(compiled: CompiledConfig) -> dict[str, str]:
+    """Per task of a compiled invocation whose document count ckpteval knows, how many documents it will
+    evaluate, in words: `285 documents (5 per subject, 57 subjects)` where the limit applies per subtask."""
+    from ckpteval.merge import deep_merge
+    from ckpteval.tasks.offline_data import offline_source_key
+    from ckpteval.tasks.progress import documents_per_subtask
+
+    config = compiled.config
+    out = {}
+    for task in compiled.tasks:
+        params = deep_merge(task.spec.params, (task.evaluator_config.get("config") or {}).get("params") or {})
+        # on this machine a task with packaged data reads it (the hub is not asked here)
+        offline = (
+            not config.execution.on_cluster
+            and offline_source_key(task.spec) is not None
+            and config.evaluation.offline_data != "off"
+        )
+        counts = documents_per_subtask(params, offline=offline)
+        if not counts:
+            continue
+        text = f"{sum(counts):,} document" + ("" if sum(counts) == 1 else "s")
+        if len(counts) > 1:
+            limit = params.get("limit_samples")
+            each = f"{limit} per subtask, " if limit is not None and max(counts) == min(counts) else ""
+            text += f" ({each}{len(counts)} subtasks)"
+        out[task.name] = text
+    return out
+
+
+def score_summary(record: InvocationRecord) -> str:
+    """An invocation's scores in a few words, from the results.json this machine holds ("" where it holds
+    none): each task's first metric and the documents behind it, `adlr_mmlu 0.2456 n=57`."""
+    from ckpteval.errors import CkptevalError
+    from ckpteval.results.store import read_results
+
+    path = results_file(record)
+    if path is None or not path.is_file():
+        return ""
+    try:
+        found = read_results(path)
+    except (CkptevalError, OSError, ValueError):
+        return ""
+    parts = []
+    for name, outcome in found.tasks.items():
+        metric = next(iter(outcome.metrics.values()), None)
+        if outcome.status != "succeeded" or metric is None:
+            parts.append(f"{name} {outcome.status}")
+            continue
+        n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
+        parts.append(f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else ""))
+    return ", ".join(parts)
 
 
 def finished_at(record: InvocationRecord) -> float | None:

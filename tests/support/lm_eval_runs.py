@@ -86,8 +86,9 @@ def hellaswag_run(task_dir: Path, right: Sequence[bool]) -> None:
     _write(task_dir / "output", task="hellaswag", harness_task="hellaswag", records=records, config=config)
 
 
-def gsm8k_run(output: Path, right: Sequence[bool], *, task: str = "gsm8k") -> None:
-    """gsm8k (generation, strict-match and flexible-extract filters): document i answered right where right[i]."""
+def gsm8k_run(output: Path, right: Sequence[bool], *, task: str = "gsm8k", harness_task: str = "gsm8k") -> None:
+    """gsm8k (generation, strict-match and flexible-extract filters): document i answered right where right[i]
+    (`harness_task`: the leaf task's name, the first part of each document's id)."""
     records = []
     for i, ok in enumerate(right):
         doc = {"question": f"Question {i}: how many apples?", "answer": f"Some reasoning.\n#### {i + 2}"}
@@ -110,7 +111,7 @@ def gsm8k_run(output: Path, right: Sequence[bool], *, task: str = "gsm8k") -> No
                 }
             )
     config = {"metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
-    _write(output, task=task, harness_task="gsm8k", records=records, config=config)
+    _write(output, task=task, harness_task=harness_task, records=records, config=config)
 
 
 def repeated_gsm8k_run(task_dir: Path, rights: Sequence[Sequence[bool]]) -> None:

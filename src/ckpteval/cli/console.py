@@ -87,7 +87,7 @@ class ConsoleReporter:
         elif isinstance(event, ResultsReady):
             from ckpteval.cli.table import print_table
 
-            print_table([event.results])
+            print_table([event.results], brief_seen_notes=True)
         elif isinstance(event, ExportOutcome):
             print_outcome(event)
         elif isinstance(event, Submitted):
@@ -122,7 +122,7 @@ class ConsoleReporter:
             self._live = Live(console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
         assert self._rates is not None
-        self._live.update(render_progress(event.snapshot, self._rates))
+        self._live.update(render_progress(event.snapshot, self._rates, self.console.width))
 
     def _end_live(self) -> None:
         if self._live is not None:
@@ -211,14 +211,17 @@ def print_run_end(outcome: Outcome, console: Console, elapsed: float | None) -> 
     results = results_file(record)
     if results is not None:
         console.print(f"results: {escape(str(results))}", highlight=False, soft_wrap=True)
-    if outcome.results is None or not outcome.results.tasks:
-        console.print(f"  evaluate logs {record.id}   [dim]# what happened[/]")
-        return
-    nexts = (
-        (f"report {record.id}", "one HTML page: scores, CIs, charts"),
-        (f"samples {record.id} --wrong", "the documents it got wrong"),
-        (f"compare OTHER_ID {record.id}", "is it better than another invocation?"),
-    )
+    if outcome.state != "succeeded" or outcome.results is None or not outcome.results.tasks:
+        # a run that did not finish every task: what happened and how to go on, not how to read its scores
+        nexts: tuple[tuple[str, str], ...] = ((f"logs {record.id}", "what happened"),)
+        if outcome.state != "succeeded":
+            nexts += ((f"resume {record.id}", "run what did not finish, keep the rest"),)
+    else:
+        nexts = (
+            (f"report {record.id}", "one HTML page: scores, CIs, charts"),
+            (f"samples {record.id} --wrong", "the documents it got wrong"),
+            (f"compare OTHER_ID {record.id}", "is it better than another invocation?"),
+        )
     width = max(len(command) for command, _ in nexts)
     for command, why in nexts:
         console.print(f"  evaluate {command:<{width}}  [dim]# {why}[/]")

@@ -58,11 +58,12 @@ def evaluate_command(
         ),
     ] = None,
     limit: Annotated[
-        int | None,
+        str | None,
         typer.Option(
             "--limit",
-            metavar="N",
-            help="Samples per task (the config's limit_samples).",
+            metavar="N|FRACTION|none",
+            help="Documents per task (per subtask: MMLU's --limit 5 is 5 per subject, 285 in all), a fraction "
+            "of each task's documents (0.1), or none for all: the config's limit_samples, as lm-eval's --limit.",
         ),
     ] = None,
     model: Annotated[
@@ -105,12 +106,15 @@ def evaluate_command(
       evaluate -c sft --batch MY-CLUSTER          [dim]# submit, print the invocation id[/]
       evaluate -c sft --run MY-CLUSTER --dry-run  [dim]# show everything, do nothing[/]
       evaluate -c sft -t adlr_mmlu,hellaswag --limit 10 deployment=vllm
+      evaluate -c tiny --limit none               [dim]# every document (the config's limit_samples=null)[/]
+      evaluate -c sft +evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=5  [dim]# few-shot[/]
     """
     import time
 
     from ckpteval import CompileRequest
     from ckpteval import run as run_invocation
     from ckpteval.cli.console import ConsoleReporter, render_outcome
+    from ckpteval.cli.habits import root_flag_word
     from ckpteval.errors import ConfigError
 
     if run and batch:
@@ -118,14 +122,23 @@ def evaluate_command(
             "--run and --batch are mutually exclusive.",
             hint="--run PROFILE follows the job until it ends; --batch PROFILE submits and returns.",
         )
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--limit must be a positive number of samples, not {limit}.")
+    limit_value = parse_limit(limit) if limit is not None else None
+    empty = [value for value in task or () if not value.replace(",", "").strip()]
+    if empty:  # `-t "$TASKS"` with an empty variable must not mean "every task of the config"
+        raise ConfigError(
+            f"-t {empty[0]!r} names no task.",
+            hint="Name one (-t adlr_mmlu), or leave -t out to run the config's tasks.",
+        )
+    for word in overrides or ():
+        refused = root_flag_word(word)
+        if refused is not None:
+            raise refused
     request = CompileRequest(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
-        overrides=shortcut_overrides(limit=limit, model=model) + tuple(override or ()) + tuple(overrides or ()),
-        tasks=tuple(name for value in task or () for name in value.split(",") if name),
+        overrides=shortcut_overrides(limit=limit_value, model=model) + tuple(override or ()) + tuple(overrides or ()),
+        tasks=tuple(name.strip() for value in task or () for name in value.split(",") if name.strip()),
         env_file=env_file,
     )
     if check and not dry_run:
@@ -140,7 +153,33 @@ def evaluate_command(
         raise typer.Exit(outcome.exit_status)
 
 
-def shortcut_overrides(*, limit: int | None, model: str | None) -> tuple[str, ...]:
+LIMIT_WORDS = ("none", "all")
+
+
+def parse_limit(text: str) -> str:
+    """`--limit`'s value as the config's limit_samples: a positive whole number, a fraction in (0, 1) (as
+    lm-eval reads it), or `null` for `none`/`all`; anything else is a ConfigError that says what it takes."""
+    from ckpteval.errors import ConfigError
+
+    word = text.strip().lower()
+    if word in LIMIT_WORDS:
+        return "null"
+    try:
+        number = float(word)
+    except ValueError:
+        number = -1.0
+    if number >= 1 and number.is_integer():
+        return str(int(number))
+    if 0 < number < 1:
+        return repr(number)
+    raise ConfigError(
+        f"--limit takes a number of documents per task (5), a fraction of each task's documents (0.1), "
+        f"or none (all of them); not {text!r}.",
+        hint="lm-eval applies a number per subtask: MMLU's --limit 5 is 5 documents per subject (285).",
+    )
+
+
+def shortcut_overrides(*, limit: str | None, model: str | None) -> tuple[str, ...]:
     """The overrides that `--limit` and `--model` stand for (first, so an explicit override wins)."""
     out = []
     if limit is not None:

@@ -22,14 +22,32 @@ _OTHER_TOOLS_WORDS: dict[str, tuple[str, str]] = {
 }
 _LISTINGS = {"tasks": "evaluate tasks", "runs": "evaluate status", "invocations": "evaluate status"}
 
-# a flag from another tool -> the ckpteval way of saying it
+FEWSHOT_KEY = "evaluation.nemo_evaluator_config.config.params.extra.num_fewshot"
+_MODEL = "the checkpoint is --model PATH (run.model=PATH); how it is served: deployment.* overrides"
+_OUTPUT = "results go to execution.output_dir: pass execution.output_dir=DIR"
+_BATCH = (
+    "the deployment batches requests itself (deployment.max_batch_size=8); requests in flight per task: "
+    "evaluation.nemo_evaluator_config.config.params.parallelism=8"
+)
+_DEVICE = "the builtin server's device is deployment.device (auto, cpu or cuda): pass deployment.device=cuda"
+_FEWSHOT = f"lm-eval's few-shot count is a task parameter: pass +{FEWSHOT_KEY}=5"
+
+# a flag from another tool (lm-eval, nel, inspect) -> the ckpteval way of saying it, both spellings
 _OTHER_TOOLS_FLAGS: dict[str, str] = {
-    "--model_args": "pass deployment.* overrides, e.g. deployment.tensor_model_parallel_size=2",
-    "--model-args": "pass deployment.* overrides, e.g. deployment.tensor_model_parallel_size=2",
-    "--output_path": "results go to execution.output_dir: pass execution.output_dir=DIR",
-    "--output-path": "results go to execution.output_dir: pass execution.output_dir=DIR",
-    "--log-dir": "results go to execution.output_dir: pass execution.output_dir=DIR",
+    spelling: answer
+    for flag, answer in (
+        ("--model_args", _MODEL),
+        ("--pretrained", _MODEL),
+        ("--output_path", _OUTPUT),
+        ("--log_dir", _OUTPUT),
+        ("--batch_size", _BATCH),
+        ("--device", _DEVICE),
+        ("--num_fewshot", _FEWSHOT),
+    )
+    for spelling in (flag, flag.replace("_", "-"))
 }
+# a word that is a flag of the root command, typed without its dashes
+_ROOT_FLAGS = {"version": "--version"}
 
 
 def is_bare_word(arg: str) -> bool:
@@ -41,6 +59,8 @@ def unknown_first_word(args: list[str], commands: Iterable[str]) -> ConfigError:
     """The answer to `evaluate WORD ...` when WORD is no command: the command it resembles, or the
     ckpteval way of doing what another tool's word does."""
     word = args[0]
+    if word in _ROOT_FLAGS:
+        return ConfigError(f"Unknown command {word!r}. Did you mean `evaluate {_ROOT_FLAGS[word]}`?")
     if word == "ls":
         what = args[1] if len(args) > 1 else "runs"
         instead = _LISTINGS.get(what, "evaluate tasks` or `evaluate status")
@@ -60,11 +80,18 @@ def unknown_first_word(args: list[str], commands: Iterable[str]) -> ConfigError:
     )
 
 
+def root_flag_word(word: str) -> ConfigError | None:
+    """`evaluate -c tiny version`: a root flag written as a word among the overrides."""
+    if word in _ROOT_FLAGS:
+        return ConfigError(f"{word!r} is not an override. Did you mean `evaluate {_ROOT_FLAGS[word]}`?")
+    return None
+
+
 def unknown_option(option: str, message: str, command: str | None) -> ConfigError:
     """The answer to a flag the command does not have: another tool's way mapped onto ckpteval's, or
     the framework's own message (with its "did you mean") and where the options are listed."""
     name = option.partition("=")[0]
-    if command is None and name in _OTHER_TOOLS_FLAGS:
+    if name in _OTHER_TOOLS_FLAGS and command is None:
         return ConfigError(f"No option {name}: {_OTHER_TOOLS_FLAGS[name]}.")
     where = f"evaluate {command} --help" if command else "evaluate --help"
     return ConfigError(message.rstrip(".") + ".", hint=f"`{where}` lists the options.")

@@ -40,8 +40,9 @@ def inspect_command(
     from rich.console import Console
     from rich.markup import escape
 
+    from ckpteval.cli.preview import flowed_lines
     from ckpteval.views import checkpoint_summary
 
     console = Console(highlight=False, soft_wrap=True)
-    for line in checkpoint_summary(description).splitlines():
+    for line in flowed_lines(checkpoint_summary(description), console.width):  # wrapped under its label
         console.print(escape(line))

@@ -1,4 +1,4 @@
-"""`evaluate logs INVOCATION [-f]`: the job's log (deployment and tasks)."""
+"""`evaluate logs [INVOCATION] [-f]`: the job's log (deployment and tasks); the latest invocation's by default."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from ckpteval.cli import completion
 
 def logs_command(
     invocation: Annotated[
-        str, typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix).")
-    ],
+        str | None,
+        typer.Argument(
+            autocompletion=completion.invocations, help="An invocation id (or prefix); omit for the latest."
+        ),
+    ] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
     source: Annotated[
         str,
@@ -23,8 +26,18 @@ def logs_command(
         ),
     ] = "job",
 ) -> None:
-    """Print an invocation's log: the job's own, the deployment's, or one task client's."""
+    """Print an invocation's log: the job's own, the deployment's, or one task client's (of the latest
+    invocation when none is named)."""
     from ckpteval import logs
+    from ckpteval.cli.console import stderr_console
+    from ckpteval.errors import ConfigError
+    from ckpteval.views import invocation_ids
 
+    if invocation is None:
+        latest = invocation_ids()[:1]
+        if not latest:
+            raise ConfigError("No invocations recorded yet.", hint="Start one with `evaluate -c tiny`.")
+        invocation = latest[0]
+        stderr_console().print(f"[dim]the latest invocation: {invocation}[/]")
     for line in logs(invocation, follow=follow, source=source):
         print(line, flush=True)

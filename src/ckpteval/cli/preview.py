@@ -28,20 +28,21 @@ def render_preview(
     console = Console(soft_wrap=False)
     redact = compiled.secrets.redact
     summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column()
+    summary.add_column(style="bold", no_wrap=True)
+    summary.add_column(overflow="fold")  # a long override folds onto the next line, never cut
     mode = {"local": "this machine (attached)", "run": "attached", "batch": "detached"}[compiled.mode]
     summary.add_row("mode", mode + (" — dry run, nothing will be done" if dry_run else ""))
     summary.add_row("profile", f"{compiled.profile.name} ({compiled.profile.executor})")
     if compiled.env_file:
         summary.add_row("env.toml", str(compiled.env_file))
     if invocation:
-        summary.add_row("invocation", invocation)
+        summary.add_row("invocation", invocation + (" (this dry run's; the run gets its own)" if dry_run else ""))
     sources = ["default", *(str(p) for p in compiled.config_files)]
     summary.add_row("configs", " < ".join(sources))
     if compiled.request.overrides:
-        summary.add_row("overrides", redact(" ".join(compiled.request.overrides)))
-    summary.add_row("tasks", ", ".join(t.name for t in compiled.tasks))
+        room = console.width - 4 - len("invocation") - 2  # inside the panel's border, after the labels
+        summary.add_row("overrides", "\n".join(_override_lines(redact(o), room) for o in compiled.request.overrides))
+    summary.add_row("tasks", tasks_with_documents(compiled))
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
@@ -57,12 +58,70 @@ def render_preview(
 
             console.print(squash_plan_panel(panel.squash))
             continue
-        # scripts and descriptions are printed as they are, lines whole (the terminal wraps them, no
-        # border inside), so they can be copied
+        # scripts are printed as they are, lines whole (the terminal wraps them, no border inside), so they
+        # can be copied; descriptions are wrapped at the terminal's width under their labels
         console.rule(f"[bold green]{panel.title}[/]", align="left", style="green")
-        console.print(redact(panel.body), markup=False, highlight=False, soft_wrap=True, crop=False)
+        body = redact(panel.body)
+        if panel.language == "text":
+            body = "\n".join(flowed_lines(body, console.width))
+        console.print(body, markup=False, highlight=False, soft_wrap=True, crop=False)
     if panels:
         console.rule(style="green")
+
+
+def tasks_with_documents(compiled: CompiledConfig) -> str:
+    """The tasks, each with the documents it will evaluate where ckpteval knows the count (`--limit` applies
+    per subtask: MMLU's 5 is 285 documents), one per line when any count is known."""
+    from ckpteval.views import planned_documents
+
+    counts = planned_documents(compiled)
+    if not counts:
+        return ", ".join(t.name for t in compiled.tasks)
+    return "\n".join(t.name + (f": {counts[t.name]}" if t.name in counts else "") for t in compiled.tasks)
+
+
+def _override_lines(override: str, room: int) -> str:
+    """One override per line; one longer than the room breaks before its `=` (its value whole on the next
+    line), and only a key longer than the room folds."""
+    key, eq, value = override.partition("=")
+    if len(override) <= room or not eq:
+        return override
+    return f"{key}\n  ={value}"
+
+
+def flowed_lines(text: str, width: int) -> list[str]:
+    """`text` wrapped at `width` without cutting a word: a `label   value` line goes on under its value's
+    column, an indented line under its indent + 2, a paragraph from the margin. A word longer than the room
+    (a path) stays whole on its own line, so it copies whole."""
+    import re
+    import textwrap
+
+    lines = text.splitlines()
+    # the column the values start at (the longest label is followed by one space only)
+    starts = [len(m.group(1)) for m in (re.match(r"^(\S+ {2,})\S", ln) for ln in lines) if m]
+    column = max(set(starts), key=starts.count) if starts else 0
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip(" "))
+        labelled = column and not lead and len(line) > column and line[column - 1] == " "
+        indent = column if labelled else (lead + 2 if lead else 0)
+        if indent > width // 2:
+            indent = 4
+        out.extend(
+            textwrap.wrap(
+                line,
+                width=width,
+                subsequent_indent=" " * indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+                drop_whitespace=True,
+            )
+            or [line]
+        )
+    return out
 
 
 def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> None:
@@ -74,7 +133,8 @@ def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> No
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         # soft-wrapped: a path longer than the terminal is left whole for the terminal to wrap, so it copies whole
-        line = f"[bold]{label:<{width}}[/]  {escape(compiled.secrets.redact(value))}"
+        shown = escape(compiled.secrets.redact(value)).replace("\n", "\n" + " " * (width + 2))  # under the value
+        line = f"[bold]{label:<{width}}[/]  {shown}"
         console.print(line, soft_wrap=True, highlight=False)
     console.print("[dim]the compiled config and job script: --show-config (or --dry-run)[/]")
 
@@ -103,7 +163,7 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
         ("invocation", invocation),
         ("model", str(model)),
         ("served by", served),
-        ("tasks", ", ".join(t.name for t in compiled.tasks)),
+        ("tasks", tasks_with_documents(compiled)),
         ("profile", profile),
         ("results", results),
     ]

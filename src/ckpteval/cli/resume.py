@@ -52,9 +52,34 @@ def resume_command(
                 f"[dim]to evaluate again, as a new invocation: {shlex.join(record.command_line)}[/]", highlight=False
             )
         return
+    stderr_console().print(resume_plan(found), highlight=False, soft_wrap=True)
     started = time.monotonic()
     with ConsoleReporter() as reporter:
         outcome = resume(invocation, follow=follow, reporter=reporter)
     render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
+
+
+def resume_plan(found) -> str:
+    """What `resume` is about to do, in words: which invocation (its command line), the tasks it skips
+    (finished), replays (begun: their answered requests come from the cache) and runs."""
+    import shlex
+
+    record = found.record
+    lines = [f"resuming invocation {record.id} ({found.state})"]
+    if record.command_line:
+        lines.append(f"  first run as: {shlex.join(record.command_line)}")
+    tasks = found.snapshot.tasks if found.snapshot else ()
+    done = [t.name for t in tasks if t.state == "succeeded"]
+    begun = [t.name for t in tasks if t.state != "succeeded" and (t.done or t.docs)]
+    rest = [t.name for t in tasks if t.name not in done and t.name not in begun]
+    if not tasks:
+        rest = list(record.task_names)
+    if done:
+        lines.append(f"  skips (finished): {', '.join(done)}")
+    if begun:
+        lines.append(f"  replays (begun; answered requests come from its cache): {', '.join(begun)}")
+    if rest:
+        lines.append(f"  runs: {', '.join(rest)}")
+    return "\n".join(lines)

@@ -94,7 +94,10 @@ def _print_answers(invocation: str, task: str, rows: list[DocumentAnswer], count
     title = f"{invocation} {task}: {len(rows)} documents" + (f", scored by {metric}" if metric else "")
     table = Table(title=escape(title), title_justify="left", header_style="bold")
     for col in ("document", "prompt", "answer", "target", "score"):
-        table.add_column(col, justify="right" if col == "score" else "left", overflow="fold")
+        # a document id is never broken (it is what `--vs` and the report name); the texts fold
+        table.add_column(
+            col, justify="right" if col == "score" else "left", overflow="fold", no_wrap=col in ("document", "score")
+        )
     for a in _first(rows, count):
         style = "green" if a.right else "red"
         table.add_row(
@@ -126,7 +129,7 @@ def _print_flips(baseline: str, candidate: str, task: str, rows: list[Flip], com
     )
     table = Table(title=escape(title), title_justify="left", header_style="bold")
     for col in ("document", "prompt", baseline, candidate, "target", "change"):
-        table.add_column(escape(col), overflow="fold")
+        table.add_column(escape(col), overflow="fold", no_wrap=col in ("document", "change"))
     for f in _first(rows, count):
         style = "red" if f.change < 0 else "green"
         table.add_row(

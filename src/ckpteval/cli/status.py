@@ -76,14 +76,15 @@ def status_command(
     from rich import box
 
     from ckpteval.cli.fit import print_fitting
+    from ckpteval.views import score_summary
 
     # `where` only when it tells invocations apart (not every one ran here)
     where = any(s.record.where != "local" for s in statuses)
-    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "tasks")
+    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "scores")
     # no vertical rules, no outer padding: the list fits 80 columns
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
-        table.add_column(col, no_wrap=col != "tasks", overflow="fold")  # a long task list wraps between names
+        table.add_column(col, no_wrap=col != "scores", overflow="fold")  # the scores wrap between tasks
     rows = []
     for s in statuses:
         rows.append(
@@ -94,7 +95,8 @@ def status_command(
                 *([escape(s.record.where)] if where else []),
                 escape(s.state + (f" ({s.detail})" if s.detail else "")),
                 duration(s),
-                escape(" ".join(s.record.task_names)),  # spaces: a narrow column wraps between names
+                # each task's first score and n (its task name alone until it has one)
+                escape(score_summary(s.record) or " ".join(s.record.task_names)),
             ]
         )
         table.add_row(*rows[-1])
@@ -136,10 +138,26 @@ def duration(s) -> str:
     return "" if finished is None else format_duration(max(0.0, finished - created))
 
 
+STATES = ("pending", "running", "succeeded", "failed", "cancelled", "interrupted", "skipped", "unknown")
+
+
+def state_enum(state: str) -> tuple[str, int | None]:
+    """A state as JSON gives it: one word of `STATES` and, for `failed 1`, the exit code apart."""
+    word, _, rest = state.partition(" ")
+    code = int(rest) if rest.strip().lstrip("-").isdigit() else None
+    return (word if word in STATES else "unknown"), code
+
+
+def _task_json(t) -> dict:
+    state, code = state_enum(t.state)
+    return {"name": t.name, "state": state} | ({"exit_code": code} if code is not None else {})
+
+
 def _as_json(s) -> dict:
     tasks = (
         [
-            {"name": t.name, "state": t.state, "done": t.done, "total": t.total}
+            _task_json(t)
+            | {"done": t.done, "total": t.total}
             | ({"docs": t.docs, "docs_total": t.docs_total} if t.docs is not None else {})
             | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
             for t in s.snapshot.tasks
@@ -149,7 +167,7 @@ def _as_json(s) -> dict:
     )
     return {
         "invocation": s.record.id,
-        "state": s.state,
+        "state": state_enum(s.state)[0],
         "detail": s.detail,
         "slurm_job": s.slurm_job,
         "log_tail": s.log_tail,

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 from ckpteval.types import InvocationResults
 from ckpteval.views import FAILED_MARK, table_rows
 
+OFFLINE_MARK = "†"
 
-def print_table(results: Sequence[InvocationResults]) -> None:
-    """Print the score table with rich."""
+
+def print_table(results: Sequence[InvocationResults], *, brief_seen_notes: bool = False) -> None:
+    """Print the score table with rich. `brief_seen_notes` (the end of a run): an offline-data footnote the
+    user was shown before is said in one line (`evaluate results` shows it in full)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -27,6 +30,12 @@ def print_table(results: Sequence[InvocationResults]) -> None:
     console = Console()
     print_fitting(console, table, header, styled, name_columns=first_value)
     for note in footnotes:
+        if brief_seen_notes and note.startswith(OFFLINE_MARK):
+            from ckpteval.views import note_seen_before
+
+            if note_seen_before(note):
+                task = note.removeprefix(OFFLINE_MARK).strip().partition(":")[0]
+                note = f"{OFFLINE_MARK} {task}: offline stand-in data, as before (evaluate results shows the note)"
         color = "red" if note.startswith(FAILED_MARK) else "dim"
         console.print(f"[{color}]{_escape(note)}[/]", highlight=False)  # mode names hold brackets: pass@1[avg-of-k]
 

@@ -14,9 +14,13 @@ def tasks_command(
     harness: Annotated[str | None, typer.Option("--harness", help="Only tasks of this harness.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List the tasks `-t` accepts: name, harness, endpoint type, whether it needs log-probs, offline data."""
+    """List the tasks `-t` accepts: name, harness, endpoint type, whether it needs log-probs, offline data,
+    whether it runs on this machine (its harness installed here), and what it is."""
     import ckpteval
     from ckpteval.cli.render import print_catalog
+    from ckpteval.views import no_tasks_hint
 
     # the JSON has the datasets each task loads (about a second to read lm-eval's task YAML)
-    print_catalog(ckpteval.tasks(pattern, harness=harness, datasets=json_output), json_output=json_output)
+    found = ckpteval.tasks(pattern, harness=harness, datasets=json_output)
+    hint = "" if found else no_tasks_hint(pattern, harness=harness)
+    print_catalog(found, json_output=json_output, hint=hint)

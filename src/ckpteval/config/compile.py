@@ -273,6 +273,18 @@ def _default_endpoint_type(config: EvalConfig, spec: TaskSpec) -> str:
     return wanted if wanted in spec.endpoint_types or not spec.endpoint_types else spec.default_endpoint_type
 
 
+def served_endpoint_types(config: EvalConfig) -> tuple[str, ...]:
+    """The endpoint types the deployment serves: a deployment ckpteval starts serves both routes;
+    `deployment: none` serves `target.api_endpoint.type`, and the other type when its URL ends in its own
+    OpenAI route (the other route is then beside it, `endpoint_url_for`)."""
+    if not isinstance(config.deployment, NoDeployment):
+        return tuple(BY_ENDPOINT_TYPE)
+    api = config.target.api_endpoint
+    if (api.url or "").rstrip("/").endswith(BY_ENDPOINT_TYPE[api.type]):
+        return tuple(BY_ENDPOINT_TYPE)
+    return (api.type,)
+
+
 def endpoint_url_for(config: EvalConfig, endpoint_type: str) -> str:
     """With `deployment: none`, the URL a task of `endpoint_type` talks to: `target.api_endpoint.url` for
     tasks of the endpoint's own type; for the other type, the same server's other OpenAI route
@@ -426,9 +438,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
                 "deployment: none evaluates an endpoint that already runs, but no URL is set.",
                 hint=f"Set target.api_endpoint.url=http://HOST:PORT{COMPLETIONS}.",
             )
-        for task in tasks:
-            endpoint_url_for(config, task.endpoint_type)
-        return
+        return  # a task whose endpoint type it does not serve: ckpteval.tasks.runnable.endpoint_served
     if not isinstance(deployment, MegatronDeployment):
         if getattr(deployment, "runs_in_image", False) and not execution.runs_containers:
             raise ConfigError(

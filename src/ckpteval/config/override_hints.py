@@ -11,18 +11,38 @@ from ckpteval.errors import close_matches
 
 
 def missing_key_hint(tree: Mapping[str, Any], key: str, value: str) -> str:
-    """What to write instead of `key=value`, given the composed config (as plain data) it did not fit."""
+    """What to write instead of `key=value`, given the composed config (as plain data) it did not fit: the
+    key with its first misspelled part corrected (`exection.output_dir` -> `execution.output_dir`), the real
+    path of a key that exists deeper, and only then `+key=value`."""
+    corrected = _corrected(tree, key.split("."))
+    if corrected is not None:
+        return f"Did you mean {corrected}={value}?"
     parent_path, _, leaf = key.rpartition(".")
-    parent = _node(tree, parent_path)
-    if isinstance(parent, Mapping):
-        close = close_matches(leaf, [str(k) for k in parent], n=1)
-        if close:
-            near = f"{parent_path}.{close[0]}" if parent_path else close[0]
-            return f"Did you mean {near}={value}?"
     deeper = [path for path in _paths(tree) if path.endswith(f".{leaf}") and path.startswith(parent_path)]
     if deeper:
         return f"The key is {deeper[0]}: write {deeper[0]}={value}."
     return f"To add a new key, write +{key}={value} (or check the spelling)."
+
+
+def _corrected(tree: Mapping[str, Any], parts: list[str]) -> str | None:
+    """`parts` with each part that is not in the config replaced by its close match, when what follows
+    then exists (a new leaf under an existing section counts); None when no such spelling is found."""
+    node: Any = tree
+    out: list[str] = []
+    changed = False
+    for i, part in enumerate(parts):
+        if not isinstance(node, Mapping):
+            return None
+        if part not in node:
+            close = close_matches(part, [str(k) for k in node], n=1)
+            if not close:
+                return None
+            part, changed = close[0], True
+        elif i == len(parts) - 1 and not changed:
+            return None
+        out.append(part)
+        node = node[part]
+    return ".".join(out) if changed else None
 
 
 def group_hint(group: str, option: str, options: list[str]) -> str:

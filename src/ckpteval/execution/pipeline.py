@@ -21,6 +21,7 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,12 +41,14 @@ if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
     from ckpteval.execution.backend import Job, JobBackend, JobHost
     from ckpteval.tasks.data_status import TaskDataStatus
+    from ckpteval.tasks.runnable import Unmet
 
 
 def plan_job(compiled: CompiledConfig, invocation: str, *, force_squash: bool = False) -> PreparedJob:
     """The job of a new invocation, planned for where its profile runs it (refused there if it cannot run)."""
     backend = backend_for(compiled.profile.executor)
     backend.accept(compiled)
+    refuse_unrunnable(compiled)  # a task that cannot run where the job runs ends here, dry run or not
     job_dir = backend.job_dir(compiled, invocation)
     job = PlannedJob.make(
         compiled,
@@ -103,8 +106,6 @@ class PreparedJob:
             if checkpoint is not None and backend.reads_remotely:
                 report(Note(checkpoint.title))
             statuses = data_statuses(job.compiled, host.remote, report=host.description)
-            if not job.compiled.config.execution.on_cluster:
-                refuse_hubless(job.compiled)
             plan = stage_secrets(job, host.remote, report)
             plan = stage_images(job, plan, host.remote, report)
             if statuses is not None:
@@ -189,14 +190,45 @@ def data_statuses(
     return found
 
 
+def refuse_unrunnable(compiled: CompiledConfig) -> None:
+    """Refuse (ConfigError), before anything is written, the tasks that cannot run where the job runs: one
+    line per task with its fix (`ckpteval.tasks.runnable`: harness installed, endpoint type served, and on
+    this machine data available)."""
+    from ckpteval.config.compile import served_endpoint_types
+    from ckpteval.tasks.runnable import endpoint_served, harness_installed, refuse_unmet
+
+    config = compiled.config
+    served = served_endpoint_types(config)
+    unmet = []
+    for task in compiled.tasks:
+        found = harness_installed(task.spec, in_container=config.execution.runs_containers) or endpoint_served(
+            task.spec, task.endpoint_type, served
+        )
+        if found is not None:
+            unmet.append(found)
+    if not config.execution.on_cluster:
+        refused = {u.task for u in unmet}
+        left = dataclasses.replace(compiled, tasks=tuple(t for t in compiled.tasks if t.spec.name not in refused))
+        unmet += hubless(left)
+    refuse_unmet(unmet)
+
+
 def refuse_hubless(compiled: CompiledConfig) -> None:
-    """On this machine: refuse (ConfigError), before anything is written, the tasks that can only read their
-    datasets from the Hugging Face Hub (neither fetched into the dataset cache nor packaged, nor a
-    `dataset_dir`) when the hub does not answer with the job's environment. The hub is asked only when such a
-    task is in the run (a few seconds at most); a task whose data ckpteval does not know is not checked."""
+    """On this machine: refuse (ConfigError) the tasks whose data cannot be read here (`hubless`)."""
+    from ckpteval.tasks.runnable import refuse_unmet
+
+    refuse_unmet(hubless(compiled))
+
+
+def hubless(compiled: CompiledConfig) -> list[Unmet]:
+    """On this machine: the tasks that can only read their datasets from the Hugging Face Hub (neither
+    fetched into the dataset cache nor packaged, nor a `dataset_dir`) when the hub does not answer with the
+    job's environment. The hub is asked only when such a task is in the run (a few seconds at most); a task
+    whose data ckpteval does not know is not checked."""
     from ckpteval.tasks.data_cache import default_cache_dir, is_cached
-    from ckpteval.tasks.data_status import hub_needs, refuse_unreachable_hub
+    from ckpteval.tasks.data_status import hub_needs
     from ckpteval.tasks.offline_data import hub_reachable
+    from ckpteval.tasks.runnable import data_available
 
     local = default_cache_dir()
     config = compiled.config
@@ -207,19 +239,20 @@ def refuse_hubless(compiled: CompiledConfig) -> None:
         cached_here=lambda ref: is_cached(local, ref),
         packaged_counts=config.evaluation.offline_data != "off",  # "off": packaged data is never read
     )
-    if not needs:
-        return
-    env_of = {task.name: {**common, **task.env_vars} for task in tasks}
+    env_of = {task.spec.name: {**common, **task.env_vars} for task in tasks}  # statuses name the spec
+    spec_of = {task.spec.name: task.spec for task in tasks}
     answers: dict[tuple[tuple[str, str], ...], bool] = {}
-    unreachable = []
+    unmet = []
     for status in needs:
         env = env_of[status.task]
         key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("HF_")))
         if key not in answers:
             answers[key] = hub_reachable(env=env)
         if not answers[key]:
-            unreachable.append(status)
-    refuse_unreachable_hub(unreachable, cache=str(local))
+            found = data_available(spec_of[status.task], [ref.key for ref in status.missing], cache=str(local))
+            if found is not None:
+                unmet.append(found)
+    return unmet
 
 
 def with_data(compiled: CompiledConfig, plan: JobPlan, statuses: list[TaskDataStatus]) -> JobPlan:

@@ -96,7 +96,8 @@ def probe_command(
 
 
 def describe(groups: RequestGroups, names: Sequence[str]) -> str:
-    """The dry run's words for the plan (`names`: the plan's task names)."""
+    """The dry run's words for the plan (`names`: the plan's task names): paragraphs on one line each, for
+    the front end to wrap at its width."""
     listing = "\n".join(
         f"  group {g}: {', '.join(names[i] for i in group)} — {words}"
         for g, (group, words) in enumerate(zip(groups.groups, groups.words, strict=True), 1)
@@ -108,12 +109,12 @@ def describe(groups: RequestGroups, names: Sequence[str]) -> str:
     if groups.known_mixing:
         return (
             f"The endpoint mixes request settings across a batch: {groups.known_mixing}.\n"
-            "So the tasks run in these groups of identical request settings, one group after another (a group's\n"
+            "So the tasks run in these groups of identical request settings, one group after another (a group's "
             f"tasks side by side). The job still probes the endpoint first and logs what it finds.\n{listing}"
         )
     return (
-        "Before any task's first request, the job probes the endpoint: concurrent requests with different\n"
-        "settings, each answer compared with the same request sent alone. If the endpoint mixes settings\n"
+        "Before any task's first request, the job probes the endpoint: concurrent requests with different "
+        "settings, each answer compared with the same request sent alone. If the endpoint mixes settings "
         "across a batch, the tasks run in these groups, one group after another; else all side by side.\n" + listing
     )
 

@@ -14,8 +14,8 @@ One line per scored document (and repeat, for a task sampled several times):
 - `scores`: every per-sample metric under its results.json name (`exact_match__strict-match`);
 - `prompt`, `response`, `answer`, `target` (where the harness logged them): the prompt the model saw, what it
   said (a multiple-choice task: the choice it scored highest), the answer the task extracted from that (the
-  one its metric scored) and the target. Each is kept up to 4,000 characters (a long few-shot prompt: its end,
-  where the question is).
+  one its metric scored) and the target, each whole (`samples --json` and the Inspect export pass them on
+  unshortened; only the terminal's table shortens them for display).
 
 The file is written when results are collected (`ckpteval.results.collect`); `evaluate compare` pairs
 invocations on it, and results.json takes the standard error of a metric from it where the harness gave
@@ -80,13 +80,6 @@ class SampleScore:
 
 
 TEXT_FIELDS = ("prompt", "response", "answer", "target")
-MAX_TEXT = 4000
-
-
-def _clip(text: str | None, *, keep_end: bool = False) -> str | None:
-    if text is None or len(text) <= MAX_TEXT:
-        return text
-    return "…" + text[-(MAX_TEXT - 1) :] if keep_end else text[: MAX_TEXT - 1] + "…"
 
 
 def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> list[SampleScore]:
@@ -111,10 +104,10 @@ def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> l
                     line.doc_hash,
                     {},
                     layout.repeat,
-                    prompt=_clip(text.prompt, keep_end=True) if text else None,
-                    response=_clip(text.response) if text else None,
-                    answer=_clip(line.answer),
-                    target=_clip(text.target) if text else None,
+                    prompt=text.prompt if text else None,
+                    response=text.response if text else None,
+                    answer=line.answer,
+                    target=text.target if text else None,
                 )
             merged[key].scores.update(line.scores)
         out.extend(merged.values())

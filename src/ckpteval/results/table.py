@@ -13,12 +13,17 @@ from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
 
 OFFLINE_MARK = "†"
 FAILED_MARK = "✗"
+# below this many documents a standard error says nothing (2 documents both wrong: ± 0.0000)
+MIN_N_FOR_CI = 10
+TOO_FEW = "n too small for a CI"
 
 
 def _fmt(metric: Metric | None) -> str:
     if metric is None:
         return "—"
     text = f"{metric.value:.4f}"
+    if metric.n_samples is not None and metric.n_samples < MIN_N_FOR_CI:
+        return f"{text} ({TOO_FEW})"
     if metric.stderr is not None:
         text += f" ± {metric.stderr:.4f}"
     return text

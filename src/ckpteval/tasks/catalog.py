@@ -97,6 +97,29 @@ class Catalog:
             out.append(task)
         return out
 
+    def no_match_hint(self, pattern: str | None = None, *, harness: str | None = None) -> str:
+        """What to try when `search(pattern, harness=harness)` finds nothing: the harness meant, or the
+        names that match once case, '-' and '_' are set aside (`mt-bench` -> mtbench)."""
+        harnesses = sorted({t.harness for t in self.tasks})
+        if harness and harness not in harnesses:
+            near = [h for h in harnesses if _squashed(harness) in _squashed(h)] or close_matches(harness, harnesses)
+            meant = f" Did you mean --harness {near[0]}?" if near else ""
+            return f"There is no harness '{harness}'.{meant} Harnesses: {', '.join(harnesses)}."
+        if not pattern:
+            return ""
+        pool = [t for t in self.tasks if not harness or t.harness == harness]
+        near = [t.qualified_name for t in pool if _squashed(pattern) in _squashed(t.qualified_name)]
+        near = near or close_matches(pattern, [t.qualified_name for t in pool] + [t.name for t in pool], n=5)
+        where = f" of {harness}" if harness else ""
+        if near:
+            shown = ", ".join(near[:5]) + (f" (+{len(near) - 5} more)" if len(near) > 5 else "")
+            return f"No task{where} has '{pattern}' in its name; close: {shown}."
+        return f"No task{where} has '{pattern}' in its name; `evaluate tasks` lists them all."
+
+
+def _squashed(text: str) -> str:
+    return "".join(c for c in text.lower() if c.isalnum())
+
 
 def catalog_path() -> Path:
     """Where the launcher's task definitions live (without importing the launcher)."""

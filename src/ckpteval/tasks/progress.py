@@ -75,6 +75,13 @@ def _doc_counts(harness_task: str, *, offline: bool) -> list[int] | None:
 
 def expected_documents(params: dict[str, Any], *, offline: bool) -> int | None:
     """Documents the harness evaluates for a task with these `config.params` (None when unknown)."""
+    counts = documents_per_subtask(params, offline=offline)
+    return None if counts is None else sum(counts)
+
+
+def documents_per_subtask(params: dict[str, Any], *, offline: bool) -> list[int] | None:
+    """Documents the harness evaluates per (sub)task (MMLU: per subject) with these `config.params`, its
+    `limit_samples` applied to each as lm-eval applies it (None when unknown)."""
     harness_task = str(params.get("task") or "")
     extra = params.get("extra") or {}
     if harness_task not in _REQUESTS_PER_DOC or extra.get("downsampling_ratio") is not None:
@@ -86,7 +93,7 @@ def expected_documents(params: dict[str, Any], *, offline: bool) -> int | None:
     if limit is not None:
         limit = float(limit)
         counts = [min(n, math.ceil(n * limit)) if limit < 1.0 else min(n, int(limit)) for n in counts]
-    return sum(counts)
+    return counts
 
 
 def expected_requests(params: dict[str, Any], *, offline: bool) -> int | None:

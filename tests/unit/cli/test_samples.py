@@ -118,3 +118,20 @@ def test_bad_input_is_one_message(runs: None, args: list[str], message: str) -> 
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+LEAF = "mmlu_str_high_school_european_history"  # a long leaf task: its documents' ids are long words
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_document_ids_are_never_broken(tmp_path: Path, width: int) -> None:
+    for name, right in (("cccc0003", BASE), ("dddd0004", CAND)):
+        record_run(tmp_path, name, {"gsm8k": lambda d, r=right: gsm8k_run(d / "output", r, harness_task=LEAF)})
+    for args in (["samples", "cccc0003"], ["samples", "cccc0003", "--vs", "dddd0004"]):
+        result = CliRunner().invoke(app, args, terminal_width=width, env={"COLUMNS": str(width)})
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert all(len(line) <= width for line in lines), result.output
+        # every document shown has its whole id on one line (not cut into mmlu_str_high_sch + ool_...)
+        shown = {d for d in range(N) if any(f"{LEAF}/{d} " in line for line in lines)}
+        assert shown == (set(range(N)) if "--vs" not in args else {5, 6, 7, 10}), result.output

@@ -116,8 +116,11 @@ def _finish(jobs: Path, invocation: str, *, seconds: float, code: int = 0) -> No
 def test_status_lists_model_and_duration(recorded, width):
     _finish(recorded, "aaaa0001", seconds=125)
     out = _render(["status"], width)
-    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu", "hellaswag"):
+    for text in ("model", "took", "sft/iter_aaaa0001", "2m 05s", "succeeded", "adlr_mmlu", "hellaswag", "scores"):
         assert text in out, text
+    # each run's scores and the documents behind them tell three runs of the same tasks apart
+    flat = " ".join(out.split())
+    assert flat.count("n=100") == 6 and "adlr_mmlu 0." in flat and "hellaswag 0." in flat, out
     single = _render(["status", "aaaa0001"], width)
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
 
@@ -166,3 +169,101 @@ def test_resume_of_a_succeeded_invocation_does_nothing(recorded):
     assert result.exit_code == 0, result.output
     assert "succeeded already: nothing to resume" in result.output
     assert sorted(p.relative_to(recorded) for p in recorded.rglob("*")) == before
+
+
+LONG_OVERRIDE = "evaluation.nemo_evaluator_config.config.params.limit_samples=null"
+
+
+def _outside_scripts(output: str) -> list[str]:
+    """The lines of a dry run outside its copyable scripts (a `job script` section runs to the next rule)."""
+    kept, in_script = [], False
+    for line in output.splitlines():
+        if line.startswith(("job script", "sbatch script")):
+            in_script = True
+            continue
+        if in_script and "───" in line and not line.startswith((" ", "#")):
+            in_script = line.startswith(("job script", "sbatch script"))
+        if not in_script:
+            kept.append(line)
+    return kept
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint, isolated_user, width):
+    argv = ["-c", "tiny", "-t", "adlr_mmlu,gsm8k", "deployment.prepare=null", f"run.model={tiny_checkpoint}"]
+    result = CliRunner().invoke(
+        app, [*argv, LONG_OVERRIDE, "--dry-run"], terminal_width=width, env={"COLUMNS": str(width)}
+    )
+    assert result.exit_code == 0, result.output
+    lines = _outside_scripts(result.output)
+    # every line fits, but a single word longer than the room (a path), left whole to copy
+    too_wide = [ln for ln in lines if len(ln.rstrip()) > width and len(ln.split()) > 1]
+    assert not too_wide, "\n".join(too_wide)
+    assert "…" not in "\n".join(lines)
+    text = "\n".join(lines)
+    for seen in ("forward", "num_query_groups=", "export-deploy yes", "group 1: adlr_mmlu", "group 2: gsm8k"):
+        assert seen in text, seen
+    # the long override whole: its key on one line, its value on the next where it does not fit
+    header = "".join(ln.strip(" │") for ln in lines[: lines.index(next(ln for ln in lines if "tasks" in ln))])
+    assert LONG_OVERRIDE in header.replace(" ", ""), header
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_inspect_fits(tiny_checkpoint, isolated_user, width):
+    result = CliRunner().invoke(
+        app, ["inspect", str(tiny_checkpoint)], terminal_width=width, env={"COLUMNS": str(width)}
+    )
+    assert result.exit_code == 0, result.output
+    too_wide = [ln for ln in result.output.splitlines() if len(ln.rstrip()) > width and len(ln.split()) > 1]
+    assert not too_wide, "\n".join(too_wide)
+    assert "num_query_groups=" in result.output and "…" not in result.output
+
+
+def test_status_json_gives_states_as_words_and_the_exit_code_apart(recorded):
+    import json
+
+    _finish(recorded, "cccc0003", seconds=30, code=1)
+    job = recorded / "cccc0003"
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("failed 1\n")
+    (job / JobDir.task_state("tasks/hellaswag")).write_text("succeeded\n")
+    result = CliRunner().invoke(app, ["status", "cccc0003", "--json"])
+    assert result.exit_code == 0, result.output
+    [status] = json.loads(result.stdout)
+    assert status["state"] == "failed"
+    tasks = {t["name"]: t for t in status["tasks"]}
+    assert (tasks["adlr_mmlu"]["state"], tasks["adlr_mmlu"]["exit_code"]) == ("failed", 1)
+    assert tasks["hellaswag"]["state"] == "succeeded" and "exit_code" not in tasks["hellaswag"]
+
+
+def test_logs_without_an_id_means_the_latest(recorded):
+    from ckpteval.invocation.record import list_records
+
+    latest = list_records()[0]
+    log = recorded / latest.id / JobDir.JOB_LOG
+    log.parent.mkdir(exist_ok=True)
+    log.write_text("the latest job's own line\n")
+    result = CliRunner().invoke(app, ["logs"])
+    assert result.exit_code == 0, result.output
+    assert "the latest job's own line" in result.output and f"the latest invocation: {latest.id}" in result.output
+
+
+def test_resume_says_which_invocation_and_what_it_skips_replays_and_runs(recorded):
+    import ckpteval
+    from ckpteval.cli.resume import resume_plan
+
+    job = recorded / "bbbb0002"
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.DEPLOYMENT_STATE).write_text("ready\n")
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("succeeded\n")
+    (job / JobDir.task_state("tasks/hellaswag")).write_text("running\n")
+    record = load_record("bbbb0002")
+    record.command_line = ["evaluate", "-c", "sft", "-t", "adlr_mmlu,hellaswag"]
+    record.save()
+    found = ckpteval.status("bbbb0002")
+    text = resume_plan(found)
+    assert text.splitlines()[0].startswith("resuming invocation bbbb0002")
+    assert "first run as: evaluate -c sft -t adlr_mmlu,hellaswag" in text
+    assert "skips (finished): adlr_mmlu" in text
+    assert "hellaswag" in text.split("skips (finished): adlr_mmlu", 1)[1]  # replayed or run, never skipped
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -227,3 +227,35 @@ def test_each_log_carries_what_produced_its_numbers() -> None:
     assert log.eval.metadata["ckpteval_settings"] == "extra.num_fewshot=5, temperature=0.0"
     assert log.eval.metadata["ckpteval_checkpoint"].startswith("megatron-lm torch_dist iteration 1000")
     assert log.eval.metadata["ckpteval_endpoint"] == "abcd1234-5f2e"
+
+
+def _gsm8k_with_a_long_prompt(task_dir: Path) -> None:
+    """gsm8k whose first document's prompt is 10,000 characters (a long few-shot prompt), beginning and end
+    distinct so a cut at either end shows."""
+    gsm8k_run(task_dir / "output", [True, False])
+    samples = next((task_dir / "output").rglob("samples_*.jsonl"))
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    for line in lines:
+        if line["doc_id"] == 0:
+            line["arguments"]["gen_args_0"]["arg_0"] = LONG_PROMPT
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+LONG_PROMPT = "BEGIN " + "".join(f"example {i}: 2 + {i} = {i + 2}\n" for i in range(500))[: 10_000 - 10] + " END"
+
+
+@needs_inspect
+def test_a_long_prompt_survives_samples_json_and_the_inspect_export_whole(tmp_path: Path):
+    from inspect_ai.log import read_eval_log
+
+    assert len(LONG_PROMPT) == 10_000
+    record_run(tmp_path / "jobs", "bbbb0002", {"gsm8k": _gsm8k_with_a_long_prompt})
+    shown = runner.invoke(app, ["samples", "bbbb0002", "--json"])
+    assert shown.exit_code == 0, shown.output
+    prompts = {row["sample"]: row["prompt"] for row in json.loads(shown.output)["tasks"]["gsm8k"]}
+    assert prompts["gsm8k/0"] == LONG_PROMPT
+    result = runner.invoke(app, ["export", "bbbb", "--to", "inspect", "--out", str(tmp_path / "logs")])
+    assert result.exit_code == 0, result.output
+    log = read_eval_log(str(next((tmp_path / "logs").glob("*.eval"))))
+    assert log.samples is not None
+    assert next(s.input for s in log.samples if s.id == "gsm8k/0") == LONG_PROMPT

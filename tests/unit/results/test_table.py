@@ -124,3 +124,19 @@ def test_repeated_results_json_round_trip_and_flat_keys(tmp_path: Path):
     assert flat["pass@1[avg-of-4]/exact_match__strict-match_std_dev"] == 0.04
     assert flat["n_samples"] == 90
     assert flat_metrics(results.tasks["adlr_mmlu"])["greedy/exact_match"] == 0.34
+
+
+def test_a_score_on_too_few_documents_says_so_instead_of_a_zero_stderr() -> None:
+    two = InvocationResults(
+        invocation="aaaa0001",
+        created="2026-11-27T10:00:00Z",
+        status="succeeded",
+        tasks={
+            "hellaswag": TaskOutcome(
+                name="hellaswag", status="succeeded", metrics={"acc": Metric(0.0, 0.0, 2)}, n_samples=2
+            )
+        },
+    )
+    text = render_text([two])
+    assert "0.0000 (n too small for a CI)" in text and "± 0.0000" not in text
+    assert "0.2000 ± 0.0654" in render_text([sample("bbbb0002", 0.2)])  # 50 documents: the standard error

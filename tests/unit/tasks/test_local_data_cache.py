@@ -68,16 +68,17 @@ def test_a_local_run_whose_task_needs_an_unreachable_hub_is_refused_with_one_lin
     import ckpteval
     from ckpteval.cli.main import app
 
-    result = CliRunner().invoke(
-        app, ["-c", "tiny", "-t", "piqa", "-t", "adlr_mmlu", "--limit", "2"], terminal_width=200
-    )
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert lines[0].startswith("error: The Hugging Face Hub does not answer from this machine"), result.output
-    assert "piqa: baber/piqa" in lines[0] and "adlr_mmlu" not in lines[0]  # MMLU has packaged data
-    assert "evaluate data fetch -t piqa" in lines[1] and len(lines) == 2
-    assert "Traceback" not in result.output
-    assert ckpteval.statuses() == []  # nothing recorded, no job started
+    for dry_run in ([], ["--dry-run"]):  # the dry run refuses what the run would
+        result = CliRunner().invoke(
+            app, ["-c", "tiny", "-t", "piqa", "-t", "adlr_mmlu", "--limit", "2", *dry_run], terminal_width=200
+        )
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert lines[0].startswith("error: Task piqa cannot run here: its datasets (baber/piqa)"), result.output
+        assert "the hub does not answer" in lines[0] and "adlr_mmlu" not in lines[0]  # MMLU has packaged data
+        assert "evaluate data fetch -t piqa" in lines[1] and len(lines) == 2
+        assert "Traceback" not in result.output
+        assert ckpteval.statuses() == []  # nothing recorded, no job started
 
 
 def test_the_hub_is_asked_only_for_tasks_that_need_it_and_with_the_jobs_own_environment(
@@ -88,7 +89,9 @@ def test_the_hub_is_asked_only_for_tasks_that_need_it_and_with_the_jobs_own_envi
     from tests.support.hf_hub import HubStandIn
 
     refuse_hubless(compiled_for("adlr_mmlu", "hellaswag"))  # packaged data: the hub is not needed
-    with pytest.raises(ConfigError, match=r"hellaswag: Rowan/hellaswag"):  # packaged data switched off
+    with pytest.raises(
+        ConfigError, match=r"hellaswag cannot run here: its datasets \(Rowan/hellaswag"
+    ):  # packaged data switched off
         refuse_hubless(compiled_for("hellaswag", overrides=("evaluation.offline_data=off",)))
     own_copy = compiled_for("piqa")  # a task given its own dataset_dir reads it there
     own_copy = dataclasses.replace(own_copy, tasks=[dataclasses.replace(own_copy.tasks[0], dataset_dir="/data")])
@@ -99,16 +102,18 @@ def test_the_hub_is_asked_only_for_tasks_that_need_it_and_with_the_jobs_own_envi
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"files": {}, "links": {}}))
     refuse_hubless(compiled_for("piqa"))
-    with pytest.raises(ConfigError, match=r"adlr_arc_challenge_llama_25_shot: allenai/ai2_arc") as refused:
+    with pytest.raises(
+        ConfigError, match=r"adlr_arc_challenge_llama_25_shot cannot run here: its datasets \(allenai/ai2_arc"
+    ) as refused:
         refuse_hubless(compiled_for("piqa", "adlr_arc_challenge_llama_25_shot"))
-    assert "piqa:" not in str(refused.value.message)
+    assert "piqa" not in str(refused.value.message)
 
     hub = HubStandIn(tmp_path / "hub")  # a hub that answers (no repositories needed to answer)
     try:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         refuse_hubless(compiled_for("adlr_arc_challenge_llama_25_shot"))
         switched_off = ("+execution.env_vars.HF_HUB_OFFLINE=1",)  # the job's own environment turns it off
-        with pytest.raises(ConfigError, match="does not answer from this machine"):
+        with pytest.raises(ConfigError, match="the hub does not answer"):
             refuse_hubless(compiled_for("adlr_arc_challenge_llama_25_shot", overrides=switched_off))
     finally:
         hub.stop()
