@@ -137,3 +137,48 @@ def test_resume_against_another_checkpoint_replays_nothing_and_the_record_says_s
     refused = refuse_unserved(outcome, provenance)
     assert refused.status == "failed" and not refused.metrics
     assert refused.error is not None and "2 checkpoint contents" in refused.error
+
+
+CACHING = """
+import json, sys
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import LM, CachingLM
+
+class Model(LM):
+    def loglikelihood(self, requests):
+        out = []
+        for r in requests:
+            self.cache_hook.add_partial("loglikelihood", r.args, (-1.0, True))
+            out.append((-1.0, True))
+        print("asked", len(requests), file=sys.stderr)
+        return out
+    def loglikelihood_rolling(self, requests): raise NotImplementedError
+    def generate_until(self, requests): raise NotImplementedError
+
+lm = CachingLM(Model(), sys.argv[1])
+reqs = [Instance("loglikelihood", {}, (f"c{i}", " x"), i) for i in range(3)]
+print(json.dumps(lm.loglikelihood(reqs)))
+"""
+
+
+def test_lm_evals_own_cache_replays_only_the_checkpoint_served_and_is_counted(server: str, tmp_path: Path) -> None:
+    """lm-eval's `--use_cache` (CachingLM): keyed by the content served, its replays counted in served.json."""
+    from ckpteval.results.provenance import task_served
+
+    out = tmp_path / "task" / "output"
+    out.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_") and k != "PYTHONPATH"}
+    env.update({"PYTHONPATH": hook_dir(), responses.OUTPUT_ENV: str(out), "CKPTEVAL_DEPLOYMENT_HEALTH": f"{server}/v1/health"})
+    argv = [sys.executable, "-c", CACHING, str(out / "lm_cache" / "rank0")]
+
+    def once() -> str:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    assert "asked 3" in once()
+    assert "asked" not in once()  # the same content: lm-eval's cache answers all three
+    _Builtin.checkpoint = C2  # iter_N rewritten before the resume
+    assert "asked 3" in once()  # another content: nothing replayed from lm-eval's cache
+    served = task_served(tmp_path / "task")
+    assert served["replayed"] == {"ckpteval": 0, "lm_eval": 3}
