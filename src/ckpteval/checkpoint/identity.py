@@ -32,7 +32,9 @@ SAMPLE_BYTES = 64 * 1024
 _EDGE_BYTES = 1024**2
 _BLOCK = 1 << 20
 FULL = "sha256 of every file"
-SAMPLED = f"sha256 of every file up to 1 MiB, of larger ones' size, first and last MiB and {SAMPLES} sampled 64 KiB blocks"
+SAMPLED = (
+    f"sha256 of every file up to 1 MiB, of larger ones' size, first and last MiB and {SAMPLES} sampled 64 KiB blocks"
+)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,9 @@ def content_identity(iter_dir: Path, *, full_limit: int = FULL_HASH_LIMIT) -> Co
     digests: dict[str, str] = {}
     read = 0
     for name, size in listing:
-        digest, n = _sampled_digest(iter_dir / name, size) if sampled and size > _BLOCK else _file_digest(iter_dir / name)
+        digest, n = (
+            _sampled_digest(iter_dir / name, size) if sampled and size > _BLOCK else _file_digest(iter_dir / name)
+        )
         digests[name] = digest
         read += n
     whole = hashlib.sha256("".join(f"{name}\t{digests[name]}\n" for name, _ in listing).encode())

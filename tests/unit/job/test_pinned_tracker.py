@@ -18,7 +18,7 @@ def _run(tmp_path: Path, tracker_text: str | None) -> subprocess.CompletedProces
     script = "\n".join(
         [
             "say() { printf '%s\\n' \"$*\"; }",
-            "mark() { printf '%s\\n' \"$2\" > \"$1\"; }",
+            'mark() { printf \'%s\\n\' "$2" > "$1"; }',
             *_pinned_tracker_check(str(tracker), "1000"),
             "echo started",
         ]

@@ -58,7 +58,11 @@ class _Builtin(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         cls = type(self)
-        health = {"status": "healthy", "deployment": cls.identity, "checkpoint": {"content": {"sha256": cls.checkpoint}}}
+        health = {
+            "status": "healthy",
+            "deployment": cls.identity,
+            "checkpoint": {"content": {"sha256": cls.checkpoint}},
+        }
         self._send(health, cls.identity, cls.checkpoint)
 
     def do_POST(self) -> None:
@@ -168,7 +172,9 @@ def test_lm_evals_own_cache_replays_only_the_checkpoint_served_and_is_counted(se
     out = tmp_path / "task" / "output"
     out.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_") and k != "PYTHONPATH"}
-    env.update({"PYTHONPATH": hook_dir(), responses.OUTPUT_ENV: str(out), "CKPTEVAL_DEPLOYMENT_HEALTH": f"{server}/v1/health"})
+    env.update(
+        {"PYTHONPATH": hook_dir(), responses.OUTPUT_ENV: str(out), "CKPTEVAL_DEPLOYMENT_HEALTH": f"{server}/v1/health"}
+    )
     argv = [sys.executable, "-c", CACHING, str(out / "lm_cache" / "rank0")]
 
     def once() -> str:

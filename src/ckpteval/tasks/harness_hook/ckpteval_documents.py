@@ -229,7 +229,7 @@ def _responses() -> ModuleType:
 
 
 def _served_prefix() -> str:
-    """"<content sha256>:" of the checkpoint served (after waiting for the deployment: the cache is looked in
+    """ "<content sha256>:" of the checkpoint served (after waiting for the deployment: the cache is looked in
     before the first request), "" when the deployment reports none."""
     import importlib
 
@@ -246,11 +246,11 @@ def _served_prefix() -> str:
 def patch_model(module: ModuleType) -> None:
     """Register each call's requests in `lm_eval.api.model.CachingLM` before it looks in its cache, and key its
     cache by the checkpoint served (idempotent)."""
-    caching = getattr(module, "CachingLM", None)
+    caching: Any = getattr(module, "CachingLM", None)
     original = getattr(caching, "__getattr__", None)
     if original is None or getattr(original, _MARK, False):
         return
-    init = caching.__init__
+    init = caching.__dict__["__init__"]
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -107,7 +107,7 @@ class Recorder:
         self.lm_eval_replayed = 0  # answered from lm-eval's own cache (ckpteval_documents counts them)
         self.deployment: str | None = None  # what the endpoint's answers named (headers)
         self.checkpoint: str | None = None
-        self._serving: str | None | bool = False  # the content the deployment serves now (False: not asked yet)
+        self._serving: str | bool | None = False  # the content the deployment serves now (False: not asked yet)
         self.first: float | None = None
         self.last: float | None = None
         self._progress_written = 0.0
@@ -134,7 +134,7 @@ class Recorder:
         when it reports none (then only answers cached without one are replayed)."""
         if self._serving is False:
             self._serving = _health_checkpoint()
-        return self._serving or None
+        return self._serving if isinstance(self._serving, str) else None
 
     def check_answer(self, headers: Any) -> None:
         """An answer's identity headers must name this job's deployment and the content the task's first answer
@@ -205,8 +205,10 @@ class Recorder:
         self.check_answer(headers)
         checkpoint = headers.get(CHECKPOINT_HEADER) if headers is not None else None
         with self._lock:
-            if key is not None and answer is not None and (
-                key not in self._answers or self._answered_by.get(key) != checkpoint
+            if (
+                key is not None
+                and answer is not None
+                and (key not in self._answers or self._answered_by.get(key) != checkpoint)
             ):
                 self._answers[key] = answer
                 self._answered_by[key] = checkpoint
