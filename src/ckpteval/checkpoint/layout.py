@@ -82,9 +82,11 @@ def is_tokenizer_dir(path: Path) -> bool:
         return handle.read(64).lstrip()[:1] == b"{"
 
 
-def locate_checkpoint(path: str | Path) -> CheckpointLayout:
+def locate_checkpoint(path: str | Path, *, pinned: str | None = None) -> CheckpointLayout:
     """Find the iteration directory and tokenizer of the checkpoint at `path` (a root or an iter_* dir).
 
+    `pinned` ("1000" or "release": the iteration the job resolved when it described the checkpoint) is served
+    whatever the tracker names now; DeploymentError when that iteration is gone (see `pinned_iteration_dir`).
     Raises DeploymentError naming the missing piece when `path` is not a readable torch_dist checkpoint.
     """
     path = Path(path).expanduser()
@@ -104,13 +106,20 @@ def locate_checkpoint(path: str | Path) -> CheckpointLayout:
         iteration = int(match.group(1)) if match else None
     else:
         root = path
-        iteration = _read_tracker(root)
+        iteration = _read_tracker(root) if pinned is None else parse_iteration(pinned)
         iter_dir = root / iteration_dir_name(iteration)
+        if pinned is not None and not iter_dir.is_dir():
+            raise pinned_iteration_gone(root, pinned)
         if not iter_dir.is_dir():
             raise DeploymentError(
                 f"{root / TRACKER_FILE} names {iteration_dir_name(iteration)}, but {iter_dir} does not exist.",
                 hint="The checkpoint is incomplete; point --checkpoint at an iteration directory that exists.",
             )
+    if pinned is not None and iteration != parse_iteration(pinned):
+        raise DeploymentError(
+            f"{path} is iteration {iteration_label(iteration)}, but the job pinned iteration {pinned}.",
+            hint="Pass the checkpoint root, or the pinned iteration's directory.",
+        )
     ckpt_format = _checkpoint_format(iter_dir)
     tokenizer_dir = next((d for d in (iter_dir / TOKENIZER_DIR, root / TOKENIZER_DIR) if is_tokenizer_dir(d)), None)
     kind = MEGATRON_BRIDGE if is_bridge_checkpoint(iter_dir) else MEGATRON_LM
@@ -121,6 +130,36 @@ def locate_checkpoint(path: str | Path) -> CheckpointLayout:
         tokenizer_dir=tokenizer_dir,
         kind=kind,
         ckpt_format=ckpt_format,
+    )
+
+
+def parse_iteration(text: str) -> int | None:
+    """An iteration as a command line or the tracker writes it: a number, or "release" (None)."""
+    text = text.strip()
+    if text == "release":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise DeploymentError(f"An iteration is a number or 'release', not {text[:40]!r}.") from None
+
+
+def iteration_label(iteration: int | None) -> str:
+    """The inverse of `parse_iteration`."""
+    return "release" if iteration is None else str(iteration)
+
+
+def pinned_iteration_gone(root: Path, pinned: str) -> DeploymentError:
+    """The error of a job whose pinned iteration no longer exists (a training deleted or replaced it while
+    the job waited), naming what the tracker says now."""
+    try:
+        now = f"; {TRACKER_FILE} now names {iteration_label(_read_tracker(root))}"
+    except DeploymentError:
+        now = ""
+    return DeploymentError(
+        f"The job serves iteration {pinned} of {root} (resolved when the checkpoint was described, before "
+        f"submission), but {root / iteration_dir_name(parse_iteration(pinned))} no longer exists{now}.",
+        hint="A training deleted or rewrote it while the job waited; submit again to evaluate what is there now.",
     )
 
 

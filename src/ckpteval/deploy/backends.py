@@ -42,6 +42,10 @@ class LaunchContext:
     port_file: str | None  # where to write the port held, where the backend `holds_port`
     publish_tokenizer: str | None  # where to write the tokenizer served with, where it `publishes_tokenizer`
     containers: bool  # the job runs steps in their images (Slurm); else the profile's own processes
+    # the checkpoint iteration the job pinned when it described the checkpoint ("1000", "release"), for a
+    # backend that `takes_iteration`; None: not described before the job (prepared by it), or an endpoint
+    iteration: str | None = None
+    report_file: str | None = None  # where to write what it loaded, where the backend `reports_checkpoint`
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,12 @@ class DeploymentBackend:
     identity_route: Literal["health", "models"] | None = None  # where it reports the job's identity; None: cannot
     holds_port: bool = False
     publishes_tokenizer: bool = False
+    # it serves the iteration it is given (`LaunchContext.iteration`); else it reads the tracker itself when
+    # it loads, and the job checks before starting it that the tracker still names the pinned iteration
+    takes_iteration: bool = False
+    # it reports what it loaded (path, iteration, content identity: `ckpteval.server.loaded`) in a file and on
+    # every response; else results record the checkpoint as described before submission, unverified
+    reports_checkpoint: bool = False
     known_mixing: Callable[[Any], str] | None = None  # why it mixes request settings, known before any probe
 
     @property
@@ -124,6 +134,8 @@ def _builtin(deployment: MegatronDeployment, context: LaunchContext) -> Launch:
         publish_tokenizer=context.publish_tokenizer,
         identity=context.identity,
         port_file=context.port_file,
+        iteration=context.iteration,
+        report_file=context.report_file,
     )
     # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
     image = deployment.image if context.containers else None
@@ -167,6 +179,8 @@ register_backend(
         identity_route="health",
         holds_port=True,
         publishes_tokenizer=True,
+        takes_iteration=True,
+        reports_checkpoint=True,
     )
 )
 register_backend(

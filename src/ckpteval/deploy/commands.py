@@ -26,12 +26,17 @@ def builtin_command(
     publish_tokenizer: str | None = None,
     identity: str | None = None,
     port_file: str | None = None,
+    iteration: str | None = None,
+    report_file: str | None = None,
 ) -> str:
     """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval); it writes the
     tokenizer it serves with to `publish_tokenizer` first, for the task clients. `identity`: the token it
-    reports; `port_file`: where it writes the port it holds (`port`, or another if that one is taken)."""
+    reports; `port_file`: where it writes the port it holds (`port`, or another if that one is taken);
+    `iteration`: the one it serves (pinned by the job), whatever the tracker names when it loads;
+    `report_file`: where it writes what it loaded (`ckpteval.server.loaded`)."""
     options = ServeOptions(
         checkpoint=Path(deployment.checkpoint_path),
+        iteration=iteration,
         port=port,
         host="127.0.0.1",
         served_model_name=deployment.served_model_name,
@@ -46,6 +51,7 @@ def builtin_command(
         identity=identity,
         port_file=None if port_file is None else Path(port_file),
         port_fallback=port_file is not None,
+        report_file=None if report_file is None else Path(report_file),
     )
     argv = options.to_argv(python)
     return "exec " + shlex.join(argv)

@@ -157,7 +157,7 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     refuse_unservable(description, backend, clients_read=clients_read(deployment, path))
     refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
     refuse_unexpected_tensors(description, ignore=getattr(deployment, "ignore_unexpected_tensors", False))
-    job.description = description
+    job.described(description)  # the job now serves the iteration described (pinned)
     return checkpoint_panel(description, backend)
 
 

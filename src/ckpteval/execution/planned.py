@@ -35,6 +35,9 @@ class PlannedJob:
     images: list[ImageRef]  # registry images its steps run in (squashed before submission)
     force_squash: bool = False
     description: CheckpointDescription | None = field(default=None)  # set once the checkpoint is checked
+    toolchain: Toolchain | None = None
+    launcher: Launcher = "processes"
+    exports_itself: bool = False
 
     @classmethod
     def make(
@@ -51,15 +54,68 @@ class PlannedJob:
         """The job of `compiled` in `job_dir`; with `exports_itself`, the export step after the tasks."""
         from ckpteval.cluster.submission import job_images
 
-        plan = build_plan(compiled, invocation=invocation, job_dir=job_dir, toolchain=toolchain, launcher=launcher)
-        images = job_images(plan)
-        if exports_itself:
-            plan = add_export_step(plan, compiled, key_file=_planned_key_file(compiled, job_dir))
-        return cls(compiled, invocation, job_dir, plan, images, force_squash=force_squash)
+        plan = _plan(compiled, invocation, job_dir, toolchain, launcher, exports_itself=exports_itself, pinned=None)
+        return cls(
+            compiled,
+            invocation,
+            job_dir,
+            plan,
+            job_images(plan),
+            force_squash=force_squash,
+            toolchain=toolchain,
+            launcher=launcher,
+            exports_itself=exports_itself,
+        )
+
+    def described(self, description: CheckpointDescription) -> None:
+        """Keep the checkpoint's description, and plan again to serve the iteration it describes: the job serves
+        that one (pinned), whatever the tracker names when the job starts (a training that saves while the
+        job waits in a queue moves it)."""
+        self.description = description
+        pinned = pinned_iteration(description)
+        if pinned is None or self.toolchain is None or pinned == self.plan.deployment.pinned_iteration:
+            return
+        self.plan = _plan(
+            self.compiled,
+            self.invocation,
+            self.job_dir,
+            self.toolchain,
+            self.launcher,
+            exports_itself=self.exports_itself,
+            pinned=pinned,
+        )
 
     @property
     def profile(self) -> Profile:
         return self.compiled.profile
+
+
+def pinned_iteration(description: CheckpointDescription) -> str | None:
+    """The iteration a described Megatron checkpoint is served at ("1000", "release"); None for a Hugging Face
+    model directory (no iterations)."""
+    from ckpteval.checkpoint.layout import iteration_label
+
+    if description.layout == "huggingface":
+        return None
+    return iteration_label(description.iteration)
+
+
+def _plan(
+    compiled: CompiledConfig,
+    invocation: str,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    *,
+    exports_itself: bool,
+    pinned: str | None,
+) -> JobPlan:
+    plan = build_plan(
+        compiled, invocation=invocation, job_dir=job_dir, toolchain=toolchain, launcher=launcher, pinned=pinned
+    )
+    if exports_itself:
+        plan = add_export_step(plan, compiled, key_file=_planned_key_file(compiled, job_dir))
+    return plan
 
 
 def add_export_step(plan: JobPlan, compiled: CompiledConfig, *, key_file: str | None) -> JobPlan:

@@ -47,6 +47,7 @@ class JobDir:
     DEPLOYMENT_STATE = "state/deployment"
     DEPLOYMENT_PORT = "state/deployment_port"  # the port the builtin server holds, written by it
     DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
+    SERVED_CHECKPOINT = "state/served_checkpoint.json"  # what the builtin server loaded (server.loaded)
     FINISHED = "state/finished"  # the job's exit code
     ENDED = "state/ended"  # when the job ended (UTC, ISO 8601), written just before FINISHED
     SLURM_JOB = "state/slurm_job"

@@ -63,6 +63,18 @@ def _reports_identity(deployment: object) -> bool:
     return backend_for(deployment).reports_identity
 
 
+def _pinned_tracker(deployment: object, pinned: str | None) -> str | None:
+    """The tracker file the job checks still names the pinned iteration before it starts a deployment that
+    reads the tracker itself (Export-Deploy takes a root, not an iteration); None when the deployment is
+    given the iteration, or nothing is pinned."""
+    from ckpteval.checkpoint.layout import TRACKER_FILE
+
+    checkpoint = getattr(deployment, "checkpoint_path", None)
+    if pinned is None or not checkpoint or backend_for(deployment).takes_iteration:
+        return None
+    return f"{checkpoint.rstrip('/')}/{TRACKER_FILE}"
+
+
 def _port_file(deployment: object, job_dir: str) -> str | None:
     """A backend that holds its own port takes it when it starts (the planned one, or any free one if that is
     taken: no race with another job on the machine) and writes it here for the job."""
@@ -70,9 +82,16 @@ def _port_file(deployment: object, job_dir: str) -> str | None:
 
 
 def build_plan(
-    compiled: CompiledConfig, *, invocation: str, job_dir: str, toolchain: Toolchain, launcher: Launcher
+    compiled: CompiledConfig,
+    *,
+    invocation: str,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    pinned: str | None = None,
 ) -> JobPlan:
-    """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm)."""
+    """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm). `pinned`: the
+    checkpoint iteration to serve ("1000", "release"), as described before submission."""
     config = compiled.config
     deployment = config.deployment
     readiness = config.execution.endpoint_readiness_timeout
@@ -97,6 +116,7 @@ def build_plan(
             job_dir=job_dir,
             identity=identity,
             port_file=port_file,
+            pinned=pinned,
         )
         health_url = base_url + deployment.endpoints.health
         dep_plan = DeploymentPlan(
@@ -110,6 +130,9 @@ def build_plan(
             if identity
             else None,
             port_file=port_file,
+            pinned_iteration=pinned,
+            pinned_tracker=_pinned_tracker(deployment, pinned),
+            names_answers=bool(identity) and backend_for(deployment).reports_checkpoint,
         )
 
     tasks = tuple(
@@ -246,6 +269,7 @@ def _deployment_step(
     job_dir: str,
     identity: str | None,
     port_file: str | None,
+    pinned: str | None,
 ) -> tuple[Step, str]:
     """The deployment's step, as its registered backend launches it, and the backend's kind."""
     deployment = compiled.config.deployment
@@ -257,6 +281,8 @@ def _deployment_step(
         port_file=port_file,
         publish_tokenizer=published_tokenizer(compiled, job_dir),
         containers=launcher == "srun-containers",
+        iteration=pinned if backend.takes_iteration else None,
+        report_file=JobDir(job_dir).join(JobDir.SERVED_CHECKPOINT) if backend.reports_checkpoint else None,
     )
     launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})

@@ -54,6 +54,14 @@ class DeploymentPlan:
     # where the deployment writes the port it holds (`port`, or another when that one was taken); the job
     # reads it before the clients start and gives them the URLs on that port (`DEPLOY_PORT`)
     port_file: str | None = None
+    # the checkpoint iteration the job serves, resolved once when the checkpoint was described ("1000",
+    # "release"; None: not described before the job); `pinned_tracker`: the tracker the job checks still
+    # names it before starting a deployment that reads the tracker itself (one that does not take the iteration)
+    pinned_iteration: str | None = None
+    pinned_tracker: str | None = None
+    # the deployment names itself and the checkpoint content it serves on every answer (the builtin server):
+    # the task clients then refuse an answer that does not (`ckpteval_responses`)
+    names_answers: bool = False
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it

@@ -199,6 +199,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
         return f"say {shlex.quote('no deployment: evaluating ' + (plan.tasks[0].endpoint_url if plan.tasks else ''))}\n"
     timeout = int(dep.readiness_timeout)
     lines = [
+        *_pinned_tracker_check(dep.pinned_tracker, dep.pinned_iteration),
         f"say {shlex.quote('starting the deployment (' + dep.kind + ')')}",
         # setsid: the deployment and everything it spawns form one process group we can stop as a whole
         f"setsid {_launch(dep.step, launcher, name='deployment')} > logs/deployment.log 2>&1 &",
@@ -247,12 +248,33 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
             lines.append(
                 'export CKPTEVAL_DEPLOYMENT_IDENTITY="$DEPLOY_IDENTITY" '
                 'CKPTEVAL_DEPLOYMENT_IDENTITY_URL="$IDENTITY_URL"'
+                + (" CKPTEVAL_ANSWERS_NAMED=1" if dep.names_answers else "")
             )
         if not plan.prepare_during_load:  # the clients start once the deployment is healthy
             lines.append('wait "$WATCH_PID"; WATCH_PID=""')
         return "\n".join(lines) + "\n"
     lines += ["mark state/deployment ready", f"say {shlex.quote('deployment healthy: ' + (dep.health_url or ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
+    """A deployment that reads the checkpoint's tracker itself starts only while the tracker still names the
+    iteration the job pinned (a training that saved while the job waited moved it: the job fails, saying so)."""
+    if tracker is None or pinned is None:
+        return []
+    path = shlex.quote(tracker)
+    before = f"{tracker} now names iteration "
+    after = (
+        f", not {pinned}, the one this job was planned for (the checkpoint was described before submission); "
+        "this deployment reads the tracker itself and would serve another iteration than the one recorded. "
+        "Submit again to evaluate the new one."
+    )
+    return [
+        f"now=$(tr -d '[:space:]' < {path} 2>/dev/null || echo missing)",
+        f'if [ "$now" != {shlex.quote(pinned)} ]; then',
+        f'  say {shlex.quote(before)}"$now"{shlex.quote(after)}; mark state/deployment failed; JOB_RC=3; exit 3',
+        "fi",
+    ]
 
 
 def _published_port(port_file: str, timeout: int) -> list[str]:

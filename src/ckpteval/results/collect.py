@@ -4,11 +4,13 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ckpteval.errors import EvaluationError
 from ckpteval.results.model import DataSource, InvocationResults, Metric, TaskOutcome
+from ckpteval.results.provenance import Provenance
 from ckpteval.tasks.repeats import REPEATS_FILE
 from ckpteval.tasks.results import OfflineData
 
@@ -167,7 +169,11 @@ def collect_results(
 ) -> InvocationResults:
     """Every task's outcome, the invocation's status (succeeded only if every task did) and what produced
     the numbers (`provenance`)."""
+    from ckpteval.results.provenance import read_provenance
+
+    provenance = read_provenance(job_dir, tasks)
     outcomes = {name: task_outcome(job_dir / task_dir, name) for name, task_dir in tasks}
+    outcomes = {name: refuse_unserved(outcome, provenance) for name, outcome in outcomes.items()}
     statuses = {o.status for o in outcomes.values()}
     if statuses == {"succeeded"}:
         status = "succeeded"
@@ -177,8 +183,6 @@ def collect_results(
         status = "cancelled"
     else:
         status = "failed"
-    from ckpteval.results.provenance import read_provenance
-
     return InvocationResults(
         invocation=invocation,
         created=created,
@@ -186,5 +190,33 @@ def collect_results(
         model=model,
         label=label,
         tasks=outcomes,
-        provenance=read_provenance(job_dir, tasks),
+        provenance=provenance,
+    )
+
+
+def refuse_unserved(outcome: TaskOutcome, provenance: Provenance) -> TaskOutcome:
+    """A succeeded task is not scored (failed, saying why) when its numbers may not be the recorded
+    checkpoint's (docs/results.md, "What was served"): the server loaded another iteration or directory than
+    the one described before submission, or the task's answers (replayed ones included) came from more than
+    one checkpoint content, or from another than the one the server reports."""
+    if outcome.status != "succeeded":
+        return outcome
+    checkpoint = provenance.checkpoint or {}
+    why = "; ".join(checkpoint.get("mismatch") or [])
+    served = (provenance.tasks.get(outcome.name) or {}).get("served") or {}
+    contents = served.get("checkpoints") or []
+    loaded = checkpoint.get("files_sha256") if checkpoint.get("source") == "server" else None
+    if not why and len(contents) > 1:
+        why = f"its answers came from {len(contents)} checkpoint contents ({', '.join(c[:12] for c in contents)})"
+    elif not why and loaded and contents and contents != [loaded]:
+        why = f"its answers came from checkpoint content {contents[0][:12]}, the server reports {loaded[:12]}"
+    if not why:
+        return outcome
+    return dataclasses.replace(
+        outcome,
+        status="failed",
+        metrics={},
+        modes={},
+        error=f"Not scored: {why}.",
+        hint="Run it again against one checkpoint (a new invocation); results.json's provenance says what was served.",
     )

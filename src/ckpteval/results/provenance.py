@@ -2,10 +2,12 @@
 
 Made when the results are collected, from the job directory: job.yaml (written before submission: the
 checkpoint's identity, its tokenizer and origin as checked, the deployment's kind, image and command line,
-ckpteval's and the harness's versions here), `state/deployment_identity` (written by the job once the health
-check verified that the endpoint is its own deployment), the tokenizer the builtin server published
-(`tokenizer/`), and each task's run config and harness output (the effective request settings, the
-harness's versions). Reads no weight.
+ckpteval's and the harness's versions here), `state/served_checkpoint.json` (what the builtin server
+reported it loaded: this, not the description, is the record's checkpoint), `state/deployment_identity`
+(written by the job once the health check verified that the endpoint is its own deployment), the tokenizer
+the builtin server published (`tokenizer/`), and each task's run config, harness output (the effective
+request settings, the harness's versions) and `served.json` (what answered it, what was replayed). Reads no
+weight.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ HARNESS_PACKAGES = ("nemo-evaluator", "nemo-evaluator-launcher", "nvidia-lm-eval
 class Provenance:
     """What produced the numbers (see the module docstring); plain JSON values, as results.json holds them."""
 
-    checkpoint: dict[str, Any] | None = None  # layout, format, iteration, metadata/file-list hashes
+    checkpoint: dict[str, Any] | None = None  # what the server loaded (`served_checkpoint`), else as described
     tokenizer: dict[str, Any] | None = None  # kind, origin, sha256 (its files), served_sha256 (published)
     origin: dict[str, Any] | None = None  # the Hugging Face model compared with the checkpoint's args
     deployment: dict[str, Any] = field(default_factory=dict)  # kind, image, command, versions
@@ -53,7 +55,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
     images = submitted.get("task_images") or {}
     return Provenance(
-        checkpoint=submitted.get("checkpoint"),
+        checkpoint=served_checkpoint(job_dir, submitted.get("checkpoint")),
         tokenizer=tokenizer,
         origin=submitted.get("origin"),
         deployment=deployment,
@@ -64,6 +66,82 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         },
         tasks={name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks},
     )
+
+
+def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str, Any] | None:
+    """results.json's `checkpoint`: what the server reported it loaded (`state/served_checkpoint.json`,
+    `source: "server"`, `verified: true`), with the description made before submission under `planned` and
+    every difference between the two under `mismatch` (`collect_results` refuses to score then: see
+    docs/results.md); the description alone (`source: "description before submission"`, `verified: false`)
+    where the deployment reports nothing (Export-Deploy, vLLM, generic)."""
+    try:
+        served = json.loads((job_dir / JobDir.SERVED_CHECKPOINT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        served = None
+    if not isinstance(served, dict):
+        if planned is None:
+            return None
+        return {**planned, "source": "description before submission", "verified": False}
+    content = served.get("content") or {}
+    out: dict[str, Any] = {
+        "source": "server",
+        "verified": True,
+        "path": served.get("path"),
+        "iteration": _iteration(served.get("iteration")),
+        "files_sha256": content.get("sha256"),  # the content of every file read (content.method: how)
+        "content": {k: content.get(k) for k in ("sha256", "method", "n_files", "total_bytes", "bytes_read", "seconds")},
+        "architecture": served.get("architecture"),
+        "device": served.get("device"),
+        "dtype": served.get("dtype"),
+    }
+    if planned:
+        kept = ("layout", "format", "metadata_sha256", "unexpected_tensors", "unexpected_tensors_ignored")
+        out |= {k: planned[k] for k in kept if k in planned}
+        out["planned"] = planned
+        out["mismatch"] = _planned_vs_served(planned, out)
+    return out
+
+
+def _iteration(value: Any) -> Any:
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+def _planned_vs_served(planned: dict[str, Any], served: dict[str, Any]) -> list[str]:
+    """How what was served differs from what was described before submission: its iteration and directory."""
+    out = []
+    want = planned.get("iteration")
+    want = "release" if want is None and planned.get("path", "").endswith("release") else want
+    if want != served.get("iteration"):
+        out.append(f"iteration {served.get('iteration')} was served, iteration {want} was planned")
+    if planned.get("path") and served.get("path") and Path(planned["path"]).name != Path(served["path"]).name:
+        out.append(f"{served['path']} was served, {planned['path']} was planned")
+    return out
+
+
+def task_served(task_dir: Path) -> dict[str, Any]:
+    """What answered a task, over all its runs (a resumed task has several; repeats each theirs): the
+    checkpoint contents named by its answers, and how many answers each cache replayed (`served.json`, written
+    by the harness hook: `ckpteval_responses`)."""
+    runs: list[dict[str, Any]] = []
+    for path in sorted(task_dir.glob("output*/served.json")):
+        try:
+            found = json.loads(path.read_text(encoding="utf-8")).get("runs")
+        except (OSError, ValueError, AttributeError):
+            continue
+        runs.extend(r for r in found or [] if isinstance(r, dict))
+    if not runs:
+        return {}
+    replayed = {"ckpteval": 0, "lm_eval": 0}
+    for run in runs:
+        for cache, n in (run.get("replayed") or {}).items():
+            replayed[cache] = replayed.get(cache, 0) + int(n or 0)
+    return {
+        "runs": len(runs),
+        "checkpoints": sorted({r["checkpoint"] for r in runs if r.get("checkpoint")}),
+        "answered": sum(int(r.get("answered") or 0) for r in runs),
+        "replayed": replayed,
+        "not_replayed_other_checkpoint": sum(int(r.get("not_replayed_other_checkpoint") or 0) for r in runs),
+    }
 
 
 def _endpoint(job_dir: Path) -> dict[str, Any]:
@@ -100,6 +178,9 @@ def _task(task_dir: Path, image: str | None) -> dict[str, Any]:
     harness = _lm_eval_versions(task_dir / layout.output)
     if harness:
         out["harness"] = harness
+    served = task_served(task_dir)
+    if served:
+        out["served"] = served
     if image:
         out["image"] = image
     return out
@@ -195,7 +276,10 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
         c = p.checkpoint
         where = f"{c.get('layout')} {c.get('format')} iteration {c.get('iteration')}"
         meta = (c.get("metadata_sha256") or "-")[:12]
-        out["checkpoint"] = f"{where}; metadata {meta}, files {(c.get('files_sha256') or '-')[:12]}"
+        if c.get("source") == "server":
+            out["checkpoint"] = f"{where} as served; metadata {meta}, content {(c.get('files_sha256') or '-')[:12]}"
+        else:
+            out["checkpoint"] = f"{where} as described before the job (not reported by the server); metadata {meta}"
         if c.get("unexpected_tensors"):
             out["checkpoint"] += f"; UNEXPECTED TENSORS, served without: {'; '.join(c['unexpected_tensors'])}"
     else:

@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                 if options.publish_tokenizer:
                     from ckpteval.server.checkpoint import publish_tokenizer
 
-                    publish_tokenizer(options.checkpoint, options.publish_tokenizer, tokenizer=options.tokenizer)
+                    publish_tokenizer(
+                        options.checkpoint,
+                        options.publish_tokenizer,
+                        tokenizer=options.tokenizer,
+                        pinned=options.iteration,
+                    )
             except BaseException:
                 sock.close()
                 raise

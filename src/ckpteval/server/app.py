@@ -18,7 +18,7 @@ import orjson
 
 import ckpteval.routes as routes
 from ckpteval.server.engine import Generation, ScoredRow
-from ckpteval.server.identity import identity_payload
+from ckpteval.server.identity import identity_headers, identity_payload
 from ckpteval.server.protocol import (
     ApiError,
     CompletionChoice,
@@ -51,9 +51,11 @@ class OpenAIServer:
         max_context: int,
         vocab_size: int,
         identity: str | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.identity = identity  # the job's token for this deployment (see `server.serve`)
+        self.checkpoint = checkpoint  # what it loaded (`server.loaded.LoadedReport.to_json`)
         self.tokenizer = tokenizer
         self.model_name = served_model_name
         self.max_context = max_context
@@ -119,7 +121,7 @@ class OpenAIServer:
         }
 
     async def health(self, _: Any) -> dict[str, Any]:
-        return {"status": "healthy", **identity_payload(self.identity)}
+        return {"status": "healthy", **identity_payload(self.identity, self.checkpoint)}
 
     async def stats(self, _: Any) -> dict[str, Any]:
         counters = self.scheduler.stats.as_dict()
@@ -185,6 +187,9 @@ class AsgiApp:
 
     def __init__(self, server: OpenAIServer) -> None:
         self.routes = server.routes()
+        content = (server.checkpoint or {}).get("content") or {}
+        # every response names the deployment and the checkpoint content it answers with
+        self.headers = [*_JSON_HEADERS, *identity_headers(server.identity, content.get("sha256"))]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -198,7 +203,7 @@ class AsgiApp:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())],
+                "headers": [*self.headers, (b"content-length", str(len(data)).encode())],
             }
         )
         await send({"type": "http.response.body", "body": data})

@@ -101,14 +101,17 @@ def legacy_model_state(iter_dir: Path) -> dict[str, Any]:
     return {key: value for key, value in model.items() if isinstance(value, torch.Tensor)}
 
 
-def load_checkpoint_info(path: str | Path, *, tokenizer: str | None = None) -> CheckpointInfo:
+def load_checkpoint_info(
+    path: str | Path, *, tokenizer: str | None = None, pinned: str | None = None
+) -> CheckpointInfo:
     """Read a checkpoint's architecture and find its tokenizer; DeploymentError says what is missing.
 
     `path` is the checkpoint root or an iter_* directory. `tokenizer` (a Hugging Face directory or hub
     id) overrides the tokenizer; else <iter>/tokenizer, <root>/tokenizer, or what the args name
-    (ckpteval.checkpoint.tokenizer_source).
+    (ckpteval.checkpoint.tokenizer_source). `pinned`: the iteration to read whatever the tracker names now
+    (`ckpteval.checkpoint.layout.locate_checkpoint`).
     """
-    layout = locate_checkpoint(path)
+    layout = locate_checkpoint(path, pinned=pinned)
     args, _, _ = read_training_args(layout)
     vocab = checkpoint_tensor_shapes(layout.iter_dir).get(EMBEDDING_KEY, (None,))[0]
     architecture = ModelArchitecture.from_args(args, where=str(layout.iter_dir), vocab_from_weights=vocab)
@@ -131,7 +134,9 @@ def _find_tokenizer(layout: CheckpointLayout, args: Any, override: str | Path | 
     return directory
 
 
-def publish_tokenizer(checkpoint: str | Path, target: Path, *, tokenizer: str | None = None) -> Path:
+def publish_tokenizer(
+    checkpoint: str | Path, target: Path, *, tokenizer: str | None = None, pinned: str | None = None
+) -> Path:
     """Write the tokenizer the server serves `checkpoint` with to `target`, as a Hugging Face directory (the
     task clients read it there, so both tokenize alike): its tokenizer files only, never a model's weights
     (`deployment.tokenizer` may name a whole Hugging Face model directory). Written beside `target` and
@@ -142,7 +147,7 @@ def publish_tokenizer(checkpoint: str | Path, target: Path, *, tokenizer: str | 
 
     from ckpteval.checkpoint.tokenizer_source import tokenizer_files
 
-    info = load_checkpoint_info(checkpoint, tokenizer=tokenizer)
+    info = load_checkpoint_info(checkpoint, tokenizer=tokenizer, pinned=pinned)
     source = info.tokenizer_dir
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ class ServeOptions:
     """Everything `serve` needs (`prepare` and `publish_tokenizer` are done by the entry point first)."""
 
     checkpoint: Path
+    iteration: str | None = None  # serve this iteration ("1000", "release") whatever the tracker names now
     port: int = 8000
     host: str = "127.0.0.1"
     served_model_name: str = DEFAULT_MODEL_NAME
@@ -48,6 +49,7 @@ class ServeOptions:
     identity: str | None = None  # the job's token for this deployment, reported by /v1/health and /v1/models
     port_file: Path | None = None  # write the port held here as soon as it is held
     port_fallback: bool = False  # a taken --port: take one the kernel assigns instead of failing
+    report_file: Path | None = None  # write what was loaded here (`server.loaded`) once it serves
 
     @staticmethod
     def flags() -> tuple[Flag, ...]:
@@ -142,6 +144,11 @@ FLAGS: tuple[Flag, ...] = (
         "The checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* directory.",
         always=True,
     ),
+    Flag(
+        "iteration",
+        "Serve this iteration of the checkpoint root (a number or 'release') whatever its tracker names now; "
+        "an error if it no longer exists. Default: the one the tracker names.",
+    ),
     Flag("port", "TCP port to listen on.", always=True),
     Flag("host", "Address to listen on (0.0.0.0 for every interface).", always=True),
     Flag("served_model_name", "The model name clients must send (or omit).", always=True),
@@ -178,6 +185,7 @@ FLAGS: tuple[Flag, ...] = (
         "If --port is taken, serve on a port the kernel assigns (with --port-file, to tell the clients).",
         cli=False,
     ),
+    Flag("report_file", "Write what was loaded (path, iteration, content identity, args) here as JSON.", cli=False),
 )
 _FIELDS = {f.name: f for f in dataclasses.fields(ServeOptions)}
 _HINTS = typing.get_type_hints(ServeOptions)

@@ -37,6 +37,8 @@ from typing import Any
 
 import orjson
 
+import ckpteval.routes as routes
+from ckpteval.errors import DeploymentError
 from ckpteval.server.identity import identity_payload
 from ckpteval.server.launch import wait_until_healthy
 from ckpteval.server.options import ServeOptions
@@ -114,9 +116,12 @@ def _headers(head: bytes) -> tuple[str, dict[bytes, bytes]]:
 class Router:
     """Forwards requests to the least busy live replica."""
 
-    def __init__(self, replicas: list[Replica], *, identity: str | None = None) -> None:
+    def __init__(
+        self, replicas: list[Replica], *, identity: str | None = None, checkpoint: dict[str, Any] | None = None
+    ) -> None:
         self.replicas = replicas
         self.identity = identity
+        self.checkpoint = checkpoint  # what the replicas loaded (each reports it; they agree)
         self._turn = itertools.count()
         self._holder: OrderedDict[bytes, int] = OrderedDict()  # prompt start -> replica that last served it
         self.affinity_hits = 0
@@ -182,7 +187,7 @@ class Router:
         serving = len(self.live)
         body = {
             "status": "healthy" if serving else "unhealthy",
-            **identity_payload(self.identity),
+            **identity_payload(self.identity, self.checkpoint),
             "replicas_serving": serving,
             "replicas": [r.describe() for r in self.replicas],
         }
@@ -338,6 +343,7 @@ def replica_command(options: ServeOptions, port: int) -> list[str]:
         access_log=False,
         port_file=None,
         port_fallback=False,
+        report_file=None,
     )
     return replica.to_argv(sys.executable)
 
@@ -362,6 +368,30 @@ def start_replicas(options: Any) -> list[Replica]:
         stop_replicas(replicas)
         raise
     return replicas
+
+
+def loaded_by_all(replicas: list[Replica]) -> dict[str, Any] | None:
+    """What the replicas loaded (their /v1/health `checkpoint`); DeploymentError when two loaded different
+    content (the tracker moved between their loads: one deployment would answer for two checkpoints)."""
+    import urllib.request
+
+    reports = []
+    for replica in replicas:
+        with urllib.request.urlopen(f"http://127.0.0.1:{replica.port}{routes.HEALTH}", timeout=10) as response:
+            reports.append(orjson.loads(response.read()).get("checkpoint"))
+    digests = {_content(r) for r in reports}
+    if len(digests) > 1:
+        raise DeploymentError(
+            "The replicas loaded different checkpoint contents: "
+            + ", ".join(f"{(r or {}).get('path')} {_content(r)[:12]}" for r in reports)
+            + ".",
+            hint="Pin the iteration (--iteration) so that every replica loads the same one.",
+        )
+    return reports[0] if reports else None
+
+
+def _content(report: dict[str, Any] | None) -> str:
+    return str(((report or {}).get("content") or {}).get("sha256") or "")
 
 
 def stop_replicas(replicas: list[Replica], timeout: float = 30.0) -> None:
@@ -400,7 +430,12 @@ def serve_replicas(
             replicas = start_replicas(options)
         finally:
             signal.signal(signal.SIGTERM, previous)
-        router = Router(replicas, identity=getattr(options, "identity", None))
+        checkpoint = loaded_by_all(replicas)
+        if options.report_file is not None and checkpoint is not None:
+            from ckpteval.server.loaded import write_report
+
+            write_report(options.report_file, checkpoint)
+        router = Router(replicas, identity=getattr(options, "identity", None), checkpoint=checkpoint)
         ready()
         url = f"http://{options.host}:{sock.getsockname()[1]}"
         say(

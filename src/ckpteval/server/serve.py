@@ -47,6 +47,7 @@ class LoadedModel:
     info: Any  # checkpoint.CheckpointInfo
     device: str
     dtype: str
+    report: Any = None  # server.loaded.LoadedReport: what was read, its content identity
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -164,16 +165,19 @@ def load_model(
     dtype: str = "auto",
     tokenizer: str | None = None,
     ignore_unexpected_tensors: bool = False,
+    pinned: str | None = None,
 ) -> LoadedModel:
-    """Read the checkpoint, set up the runtime and return a ready `ModelRunner` (slow: imports megatron).
-    A checkpoint holding tensors the model its args build lacks is refused unless `ignore_unexpected_tensors`."""
+    """Read the checkpoint (`pinned`: that iteration of it), set up the runtime and return a ready
+    `ModelRunner` (slow: imports megatron). A checkpoint holding tensors the model its args build lacks is
+    refused unless `ignore_unexpected_tensors`."""
     from ckpteval.server.checkpoint import load_checkpoint_info
     from ckpteval.server.engine import ModelRunner
+    from ckpteval.server.loaded import loaded_report
     from ckpteval.server.model import build_gpt_model, check_no_unexpected_tensors, load_weights
     from ckpteval.server.runtime import init_runtime
     from ckpteval.server.tokenizer import ServedTokenizer
 
-    info = load_checkpoint_info(checkpoint, tokenizer=tokenizer)
+    info = load_checkpoint_info(checkpoint, tokenizer=tokenizer, pinned=pinned)
     runtime = init_runtime(device, dtype, trained_in=info.architecture.params_dtype)
     served_tokenizer = ServedTokenizer(info.tokenizer_dir)
     model = build_gpt_model(info.architecture, dtype=runtime.dtype)
@@ -183,7 +187,9 @@ def load_model(
     runner = ModelRunner(
         model, served_tokenizer, device=runtime.device, max_context=info.architecture.max_position_embeddings
     )
-    return LoadedModel(runner=runner, info=info, device=runtime.device, dtype=runtime.dtype)
+    # after the load: the files it read are in the page cache, and what is hashed is what was loaded
+    report = loaded_report(info, pinned=pinned, device=runtime.device, dtype=runtime.dtype)
+    return LoadedModel(runner=runner, info=info, device=runtime.device, dtype=runtime.dtype, report=report)
 
 
 def build_app(
@@ -221,6 +227,7 @@ def build_app(
         max_context=loaded.runner.max_context,
         vocab_size=loaded.runner.vocab_limit,
         identity=identity,
+        checkpoint=loaded.report.to_json() if loaded.report is not None else None,
     )
     scheduler.start()
     return AsgiApp(handlers), scheduler
@@ -279,6 +286,7 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 dtype=options.dtype,
                 tokenizer=options.tokenizer,
                 ignore_unexpected_tensors=options.ignore_unexpected_tensors,
+                pinned=options.iteration,
             )
             app, scheduler = build_app(
                 loaded,
@@ -289,6 +297,10 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 identity=options.identity,
             )
             arch = loaded.info.architecture
+            if options.report_file is not None and loaded.report is not None:
+                from ckpteval.server.loaded import write_report
+
+                write_report(options.report_file, loaded.report.to_json())
             config = uvicorn.Config(
                 app,
                 lifespan="off",
@@ -301,6 +313,9 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
             url = f"http://{options.host}:{bound_port(sock)}"
             ready()
         _say(
+            f"Loaded {loaded.report.path} (iteration {loaded.report.iteration}, content "
+            f"{loaded.report.content.sha256[:12]}: {loaded.report.content.method}, "
+            f"{loaded.report.content.seconds:.1f} s).\n"
             f"Serving '{options.served_model_name}' ({_millions(loaded.runner.model)} parameters, "
             f"{arch.num_layers} layers, context {arch.max_position_embeddings}) on {url} "
             f"[{loaded.device}, {loaded.dtype}, "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
+from ckpteval.tasks.harness_hook.ckpteval_responses import IDENTITY_CHANGED
 
 INTERRUPTED_MARKER = ".nemo_evaluator_interrupted"  # nemo-evaluator writes it into the output dir
 LOG_TAIL_LINES = 12
@@ -63,6 +64,14 @@ def explain_log(text: str, *, log: str, interrupted: bool = False) -> TaskFailur
             message = message.strip()
             return TaskFailure(
                 message[0].upper() + message[1:], log, f"{offline_data.MISSING_HOW_TO}{how_to}" if how_to else None
+            )
+    for line in reversed(lines):
+        if IDENTITY_CHANGED in line:
+            found = line[line.index(IDENTITY_CHANGED) + len("ckpteval: ") :].strip()
+            return TaskFailure(
+                found[0].upper() + found[1:],
+                log,
+                "Another server took the deployment's port while the task ran; run the task again.",
             )
     if interrupted:
         return TaskFailure("The task was interrupted before it finished.", log)

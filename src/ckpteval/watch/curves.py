@@ -61,12 +61,15 @@ def score_columns(state: WatchState) -> list[str]:
 
 
 def curve_rows(state: WatchState) -> list[dict[str, Any]]:
-    """One row per iteration: iteration, state, invocation, and each score with its stderr."""
+    """One row per evaluated save: iteration, state, the content served, invocation, and each score with its
+    stderr (an iteration a training rewrote has a row per save, the earlier one first)."""
     rows = []
-    for entry in sorted(state.iterations.values(), key=lambda e: e.iteration):
+    entries = [*state.rewritten, *state.iterations.values()]  # a rewritten iteration: its earlier save first
+    for entry in sorted(entries, key=lambda e: e.iteration):
         row: dict[str, Any] = {
             "iteration": entry.iteration,
-            "state": entry.state,
+            "state": f"{entry.state} (saved again since)" if entry in state.rewritten else entry.state,
+            "content": entry.content,
             "invocation": entry.current.invocation if entry.current else None,
             "attempts": len(entry.attempts),
             "note": entry.note,

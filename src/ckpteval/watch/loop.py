@@ -22,10 +22,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ckpteval.errors import CkptevalError
-from ckpteval.watch.readiness import SaveDirListing
+from ckpteval.watch.readiness import CheckpointStatus, SaveDirListing
 from ckpteval.watch.state import Attempt, IterationEntry, WatchState, stop_requested
 from ckpteval.watch.submit import EvaluationState
 from ckpteval.watch.verdicts import verdict_lines
@@ -251,6 +251,7 @@ class Watcher:
                 from ckpteval.export.content import metric_values
 
                 entry.state, entry.metrics = "succeeded", metric_values(results)
+                entry.content = _served_content(results)
                 scores = ", ".join(f"{k} {v:.4g}" for k, v in entry.metrics.items() if _is_score(k))
                 self._emit("succeeded", f"iteration {entry.iteration}: {scores or 'no scores'}", entry, now.invocation)
                 self._judge(entry)
@@ -299,7 +300,9 @@ class Watcher:
 
     def _record_ready(self, listing: SaveDirListing) -> None:
         for ckpt in listing.checkpoints:
-            if ckpt.iteration in self.state.iterations or (self.only is not None and ckpt.iteration not in self.only):
+            if self.only is not None and ckpt.iteration not in self.only:
+                continue
+            if ckpt.iteration in self.state.iterations and not self._rewritten(ckpt):
                 continue
             if not ckpt.ready:
                 if ckpt.iteration not in self._told_incomplete:
@@ -313,9 +316,26 @@ class Watcher:
                         )
                     )
                 continue
-            entry = IterationEntry(ckpt.iteration, ckpt.path, "waiting", first_seen_ready=self.clock())
+            entry = IterationEntry(ckpt.iteration, ckpt.path, "waiting", first_seen_ready=self.clock(), save=ckpt.save)
             self.state.iterations[ckpt.iteration] = entry
             self._emit("ready", f"iteration {ckpt.iteration}: checkpoint complete", entry)
+
+    def _rewritten(self, ckpt: CheckpointStatus) -> bool:
+        """Whether `ckpt` is another save of an iteration already evaluated (a restarted or rolled-back training
+        rewrote it: its markers' times changed); its earlier entry then moves to `state.rewritten` (the curve
+        rows keep both), and the iteration is evaluated again."""
+        entry = self.state.iterations[ckpt.iteration]
+        if entry.state in OPEN_STATES or not ckpt.ready or not entry.save or not ckpt.save or ckpt.save == entry.save:
+            return False
+        self.state.rewritten.append(entry)
+        del self.state.iterations[ckpt.iteration]
+        self._emit(
+            "rewritten",
+            f"iteration {ckpt.iteration}: saved again since it was evaluated "
+            f"({entry.state}{', content ' + entry.content[:12] if entry.content else ''}); evaluating it again",
+            entry,
+        )
+        return True
 
     def _submit_what_fits(self, report: PollReport) -> None:
         candidates = sorted(
@@ -388,6 +408,12 @@ class Watcher:
         self.state.save()
         if message:
             self._emit("exported", message)
+
+
+def _served_content(results: Any) -> str | None:
+    """The content sha256 the server reported it loaded (results.json's provenance), if it reported one."""
+    checkpoint = (results.provenance.checkpoint or {}) if results.provenance is not None else {}
+    return checkpoint.get("files_sha256") if checkpoint.get("source") == "server" else None
 
 
 def attempts_made(entry: IterationEntry) -> int:

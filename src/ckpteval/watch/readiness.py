@@ -8,8 +8,10 @@ ready when all three markers are there; a save that crashed half-way lacks `.met
 `metadata.json` and is never ready (nor evaluated) until a later save completes it.
 
 The listing is ONE shell command (POSIX sh, no Python needed on the cluster) that reports every
-iteration dir with the markers it holds, and the tracker's content; run through a `Remote` it costs one
-SSH round trip per poll, however many checkpoints there are. The same command runs here for local dirs.
+iteration dir with the markers it holds, the modification times of its markers (its `save` signature: a
+restarted or rolled-back training that rewrites `iter_N` changes it, and the watcher evaluates it again), and
+the tracker's content; run through a `Remote` it costs one SSH round trip per poll, however many checkpoints
+there are. The same command runs here for local dirs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class CheckpointStatus:
     path: str  # the iter_NNNNNNN directory
     markers: frozenset[str]
     tracker_reached: bool  # latest_checkpointed_iteration.txt names this iteration or a later one
+    save: str = ""  # its markers' modification times: another save of the same iteration changes it
 
     @property
     def ready(self) -> bool:
@@ -67,11 +70,13 @@ class SaveDirListing:
 def listing_command(save_dir: str) -> str:
     """The one shell command that lists `save_dir`: a `tracker` line, then `dir NAME MARKER...` lines."""
     tests = " ".join(f'[ -f "$d/{m}" ] && m="$m {m}";' for m in MARKERS)
+    times = " ".join(f'"$d/{m}"' for m in MARKERS)
     return (
         f"cd -- {shlex.quote(save_dir)} 2>/dev/null || {{ echo missing; exit 0; }}; "
         f"echo present; "
         f"if [ -f {TRACKER_FILE} ]; then printf 'tracker %s\\n' \"$(head -c 64 {TRACKER_FILE})\"; fi; "
-        f'for d in iter_*; do [ -d "$d" ] || continue; m=""; {tests} printf \'dir %s%s\\n\' "$d" "$m"; done'
+        f'for d in iter_*; do [ -d "$d" ] || continue; m=""; {tests} printf \'dir %s%s\\n\' "$d" "$m"; '
+        f"s=$(stat -c %Y.%s {times} 2>/dev/null | tr '\\n' ,); printf 'save %s %s\\n' \"$d\" \"$s\"; done"
     )
 
 
@@ -82,10 +87,14 @@ def parse_listing(save_dir: str, output: str) -> SaveDirListing:
         return SaveDirListing(save_dir=save_dir, exists=False, tracker=None, checkpoints=())
     tracker: str | None = None
     found: list[tuple[int, str, frozenset[str]]] = []
+    saves: dict[str, str] = {}
     for line in lines[1:]:
         kind, _, rest = line.partition(" ")
         if kind == "tracker":
             tracker = rest.strip()
+        elif kind == "save":
+            name, _, signature = rest.partition(" ")
+            saves[name] = signature.strip()
         elif kind == "dir":
             name, *markers = rest.split()
             match = _ITER.match(name)
@@ -98,6 +107,7 @@ def parse_listing(save_dir: str, output: str) -> SaveDirListing:
             path=posixpath.join(save_dir, name),
             markers=markers,
             tracker_reached=latest is not None and latest >= iteration,
+            save=saves.get(name, ""),
         )
         for iteration, name, markers in sorted(found)
     )

@@ -61,6 +61,8 @@ class IterationEntry:
     note: str = ""
     # "previous" / "best" -> the paired comparison of each task metric with that checkpoint (`watch.verdicts`)
     verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    save: str = ""  # the listing's signature of the save evaluated (`watch.readiness.CheckpointStatus.save`)
+    content: str | None = None  # the content sha256 the server reported it loaded (results.json's checkpoint)
 
     @property
     def current(self) -> Attempt | None:
@@ -95,6 +97,8 @@ class WatchState:
     spec: WatchSpec
     created: float
     iterations: dict[int, IterationEntry] = field(default_factory=dict)
+    # earlier saves of iterations a restarted or rolled-back training rewrote (evaluated again since)
+    rewritten: list[IterationEntry] = field(default_factory=list)
     exported_through: int = -1  # every iteration <= this one is in the curves (W&B/MLflow steps only grow)
     pid: int | None = None
     pid_start: str | None = None
@@ -251,8 +255,14 @@ def _from_json(data: dict[str, Any]) -> WatchState:
     for key, raw in (data.get("iterations") or {}).items():
         attempts = [Attempt(**a) for a in raw.pop("attempts", [])]
         iterations[int(key)] = IterationEntry(**raw, attempts=attempts)
-    fields = {f.name for f in dataclasses.fields(WatchState)} - {"spec", "iterations"}
-    return WatchState(spec=spec, iterations=iterations, **{k: v for k, v in data.items() if k in fields})
+    rewritten = [
+        IterationEntry(**{**raw, "attempts": [Attempt(**a) for a in raw.get("attempts") or []]})
+        for raw in data.get("rewritten") or []
+    ]
+    fields = {f.name for f in dataclasses.fields(WatchState)} - {"spec", "iterations", "rewritten"}
+    return WatchState(
+        spec=spec, iterations=iterations, rewritten=rewritten, **{k: v for k, v in data.items() if k in fields}
+    )
 
 
 def process_alive(pid: int | None, started: str | None) -> bool:

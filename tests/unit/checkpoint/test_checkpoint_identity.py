@@ -31,7 +31,7 @@ def test_the_identity_changes_with_the_args_and_with_a_shard_not_with_a_copy(
         handle.write(b"\0")
     grown = describe_checkpoint(copy).identity
     assert grown is not None and grown.metadata_sha256 == first.metadata_sha256
-    assert grown.files_sha256 != first.files_sha256 and grown.total_bytes == first.total_bytes + 1
+    assert grown.listing_sha256 != first.listing_sha256 and grown.total_bytes == first.total_bytes + 1
 
 
 def test_a_cluster_checkpoint_has_the_identity_it_has_here(tiny_checkpoint: Path) -> None:
@@ -78,7 +78,9 @@ def test_results_json_records_what_produced_the_numbers(
     assert identity is not None and p.checkpoint is not None
     assert p.checkpoint["iteration"] == 0 and p.checkpoint["layout"] == "megatron-lm"
     assert p.checkpoint["metadata_sha256"] == identity.metadata_sha256
-    assert p.checkpoint["files_sha256"] == identity.files_sha256
+    assert p.checkpoint["listing_sha256"] == identity.listing_sha256
+    # no report from the server (the job did not run): recorded as described, and said to be unverified
+    assert p.checkpoint["source"] == "description before submission" and p.checkpoint["verified"] is False
     assert p.tokenizer is not None and p.tokenizer["sha256"] == prepared.description.tokenizer.sha256
     assert p.deployment["kind"] == "megatron/builtin" and "--checkpoint" in p.deployment["command"]
     assert p.deployment["versions"]["megatron-core"] != "not installed"

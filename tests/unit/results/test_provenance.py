@@ -16,6 +16,8 @@ PROVENANCE = Provenance(
         "iteration": 1000,
         "metadata_sha256": "9c1e" * 16,
         "files_sha256": "47ab" * 16,
+        "source": "server",
+        "verified": True,
     },
     tokenizer={"kind": "HuggingFaceTokenizer", "origin": "the checkpoint's tokenizer", "sha256": "d2f0" * 16},
     origin={"origin": "deployment.origin=/models/x", "disagreements": ["rotary_base=10000 in the checkpoint, ..."]},
@@ -35,7 +37,14 @@ RESULTS = InvocationResults(
 
 def test_the_summary_names_the_checkpoint_tokenizer_origin_endpoint_and_settings() -> None:
     lines = provenance_summary(PROVENANCE, "mmlu")
-    assert lines["checkpoint"] == "megatron-lm torch_dist iteration 1000; metadata 9c1e9c1e9c1e, files 47ab47ab47ab"
+    assert lines["checkpoint"] == (
+        "megatron-lm torch_dist iteration 1000 as served; metadata 9c1e9c1e9c1e, content 47ab47ab47ab"
+    )
+    described = {**(PROVENANCE.checkpoint or {}), "source": "description before submission", "verified": False}
+    assert (
+        "not reported by the server"
+        in provenance_summary(dataclasses.replace(PROVENANCE, checkpoint=described))["checkpoint"]
+    )
     assert lines["tokenizer"] == "HuggingFaceTokenizer d2f0d2f0d2f0"
     assert lines["origin"].startswith("deployment.origin=/models/x: DISAGREES, run anyway: rotary_base=10000")
     assert lines["endpoint"] == "abcd1234-5f2e" and lines["harness"] == "nemo-evaluator 0.2.6"

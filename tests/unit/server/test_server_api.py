@@ -154,7 +154,9 @@ def test_models_health_and_trailing_slashes(tiny_server: RunningServer) -> None:
         assert status == 200 and payload["data"][0]["id"] == "megatron-model"
         assert payload["data"][0]["max_model_len"] == 2048
     for path in ("/v1/health", "/v1/health/", "/health"):
-        assert tiny_server.get(path) == (200, {"status": "healthy"})
+        status, health = tiny_server.get(path)
+        assert status == 200 and health["status"] == "healthy"
+        assert health["checkpoint"]["iteration"] == "0" and len(health["checkpoint"]["content"]["sha256"]) == 64
     status, payload = tiny_server.post("/v1/completions/", {"prompt": "x", "max_tokens": 1})
     assert status == 200 and payload["object"] == "text_completion"
 

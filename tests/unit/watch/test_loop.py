@@ -399,3 +399,30 @@ def test_a_listing_that_fails_after_the_first_is_reported_and_polling_goes_on(tm
     assert any("listing the save dir failed" in e.message for e in events if e.kind == "error")
     watcher.lister = good
     assert watcher.poll().listing is not None and watcher.state.polls == 3
+
+
+def test_an_iteration_a_restarted_training_rewrites_is_evaluated_again_and_both_stay_on_the_curve(tmp_path: Path):
+    import os
+
+    from ckpteval.watch.curves import curve_rows
+
+    save(tmp_path, 10)
+    pipeline = Pipeline()
+    watcher, events = make(tmp_path, pipeline)
+    watcher.poll()
+    pipeline.finish()
+    watcher.poll()
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10]  # evaluated once, not again while nothing changes
+    later = time.time() + 5  # the training restarted from iteration 0 and saved iter_10 again
+    for name in ("common.pt", ".metadata", "metadata.json"):
+        os.utime(tmp_path / "iter_0000010" / name, (later, later))
+    watcher.poll()
+    assert [i for i, _ in pipeline.submitted] == [10, 10]
+    assert any(e.kind == "rewritten" and e.iteration == 10 for e in events)
+    pipeline.finish()
+    watcher.poll()
+    rows = curve_rows(watcher.state)
+    assert [(r["iteration"], r["state"]) for r in rows] == [(10, "succeeded (saved again since)"), (10, "succeeded")]
+    assert rows[0]["invocation"] != rows[1]["invocation"]
+    assert load_state("run-000000") is not None and len(load_state("run-000000").rewritten) == 1  # survives restarts

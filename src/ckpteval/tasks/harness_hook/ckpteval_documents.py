@@ -187,12 +187,78 @@ def patch_api_models(module: ModuleType) -> None:
             setattr(api, method, _counted_model_call(method, original))
 
 
+class ServedCache:
+    """lm-eval's response cache (`CachingLM.dbdict`) keyed by the checkpoint content the deployment serves
+    (`ckpteval_responses.Recorder.serving`): an answer cached while another checkpoint was served is not
+    replayed; each replay is counted (`Recorder.lm_eval_replayed`, into served.json and response_stats)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._prefix: str | None = None
+
+    def _key(self, key: str) -> str:
+        if self._prefix is None:
+            self._prefix = _served_prefix()
+        return f"{self._prefix}{key}"
+
+    def __contains__(self, key: Any) -> bool:
+        return self._key(key) in self._inner
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self._inner[self._key(key)]
+        rec = _responses().recorder()
+        if rec is not None:
+            with rec._lock:
+                rec.lm_eval_replayed += 1
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._inner[self._key(key)] = value
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _responses() -> ModuleType:
+    import importlib
+
+    try:
+        return importlib.import_module("ckpteval_responses")
+    except ImportError:
+        return importlib.import_module(f"{__package__}.ckpteval_responses")
+
+
+def _served_prefix() -> str:
+    """ "<content sha256>:" of the checkpoint served (after waiting for the deployment: the cache is looked in
+    before the first request), "" when the deployment reports none."""
+    import importlib
+
+    try:
+        ready = importlib.import_module("ckpteval_wait_ready")
+    except ImportError:
+        ready = importlib.import_module(f"{__package__}.ckpteval_wait_ready")
+    ready.wait_for_deployment()
+    rec = _responses().recorder()
+    served = rec.serving() if rec is not None else None
+    return f"{served}:" if served else ""
+
+
 def patch_model(module: ModuleType) -> None:
-    """Register each call's requests in `lm_eval.api.model.CachingLM` before it looks in its cache (idempotent)."""
-    caching = getattr(module, "CachingLM", None)
+    """Register each call's requests in `lm_eval.api.model.CachingLM` before it looks in its cache, and key its
+    cache by the checkpoint served (idempotent)."""
+    caching: Any = getattr(module, "CachingLM", None)
     original = getattr(caching, "__getattr__", None)
     if original is None or getattr(original, _MARK, False):
         return
+    init = caching.__dict__["__init__"]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if counter() is not None and not isinstance(getattr(self, "dbdict", None), ServedCache):
+            self.dbdict = ServedCache(self.dbdict)
+
+    caching.__init__ = __init__
 
     @functools.wraps(original)
     def __getattr__(self: Any, attr: str) -> Any:

@@ -10,9 +10,16 @@ output directory:
 - **request params**: `CKPTEVAL_REQUEST_PARAMS` (a JSON object: a repeat's `seed`, `top_k`, ...) is set over
   every request body, as the payload_modifier interceptor did;
 - **response cache**: every answered request body (after the params) is keyed by its SHA-256 and its answer
-  appended to `<output_dir>/cache/ckpteval_responses.jsonl`, flushed at once; a rerun in the same directory
-  (`evaluate resume`) replays those answers instead of asking the endpoint. The key does not contain the
-  URL, so a new deployment on another port still hits. Streamed requests are neither cached nor replayed;
+  appended to `<output_dir>/cache/ckpteval_responses.jsonl` with the checkpoint content that answered it
+  (the `x-ckpteval-checkpoint` header), flushed at once; a rerun in the same directory (`evaluate resume`)
+  replays those answers instead of asking the endpoint, only when the deployment serves that same content
+  now (its /v1/health `checkpoint`). The key does not contain the URL, so a new deployment on another port
+  still hits. Streamed requests are neither cached nor replayed;
+- **served identity**: every answer's `x-ckpteval-deployment` and `x-ckpteval-checkpoint` headers
+  (`ckpteval.server.identity`) must name this job's deployment (`CKPTEVAL_DEPLOYMENT_IDENTITY`) and the
+  content the task's first answer named: another server that took the port mid-task (same served name) fails
+  the task at once, saying so (`IDENTITY_CHANGED`). What answered, and how many answers each cache replayed
+  (ours, lm-eval's: `ckpteval_documents`), go to `<output_dir>/served.json`, one entry per run;
 - **progress**: `<output_dir>/progress` holds the number of requests answered so far, the previous runs' count
   included (what they answered is replayed or answered by lm-eval's own cache, uncounted), rewritten at most
   every 0.5 s and at exit;
@@ -43,6 +50,14 @@ from typing import Any
 
 OUTPUT_ENV = "CKPTEVAL_CLIENT_OUTPUT"
 PARAMS_ENV = "CKPTEVAL_REQUEST_PARAMS"
+IDENTITY_ENV = "CKPTEVAL_DEPLOYMENT_IDENTITY"  # ckpteval_wait_ready's: the token this job's deployment reports
+HEALTH_ENV = "CKPTEVAL_DEPLOYMENT_HEALTH"
+NAMED_ENV = "CKPTEVAL_ANSWERS_NAMED"  # "1": the deployment names itself on every answer (the builtin server)
+DEPLOYMENT_HEADER = "x-ckpteval-deployment"  # ckpteval.server.identity's
+CHECKPOINT_HEADER = "x-ckpteval-checkpoint"
+IDENTITY_CHANGED = "ckpteval: the endpoint changed mid-task"  # ckpteval.tasks.failure finds this line
+IDENTITY_CHANGED_EXIT = 3
+SERVED_FILE = "served.json"
 CACHE_FILE = "cache/ckpteval_responses.jsonl"
 PROGRESS_FILE = "progress"
 METRICS_FILE = "eval_factory_metrics.json"
@@ -83,29 +98,74 @@ class Recorder:
         self.params = dict(params or {})
         self.cache_path = self.output_dir / CACHE_FILE
         self._lock = threading.Lock()
-        self._answers = self._load()
+        self._answers, self._answered_by = self._load()
         self._out: Any = None
         self.previous = self._read_progress()
         self.answered = 0  # by the endpoint, in this process
         self.replayed = 0
+        self.not_replayed = 0  # cached answers of another checkpoint content, asked again
+        self.lm_eval_replayed = 0  # answered from lm-eval's own cache (ckpteval_documents counts them)
+        self.deployment: str | None = None  # what the endpoint's answers named (headers)
+        self.checkpoint: str | None = None
+        self._serving: str | bool | None = False  # the content the deployment serves now (False: not asked yet)
         self.first: float | None = None
         self.last: float | None = None
         self._progress_written = 0.0
         self._closed = False
 
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> tuple[dict[str, Any], dict[str, str | None]]:
         answers: dict[str, Any] = {}
+        answered_by: dict[str, str | None] = {}
         try:
             lines = self.cache_path.read_text(encoding="utf-8").splitlines()
         except OSError:
-            return answers
+            return answers, answered_by
         for line in lines:
             try:
                 entry = json.loads(line)
                 answers[entry["key"]] = entry["response"]
+                answered_by[entry["key"]] = entry.get("checkpoint")
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short when a previous run was killed
-        return answers
+        return answers, answered_by
+
+    def serving(self) -> str | None:
+        """The checkpoint content the deployment serves now (its /v1/health `checkpoint`), asked once; None
+        when it reports none (then only answers cached without one are replayed)."""
+        if self._serving is False:
+            self._serving = _health_checkpoint()
+        return self._serving if isinstance(self._serving, str) else None
+
+    def check_answer(self, headers: Any) -> None:
+        """An answer's identity headers must name this job's deployment and the content the task's first answer
+        named; else the task fails at once (see the module docstring)."""
+        if headers is None:
+            return
+        deployment = headers.get(DEPLOYMENT_HEADER)
+        checkpoint = headers.get(CHECKPOINT_HEADER)
+        expected = os.environ.get(IDENTITY_ENV, "").strip()
+        named = os.environ.get(NAMED_ENV, "").strip() == "1"
+        problem = None
+        if expected and (deployment or named) and deployment != expected:
+            problem = (
+                f"an answer came from deployment {deployment or '(none named)'}, not this job's {expected}: "
+                "another server answers on the port (the job's deployment died or was replaced)"
+            )
+        with self._lock:
+            if problem is None and checkpoint:
+                if self.checkpoint is None:
+                    self.checkpoint = checkpoint
+                elif checkpoint != self.checkpoint:
+                    problem = (
+                        f"an answer came from checkpoint content {checkpoint[:12]}, earlier answers of this task "
+                        f"from {self.checkpoint[:12]}: the server was replaced by one serving another checkpoint"
+                    )
+            if problem is None and deployment and self.deployment is None:
+                self.deployment = deployment
+        if problem is not None:
+            _log(f"{IDENTITY_CHANGED}: {problem}. The task is stopped; none of its answers is scored.")
+            self.close()
+            os._exit(IDENTITY_CHANGED_EXIT)  # at once, from any thread: no further answer may be scored
 
     def _read_progress(self) -> int:
         try:
@@ -124,8 +184,12 @@ class Recorder:
         if not isinstance(payload, dict) or payload.get("stream"):
             return None, None
         key = request_key(payload)
+        serving = self.serving() if key in self._answers else None
         with self._lock:
             answer = self._answers.get(key)
+            if answer is not None and self._answered_by.get(key) != serving:
+                answer = None  # answered by another checkpoint content: asked again
+                self.not_replayed += 1
             if answer is not None:
                 self.replayed += 1
         return key, copy.deepcopy(answer) if answer is not None else None
@@ -135,14 +199,23 @@ class Recorder:
             if self.first is None:
                 self.first = time.time()
 
-    def answered_with(self, key: str | None, answer: Any) -> None:
-        """A successful answer from the endpoint: keep it (when cacheable) and count it."""
+    def answered_with(self, key: str | None, answer: Any, headers: Any = None) -> None:
+        """A successful answer from the endpoint (`headers`: its response headers): check who answered, keep
+        it (when cacheable) and count it."""
+        self.check_answer(headers)
+        checkpoint = headers.get(CHECKPOINT_HEADER) if headers is not None else None
         with self._lock:
-            if key is not None and answer is not None and key not in self._answers:
+            if (
+                key is not None
+                and answer is not None
+                and (key not in self._answers or self._answered_by.get(key) != checkpoint)
+            ):
                 self._answers[key] = answer
+                self._answered_by[key] = checkpoint
                 if self._out is None:
                     self._out = self._open_cache()
-                self._out.write(json.dumps({"key": key, "response": answer}, ensure_ascii=False) + "\n")
+                entry = {"key": key, "response": answer, "checkpoint": checkpoint}
+                self._out.write(json.dumps(entry, ensure_ascii=False) + "\n")
                 self._out.flush()
             self.answered += 1
             self.last = time.time()
@@ -183,6 +256,33 @@ class Recorder:
                     self._write_stats()
                 except (OSError, ValueError) as exc:
                     _log(f"could not write response stats to {self.output_dir / METRICS_FILE}: {exc}")
+            if self.first is not None or self.replayed or self.lm_eval_replayed or self.not_replayed:
+                try:
+                    self._write_served()
+                except (OSError, ValueError) as exc:
+                    _log(f"could not write {self.output_dir / SERVED_FILE}: {exc}")
+
+    def _write_served(self) -> None:
+        """This run's entry in served.json: what answered, and what each cache replayed."""
+        path = self.output_dir / SERVED_FILE
+        try:
+            runs = json.loads(path.read_text(encoding="utf-8")).get("runs")
+            runs = runs if isinstance(runs, list) else []
+        except (OSError, ValueError, AttributeError):
+            runs = []
+        serving = self._serving if isinstance(self._serving, str) else None
+        runs.append(
+            {
+                "deployment": self.deployment,
+                "checkpoint": self.checkpoint or serving,
+                "answered": self.answered,
+                "replayed": {"ckpteval": self.replayed, "lm_eval": self.lm_eval_replayed},
+                "replayed_from": serving if (self.replayed or self.lm_eval_replayed) else None,
+                "not_replayed_other_checkpoint": self.not_replayed,
+            }
+        )
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, json.dumps({"runs": runs}, indent=2))
 
     def _write_stats(self) -> None:
         path = self.output_dir / METRICS_FILE
@@ -210,7 +310,7 @@ class Recorder:
             {
                 "count": int(stats.get("count") or 0) + self.answered,
                 "successful_count": int(stats.get("successful_count") or 0) + self.answered,
-                "replayed_count": int(stats.get("replayed_count") or 0) + self.replayed,
+                "replayed_count": int(stats.get("replayed_count") or 0) + self.replayed + self.lm_eval_replayed,
                 "inference_time": float(stats.get("inference_time") or 0.0) + spent,
                 "inference_run_times": runs,
                 "recorded_by": "ckpteval harness hook (no interceptor proxy)",
@@ -270,7 +370,7 @@ class _RecordedResponse:
     async def json(self, *args: Any, **kwargs: Any) -> Any:
         answer = await self._response.json(*args, **kwargs)
         if self._response.ok:
-            self._recorder.answered_with(self._key, answer)
+            self._recorder.answered_with(self._key, answer, self._response.headers)
         return answer
 
 
@@ -294,7 +394,7 @@ class _Post:
         response = await self._inner.__aenter__()
         if key is None:  # streamed: counted, not cached
             if response.ok:
-                self._recorder.answered_with(None, None)
+                self._recorder.answered_with(None, None, response.headers)
             return response
         return _RecordedResponse(response, self._recorder, key)
 
@@ -340,8 +440,27 @@ class _Requests:
                 parsed = response.json() if key is not None else None
             except ValueError:
                 parsed = None  # lm-eval reports the unparsable answer itself
-            self._recorder.answered_with(key, parsed)
+            self._recorder.answered_with(key, parsed, response.headers)
         return response
+
+
+def _health_checkpoint() -> str | None:
+    """The content sha256 the deployment's /v1/health reports under `checkpoint` (None: none, or no answer)."""
+    import urllib.request
+
+    url = os.environ.get(HEALTH_ENV, "").strip()
+    if not url:
+        return None
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=10) as response:
+            body = json.loads(response.read() or b"{}")
+    except (OSError, ValueError):
+        return None
+    checkpoint = body.get("checkpoint") if isinstance(body, dict) else None
+    content = checkpoint.get("content") if isinstance(checkpoint, dict) else None
+    digest = content.get("sha256") if isinstance(content, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 _recorder: Recorder | None = None
