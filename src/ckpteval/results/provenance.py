@@ -4,8 +4,9 @@ Made when the results are collected, from the job directory: job.yaml (written b
 checkpoint's identity, its tokenizer and origin as checked, the deployment's kind, image and command line,
 ckpteval's and the harness's versions here), `state/deployment_identity` (written by the job once the health
 check verified that the endpoint is its own deployment), the tokenizer the builtin server published
-(`tokenizer/`), and each task's run config and harness output (the effective request settings, the
-harness's versions). Reads no weight.
+(`tokenizer/`), the builtin server's exit line in its log (its prompt tokens, those it computed and those its
+prefix cache served: `deployment.prompt_tokens`), and each task's run config and harness output (the
+effective request settings, the harness's versions). Reads no weight.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
     deployment = dict(submitted.get("deployment") or {})
     if str(deployment.get("kind", "")).endswith("builtin"):
         deployment["versions"] = {k: versions[k] for k in ("ckpteval", "megatron-core", "torch") if k in versions}
+        deployment["prompt_tokens"] = _prompt_tokens(job_dir)
     tokenizer = dict(submitted["tokenizer"]) if submitted.get("tokenizer") else None
     published = job_dir / JobDir.TOKENIZER
     if published.is_dir():
@@ -64,6 +66,18 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         },
         tasks={name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks},
     )
+
+
+def _prompt_tokens(job_dir: Path) -> dict[str, float] | None:
+    """The builtin server's prompt tokens, those it computed and those its prefix cache served (its exit line)."""
+    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.server.serve import read_prompt_summary
+
+    try:
+        log = (job_dir / JobDir.DEPLOYMENT_LOG).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return read_prompt_summary(log)
 
 
 def _endpoint(job_dir: Path) -> dict[str, Any]:
