@@ -31,7 +31,7 @@ from typing import Any
 
 from ckpteval.server.engine import Generation, GenerationBatch, ModelRunner, PendingScores, SamplingParams, ScoredRow
 from ckpteval.server.prefix_cache import common_prefix_length
-from ckpteval.server.prefix_scoring import MIN_SHARED_TOKENS
+from ckpteval.server.prefix_scoring import LENGTH_RATIO, LENGTH_SLACK, MIN_SHARED_TOKENS
 
 
 @dataclass
@@ -93,6 +93,14 @@ def _waits_for_shared_prefix(prompt: list[int], jobs: list[GenerateJob], cache: 
     return min(shared, len(prompt) - 1) >= cached + MIN_SHARED_TOKENS or (
         shared >= len(prompt) and cached < len(prompt) - 1
     )
+
+
+def _fed_alike(prompt: list[int], first: list[int], cache: Any) -> bool:
+    """Whether the uncached parts of two prompts are alike in length (as `prefix_scoring` groups rows): in one
+    prompt forward the shorter would recompute cached tokens up to the longer's length."""
+    a, b = (len(p) - min(cache.match(p, 0).length, len(p) - 1) for p in (prompt, first))
+    low, high = min(a, b), max(a, b)
+    return high <= LENGTH_RATIO * low + LENGTH_SLACK
 
 
 def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -321,6 +329,11 @@ class Scheduler:
                 candidate = self._generations[0]
                 prompt = candidate.prompt
                 if cache is not None and jobs and _waits_for_shared_prefix(prompt, jobs, cache):
+                    deferred.append(self._generations.popleft())
+                    continue
+                # the prompt forward feeds every row as many tokens as its row with the most uncached ones: a
+                # prompt whose cached prefix is much longer or shorter than the first's waits for a round of its own
+                if cache is not None and jobs and not _fed_alike(prompt, jobs[0].prompt, cache):
                     deferred.append(self._generations.popleft())
                     continue
                 rows = [*running_rows, *jobs, candidate]

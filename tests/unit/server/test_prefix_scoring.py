@@ -167,23 +167,33 @@ def test_prompts_of_one_few_shot_prefix_arriving_together_compute_it_once(tiny_l
     runner.enable_prefix_cache(64 * 1024**2)
     shots = "Q: a question of the shots? A: its answer.\n" * 6
     prompts = [runner.tokenizer.encode(shots + f"Q: question number {i} of the subject? A:") for i in range(4)]
-    scheduler = Scheduler(runner)
 
-    async def main() -> list[Any]:
-        loop = asyncio.get_running_loop()
-        jobs = [GenerateJob(p, SamplingParams(max_tokens=2), loop.create_future(), loop) for p in prompts]
-        for job in jobs:  # all queued before the thread starts: it sees them in one round
-            scheduler.submit(job)
-        scheduler.start()
-        return list(await asyncio.gather(*(job.future for job in jobs)))
+    def generate(prompts: list[list[int]]) -> Scheduler:
+        scheduler = Scheduler(runner)
 
-    try:
-        results = asyncio.run(main())
-    finally:
-        scheduler.stop()
-    for result, prompt in zip(results, prompts, strict=True):
-        assert result.token_ids == greedy_directly(runner.model, prompt, 2, runner.tokenizer.stop_token_ids)
-    stats = scheduler.stats
-    assert stats.prompt_tokens == sum(len(p) for p in prompts)
+        async def main() -> list[Any]:
+            loop = asyncio.get_running_loop()
+            jobs = [GenerateJob(p, SamplingParams(max_tokens=2), loop.create_future(), loop) for p in prompts]
+            for job in jobs:  # all queued before the thread starts: it sees them in one round
+                scheduler.submit(job)
+            scheduler.start()
+            return list(await asyncio.gather(*(job.future for job in jobs)))
+
+        try:
+            results = asyncio.run(main())
+        finally:
+            scheduler.stop()
+        for result, prompt in zip(results, prompts, strict=True):
+            assert result.token_ids == greedy_directly(runner.model, prompt, 2, runner.tokenizer.stop_token_ids)
+        assert scheduler.stats.prompt_tokens == sum(len(p) for p in prompts)
+        return scheduler
+
+    computed = generate(prompts).stats.computed_tokens
     # the prefix tree's tokens and at most one more per prompt (all four computing the shots: ~4x that)
-    assert stats.computed_tokens <= _tree_tokens(prompts) + len(prompts), (stats.computed_tokens, _tree_tokens(prompts))
+    assert computed <= _tree_tokens(prompts) + len(prompts), (computed, _tree_tokens(prompts))
+    # the next subject's first question beside this one's fifth: the one computes its whole prompt, the other
+    # only its question (not as many tokens as the first, which one prompt forward would feed both)
+    fifth = runner.tokenizer.encode(shots + "Q: question number 5 of the subject? A:")
+    other = runner.tokenizer.encode("Other shots. " * 12 + "Q: its first question? A:")
+    computed = generate([fifth, other]).stats.computed_tokens
+    assert computed <= len(other) + len(fifth) - len(runner.tokenizer.encode(shots)) + 2, computed
