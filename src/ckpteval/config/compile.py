@@ -339,6 +339,7 @@ def _check_ranges(config: EvalConfig, tasks: tuple[ResolvedTask, ...]) -> None:
             ("deployment.num_nodes", deployment.num_nodes, 1, None),
             ("deployment.num_replicas", deployment.num_replicas, 1, None),
             ("deployment.max_batch_size", deployment.max_batch_size, 1, None),
+            ("deployment.prefix_cache_mib", deployment.prefix_cache_mib, 1, None),
         ]
     bounds += execution.resource_bounds()
     for key, value, low, high in bounds:

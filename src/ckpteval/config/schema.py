@@ -178,6 +178,7 @@ class MegatronDeployment:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_batch_size: int = 16
     prefix_cache: bool = True  # builtin only: compute each shared token prefix once
+    prefix_cache_mib: int | None = None  # builtin only: the prefix cache's memory; None: sized to the machine
     # export-deploy speed settings (see docs/deploy.md); None/False: Export-Deploy's default
     micro_batch_size: int | None = None
     enable_cuda_graphs: bool = False

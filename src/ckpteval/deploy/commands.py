@@ -48,6 +48,7 @@ def builtin_command(
         ignore_unexpected_tensors=deployment.ignore_unexpected_tensors,
         publish_tokenizer=None if publish_tokenizer is None else Path(publish_tokenizer),
         prefix_cache=deployment.prefix_cache,
+        prefix_cache_mib=deployment.prefix_cache_mib,
         identity=identity,
         port_file=None if port_file is None else Path(port_file),
         port_fallback=port_file is not None,

@@ -5,9 +5,10 @@ checkpoint's identity, its tokenizer and origin as checked, the deployment's kin
 ckpteval's and the harness's versions here), `state/served_checkpoint.json` (what the builtin server
 reported it loaded: this, not the description, is the record's checkpoint), `state/deployment_identity`
 (written by the job once the health check verified that the endpoint is its own deployment), the tokenizer
-the builtin server published (`tokenizer/`), and each task's run config, harness output (the effective
-request settings, the harness's versions) and `served.json` (what answered it, what was replayed). Reads no
-weight.
+the builtin server published (`tokenizer/`), the builtin server's exit line in its log (its prompt tokens,
+those it computed and those its prefix cache served: `deployment.prompt_tokens`), and each task's run config,
+harness output (the effective request settings, the harness's versions) and `served.json` (what answered it,
+what was replayed). Reads no weight.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
     deployment = dict(submitted.get("deployment") or {})
     if str(deployment.get("kind", "")).endswith("builtin"):
         deployment["versions"] = {k: versions[k] for k in ("ckpteval", "megatron-core", "torch") if k in versions}
+        deployment["prompt_tokens"] = _prompt_tokens(job_dir)
     tokenizer = dict(submitted["tokenizer"]) if submitted.get("tokenizer") else None
     published = job_dir / JobDir.TOKENIZER
     if published.is_dir():
@@ -142,6 +144,18 @@ def task_served(task_dir: Path) -> dict[str, Any]:
         "replayed": replayed,
         "not_replayed_other_checkpoint": sum(int(r.get("not_replayed_other_checkpoint") or 0) for r in runs),
     }
+
+
+def _prompt_tokens(job_dir: Path) -> dict[str, float] | None:
+    """The builtin server's prompt tokens, those it computed and those its prefix cache served (its exit line)."""
+    from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.server.serve import read_prompt_summary
+
+    try:
+        log = (job_dir / JobDir.DEPLOYMENT_LOG).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return read_prompt_summary(log)
 
 
 def _endpoint(job_dir: Path) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from ckpteval.server.prepare import PACKAGED_MODELS
 
 DEFAULT_MODEL_NAME = "megatron-model"
 DEFAULT_MAX_BATCH_SIZE = 16
-DEFAULT_PREFIX_CACHE_MIB = 1024  # half the working memory the scheduler lets one forward take
 ENTRY_POINT = "ckpteval.server"  # `python -m ckpteval.server serve ...`
 
 
@@ -44,7 +43,7 @@ class ServeOptions:
     ignore_unexpected_tensors: bool = False  # serve a checkpoint holding tensors its args' model lacks
     publish_tokenizer: Path | None = None  # first write the tokenizer served with here, for the task clients
     prefix_cache: bool = True  # score each shared token prefix once (see `server.prefix_cache`)
-    prefix_cache_mib: int = DEFAULT_PREFIX_CACHE_MIB
+    prefix_cache_mib: int | None = None  # None: sized to the machine (`prefix_cache.default_budget_mib`)
     access_log: bool = False
     identity: str | None = None  # the job's token for this deployment, reported by /v1/health and /v1/models
     port_file: Path | None = None  # write the port held here as soon as it is held
@@ -176,7 +175,10 @@ FLAGS: tuple[Flag, ...] = (
         cli=False,
     ),
     Flag("prefix_cache", "Compute each shared token prefix once (scoring requests)."),
-    Flag("prefix_cache_mib", "Memory the prefix cache may hold, in MiB."),
+    Flag(
+        "prefix_cache_mib",
+        "Memory the prefix cache may hold, in MiB. Default: an eighth of the memory available, 256 to 4096.",
+    ),
     Flag("access_log", "Log every request."),
     Flag("identity", "A token naming this deployment, reported by /v1/health and /v1/models.", cli=False),
     Flag("port_file", "Write the port held here as soon as it is held.", cli=False),

@@ -92,6 +92,19 @@ class PrefixCacheStats:
     evicted_tokens: int = 0
 
 
+def default_budget_mib() -> int:
+    """The cache's budget when none is set: an eighth of the memory available now, from 256 MiB to 4 GiB.
+
+    With the harness's requests in prefix order (`ckpteval_request_order`) the cache needs only the prefix
+    being worked through (an MMLU subject's 5 shots: ~500 tokens, ~23 MiB for SmolLM2-135M); the rest is
+    headroom for clients that send in another order (57 MMLU subjects' prefixes: ~30k tokens, ~1.3 GiB).
+    """
+    import psutil
+
+    available = psutil.virtual_memory().available // 1024**2
+    return max(256, min(4096, available // 8))
+
+
 class PrefixCache:
     """A token tree of scored sequences under a memory budget, least recently used evicted first."""
 

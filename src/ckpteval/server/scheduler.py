@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckpteval.server.engine import Generation, GenerationBatch, ModelRunner, PendingScores, SamplingParams, ScoredRow
+from ckpteval.server.prefix_cache import common_prefix_length
+from ckpteval.server.prefix_scoring import LENGTH_RATIO, LENGTH_SLACK, MIN_SHARED_TOKENS
 
 
 @dataclass
@@ -81,6 +83,24 @@ class SchedulerStats:
         self.prompt_tokens += prompt
         self.computed_tokens += computed
         self.cached_tokens += prompt - computed
+
+
+def _waits_for_shared_prefix(prompt: list[int], jobs: list[GenerateJob], cache: Any) -> bool:
+    """Whether `prompt` shares with a prompt of `jobs` at least `MIN_SHARED_TOKENS` more than the cache holds (and
+    more than all but its last token, whose logits it needs anyway): its prefill then starts from that prefix."""
+    shared = max(common_prefix_length(prompt, job.prompt) for job in jobs)
+    cached = cache.match(prompt, 0).length
+    return min(shared, len(prompt) - 1) >= cached + MIN_SHARED_TOKENS or (
+        shared >= len(prompt) and cached < len(prompt) - 1
+    )
+
+
+def _fed_alike(prompt: list[int], first: list[int], cache: Any) -> bool:
+    """Whether the uncached parts of two prompts are alike in length (as `prefix_scoring` groups rows): in one
+    prompt forward the shorter would recompute cached tokens up to the longer's length."""
+    a, b = (len(p) - min(cache.match(p, 0).length, len(p) - 1) for p in (prompt, first))
+    low, high = min(a, b), max(a, b)
+    return high <= LENGTH_RATIO * low + LENGTH_SLACK
 
 
 def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -298,17 +318,22 @@ class Scheduler:
         """Run the prompt forward of queued generations and join them to the running batch."""
         room = self.max_batch_size - len(self._generating)
         running_rows = list(self._generating.values())
-        # with the prefix cache, a prompt already in this round waits for the next: its prefill is then cached
-        # (the n samples of one request, repeated runs of a task)
+        # with the prefix cache, a prompt that shares more than is cached with a prompt of this round waits for
+        # the next: that prefix is then cached (the n samples of one request, repeated runs of a task, the items
+        # of one few-shot prefix: one MMLU subject's questions after its 5 shots)
         cache = self.runner.prefix_scorer.cache if self.runner.prefix_scorer is not None else None
         with self._cond:
             jobs: list[GenerateJob] = []
             deferred: list[GenerateJob] = []
-            taken: set[tuple[int, ...]] = set()
             while self._generations and len(jobs) < room:
                 candidate = self._generations[0]
                 prompt = candidate.prompt
-                if cache is not None and tuple(prompt) in taken and cache.match(prompt, 0).length < len(prompt) - 1:
+                if cache is not None and jobs and _waits_for_shared_prefix(prompt, jobs, cache):
+                    deferred.append(self._generations.popleft())
+                    continue
+                # the prompt forward feeds every row as many tokens as its row with the most uncached ones: a
+                # prompt whose cached prefix is much longer or shorter than the first's waits for a round of its own
+                if cache is not None and jobs and not _fed_alike(prompt, jobs[0].prompt, cache):
                     deferred.append(self._generations.popleft())
                     continue
                 rows = [*running_rows, *jobs, candidate]
@@ -320,7 +345,6 @@ class Scheduler:
                     if need > self.max_batch_memory:
                         break
                 jobs.append(self._generations.popleft())
-                taken.add(tuple(candidate.prompt))
             self._generations.extendleft(reversed(deferred))
         if not jobs:
             return

@@ -22,6 +22,7 @@ import errno
 import json
 import logging
 import os
+import re
 import select
 import signal
 import socket
@@ -34,7 +35,7 @@ from typing import Any
 
 from ckpteval.errors import DeploymentError
 from ckpteval.server.identity import identity_payload
-from ckpteval.server.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MODEL_NAME, DEFAULT_PREFIX_CACHE_MIB, ServeOptions
+from ckpteval.server.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MODEL_NAME, ServeOptions
 
 log = logging.getLogger("ckpteval.deploy")
 
@@ -198,11 +199,12 @@ def build_app(
     served_model_name: str = DEFAULT_MODEL_NAME,
     max_batch_size: int | None = None,
     max_batch_tokens: int | None = None,
-    prefix_cache_mib: int | None = DEFAULT_PREFIX_CACHE_MIB,
+    prefix_cache: bool = True,
+    prefix_cache_mib: int | None = None,
     identity: str | None = None,
 ) -> tuple[Any, Any]:
-    """(ASGI app, started Scheduler) for a loaded model; `prefix_cache_mib` None: no prefix cache. Stop the
-    scheduler when done."""
+    """(ASGI app, started Scheduler) for a loaded model; `prefix_cache_mib` None: the prefix cache sized to the
+    machine (`prefix_cache.default_budget_mib`). Stop the scheduler when done."""
     from ckpteval.server.app import AsgiApp, OpenAIServer
     from ckpteval.server.scheduler import Scheduler
 
@@ -210,13 +212,15 @@ def build_app(
         raise DeploymentError(f"--max-batch-size must be at least 1, not {max_batch_size}.")
     if max_batch_tokens is not None and max_batch_tokens < 1:
         raise DeploymentError(f"--max-batch-tokens must be at least 1, not {max_batch_tokens}.")
-    if prefix_cache_mib is not None:
-        if prefix_cache_mib < 1:
+    if prefix_cache:
+        from ckpteval.server.prefix_cache import default_budget_mib
+
+        if prefix_cache_mib is not None and prefix_cache_mib < 1:
             raise DeploymentError(
                 f"--prefix-cache-mib must be at least 1, not {prefix_cache_mib}.",
                 hint="--no-prefix-cache switches the cache off.",
             )
-        loaded.runner.enable_prefix_cache(prefix_cache_mib * 1024**2)
+        loaded.runner.enable_prefix_cache((prefix_cache_mib or default_budget_mib()) * 1024**2)
     scheduler = Scheduler(loaded.runner, max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE)
     if max_batch_tokens is not None:
         scheduler.max_batch_tokens = max_batch_tokens
@@ -246,7 +250,7 @@ def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
     listening socket already held (`hold_port`), else the port is taken now."""
     if options.replicas < 1:
         raise DeploymentError(f"--replicas must be at least 1, not {options.replicas}.")
-    if options.prefix_cache and options.prefix_cache_mib < 1:
+    if options.prefix_cache and options.prefix_cache_mib is not None and options.prefix_cache_mib < 1:
         raise DeploymentError(
             f"--prefix-cache-mib must be at least 1, not {options.prefix_cache_mib}.",
             hint="--no-prefix-cache switches the cache off.",
@@ -293,7 +297,8 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 served_model_name=options.served_model_name,
                 max_batch_size=options.max_batch_size,
                 max_batch_tokens=options.max_batch_tokens,
-                prefix_cache_mib=options.prefix_cache_mib if options.prefix_cache else None,
+                prefix_cache=options.prefix_cache,
+                prefix_cache_mib=options.prefix_cache_mib,
                 identity=options.identity,
             )
             arch = loaded.info.architecture
@@ -319,7 +324,7 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
             f"Serving '{options.served_model_name}' ({_millions(loaded.runner.model)} parameters, "
             f"{arch.num_layers} layers, context {arch.max_position_embeddings}) on {url} "
             f"[{loaded.device}, {loaded.dtype}, "
-            + (f"prefix cache {options.prefix_cache_mib} MiB], " if options.prefix_cache else "no prefix cache], ")
+            + (f"prefix cache {_cache_mib(loaded.runner)} MiB], " if options.prefix_cache else "no prefix cache], ")
             + f"ready in {time.perf_counter() - started:.1f} s. Ctrl-C stops it."
         )
         previous = signal.signal(signal.SIGTERM, _raise_terminated) if _in_main_thread() else None
@@ -344,6 +349,24 @@ def prompt_summary(stats: Any) -> str:
         f"Prompt tokens: {stats.prompt_tokens}, computed {stats.computed_tokens}, "
         f"from the prefix cache {stats.cached_tokens} ({share:.0%})."
     )
+
+
+_SUMMARY = re.compile(r"Prompt tokens: (\d+), computed (\d+), from the prefix cache (\d+)")
+
+
+def read_prompt_summary(log: str) -> dict[str, float] | None:
+    """The last exit line (`prompt_summary`) of a deployment log, as numbers: prompt, computed and cached
+    tokens and the cache's hit rate (cached / prompt); None when the log has none (the server was killed)."""
+    found = _SUMMARY.findall(log)
+    if not found:
+        return None
+    prompt, computed, cached = (int(x) for x in found[-1])
+    rate = round(cached / prompt, 4) if prompt else 0.0
+    return {"prompt_tokens": prompt, "computed_tokens": computed, "cached_tokens": cached, "hit_rate": rate}
+
+
+def _cache_mib(runner: Any) -> int:
+    return runner.prefix_scorer.cache.budget_bytes // 1024**2
 
 
 def _millions(model: Any) -> str:

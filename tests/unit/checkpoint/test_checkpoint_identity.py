@@ -84,6 +84,7 @@ def test_results_json_records_what_produced_the_numbers(
     assert p.tokenizer is not None and p.tokenizer["sha256"] == prepared.description.tokenizer.sha256
     assert p.deployment["kind"] == "megatron/builtin" and "--checkpoint" in p.deployment["command"]
     assert p.deployment["versions"]["megatron-core"] != "not installed"
+    assert p.deployment["prompt_tokens"] is None  # no deployment log (a server that never ran, or was killed)
     assert p.endpoint == {"identity": None, "verified": False, "note": "not verifiable"}
     assert set(p.harness["versions"]) >= {"nemo-evaluator", "nvidia-lm-eval"}
     mmlu = p.tasks["adlr_mmlu"]
@@ -97,6 +98,23 @@ def test_results_json_records_what_produced_the_numbers(
     write_results(job_dir, collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None))
     on_disk = json.loads((job_dir / JobDir.RESULTS).read_text())["provenance"]
     assert on_disk["endpoint"] == {"identity": "abcd1234-5f2e", "verified": True}
+
+    # the builtin server's exit line: its prompt tokens, those computed, those its prefix cache served
+    from ckpteval.server.scheduler import SchedulerStats
+    from ckpteval.server.serve import prompt_summary
+
+    stats = SchedulerStats()
+    stats.count_prompts(1000, 250)
+    (job_dir / "logs").mkdir(exist_ok=True)
+    (job_dir / JobDir.DEPLOYMENT_LOG).write_text(f"Serving ...\nServer stopped.\n{prompt_summary(stats)}\n")
+    write_results(job_dir, collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None))
+    on_disk = json.loads((job_dir / JobDir.RESULTS).read_text())["provenance"]
+    assert on_disk["deployment"]["prompt_tokens"] == {
+        "prompt_tokens": 1000,
+        "computed_tokens": 250,
+        "cached_tokens": 750,
+        "hit_rate": 0.75,
+    }
     assert (
         read_results(job_dir / JobDir.RESULTS).provenance
         == collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None).provenance

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpteval.errors import DeploymentError
+from ckpteval.errors import ConfigError, DeploymentError
 from ckpteval.server.launch import health_url, serve_command, start_local_server, wait_until_healthy
+from ckpteval.server.options import ServeOptions
 from tests.deploy_support import RunningServer, free_port
 
 
@@ -93,8 +94,12 @@ def test_the_prefix_cache_switch_reaches_the_server_command_line(isolated_user: 
         assert isinstance(deployment, MegatronDeployment)
         return builtin_command(deployment, python="python", port=1)
 
-    assert "--no-prefix-cache" not in command()
+    assert "--no-prefix-cache" not in command() and "--prefix-cache-mib" not in command()  # sized by the server
     assert command("deployment.prefix_cache=false").endswith(" --no-prefix-cache")
+    assert command("deployment.prefix_cache_mib=3000").endswith(" --prefix-cache-mib 3000")
+    assert ServeOptions.from_argv(["--checkpoint", "/ck", "--prefix-cache-mib", "3000"]).prefix_cache_mib == 3000
+    with pytest.raises(ConfigError, match=r"deployment.prefix_cache_mib must be at least 1, not 0"):
+        command("deployment.prefix_cache_mib=0")
     argv = serve_command(python=sys.executable, checkpoint="/ck", port=1, served_model_name="m", prefix_cache=False)
     result = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "--no-prefix-cache" in result.stdout and "--prefix-cache-mib" in result.stdout

@@ -151,3 +151,49 @@ def test_generation_with_a_cached_prompt_is_unchanged(tiny_server: RunningServer
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= TOLERANCE
     expected = greedy_directly(runner.model, prompt, 12, runner.tokenizer.stop_token_ids)
     assert choice["text"].endswith(runner.tokenizer.decode(expected))
+
+
+def test_prompts_of_one_few_shot_prefix_arriving_together_compute_it_once(tiny_loaded: Any) -> None:
+    """MMLU's generation items (issue 45): one subject's questions after its 5 shots arrive together; the
+    first computes the shots, the others start from them, and each generates what it does alone."""
+    import asyncio
+
+    from ckpteval.server.engine import ModelRunner, SamplingParams
+    from ckpteval.server.scheduler import GenerateJob, Scheduler
+    from tests.deploy_support import greedy_directly
+
+    loaded = tiny_loaded.runner
+    runner = ModelRunner(loaded.model, loaded.tokenizer, device="cpu", max_context=loaded.max_context)
+    runner.enable_prefix_cache(64 * 1024**2)
+    shots = "Q: a question of the shots? A: its answer.\n" * 6
+    prompts = [runner.tokenizer.encode(shots + f"Q: question number {i} of the subject? A:") for i in range(4)]
+
+    def generate(prompts: list[list[int]]) -> Scheduler:
+        scheduler = Scheduler(runner)
+
+        async def main() -> list[Any]:
+            loop = asyncio.get_running_loop()
+            jobs = [GenerateJob(p, SamplingParams(max_tokens=2), loop.create_future(), loop) for p in prompts]
+            for job in jobs:  # all queued before the thread starts: it sees them in one round
+                scheduler.submit(job)
+            scheduler.start()
+            return list(await asyncio.gather(*(job.future for job in jobs)))
+
+        try:
+            results = asyncio.run(main())
+        finally:
+            scheduler.stop()
+        for result, prompt in zip(results, prompts, strict=True):
+            assert result.token_ids == greedy_directly(runner.model, prompt, 2, runner.tokenizer.stop_token_ids)
+        assert scheduler.stats.prompt_tokens == sum(len(p) for p in prompts)
+        return scheduler
+
+    computed = generate(prompts).stats.computed_tokens
+    # the prefix tree's tokens and at most one more per prompt (all four computing the shots: ~4x that)
+    assert computed <= _tree_tokens(prompts) + len(prompts), (computed, _tree_tokens(prompts))
+    # the next subject's first question beside this one's fifth: the one computes its whole prompt, the other
+    # only its question (not as many tokens as the first, which one prompt forward would feed both)
+    fifth = runner.tokenizer.encode(shots + "Q: question number 5 of the subject? A:")
+    other = runner.tokenizer.encode("Other shots. " * 12 + "Q: its first question? A:")
+    computed = generate([fifth, other]).stats.computed_tokens
+    assert computed <= len(other) + len(fifth) - len(runner.tokenizer.encode(shots)) + 2, computed

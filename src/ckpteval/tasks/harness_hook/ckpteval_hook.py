@@ -6,8 +6,8 @@
   `request_timeout` bounds one request, not its wait in the connection queue
   (`ckpteval_request_timeout`; always installed), and the first request waits for the deployment
   (`ckpteval_wait_ready`, when the job starts the client before the deployment is healthy);
-  log-likelihood requests of one context are sent together (`ckpteval_request_order`: the server's
-  prefix cache computes the context once); the documents whose requests are all answered are counted
+  requests that share a prefix are sent together (`ckpteval_request_order`: the server's prefix cache
+  computes a context, or a subject's few-shot examples, once); the documents whose requests are all answered are counted
   (`ckpteval_documents`, with `lm_eval.api.model`'s own response cache);
 - `nemo_evaluator.core.input`: its endpoint probe waits for the deployment too, in the background;
 - `lm_eval.filters.sanitize`: a completion with a NUL byte is code that does not parse, not a crash;
