@@ -40,7 +40,7 @@ def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool)
 
     # no vertical rules: the catalog's long names fit 80 columns
     table = Table(title=escape(title), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("task", *(["harness"] if with_harness else []), "endpoint", "log-probs", "offline data"):
+    for col in ("task", *(["harness"] if with_harness else []), "endpoint", "log-probs", "judge", "offline data"):
         table.add_column(col, no_wrap=True)
     for t in tasks:
         table.add_row(
@@ -48,6 +48,7 @@ def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool)
             *([escape(t.harness)] if with_harness else []),
             ", ".join(t.endpoint_types),
             "yes" if t.needs_logprobs else "",
+            t.judge,
             "yes" if t.offline_data else "",
         )
     return table
