@@ -1,6 +1,6 @@
 """A judge-scored task end to end: `evaluate -c tiny -t mtbench judge=api ...` against a real OpenAI-shaped
-judge over HTTP (tests/support/judge_standin.py), the model being SmolLM2 on the session's shared builtin
-server, on one MT-Bench question (two turns, two judgments).
+judge over HTTP (tests/support/judge_standin.py), the model being SmolLM2 served by the job's own builtin
+deployment (`-c tiny`), on one MT-Bench question (two turns, two judgments).
 
 Every judge request reaches the judge, with the judge's model id and the key from the owner-only file; the
 score is the judge's verdict; results.json names the judge. A judge whose replies hold no rating past the
@@ -14,12 +14,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ServedModel
 from tests.support.judge_standin import JudgeStandIn
 
 pytest.importorskip("core_evals.mtbench")
@@ -31,8 +29,7 @@ KEY = "s3cret-judge-key-0123"
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
 
 
-def _evaluate(model: ServedModel, judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    chat_url = model.url.replace("/v1/completions", "/v1/chat/completions")
+def _evaluate(judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
         "XDG_STATE_HOME": str(cwd / "state"),
@@ -41,10 +38,7 @@ def _evaluate(model: ServedModel, judge: JudgeStandIn, cwd: Path, *extra: str) -
         "COLUMNS": "80",
     }
     argv = [
-        *("-c", "tiny", "-t", "mtbench", "deployment=none"),
-        f"target.api_endpoint.url={chat_url}",
-        f"target.api_endpoint.model_id={model.model_id}",
-        "target.api_endpoint.type=chat",
+        *("-c", "tiny", "-t", "mtbench"),
         *("judge=api", f"judge.url={judge.url}", f"judge.model_id={judge.model_id}", "judge.api_key_name=MY_JUDGE_KEY"),
         *(f"{PARAMS}.limit_samples=1", f"{PARAMS}.max_new_tokens=8", f"{PARAMS}.parallelism=1"),
         *extra,
@@ -64,10 +58,10 @@ def _job_dir(cwd: Path) -> Path:
     return job
 
 
-def test_an_api_judge_scores_mtbench_and_is_named(served_model: Callable[[str], ServedModel], tmp_path: Path) -> None:
+def test_an_api_judge_scores_mtbench_and_is_named(tmp_path: Path) -> None:
     judge = JudgeStandIn(model_id="judge-standin", rating=7, api_key=KEY).start()
     try:
-        proc = _evaluate(served_model("smol"), judge, tmp_path)
+        proc = _evaluate(judge, tmp_path)
     finally:
         judge.stop()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -87,12 +81,10 @@ def test_an_api_judge_scores_mtbench_and_is_named(served_model: Callable[[str], 
     assert KEY not in written + proc.stdout + proc.stderr
 
 
-def test_a_judge_that_gives_no_rating_fails_the_task(
-    served_model: Callable[[str], ServedModel], tmp_path: Path
-) -> None:
+def test_a_judge_that_gives_no_rating_fails_the_task(tmp_path: Path) -> None:
     judge = JudgeStandIn(model_id="judge-standin", garbage_every=1, api_key=KEY).start()
     try:
-        proc = _evaluate(served_model("smol"), judge, tmp_path)
+        proc = _evaluate(judge, tmp_path)
     finally:
         judge.stop()
     assert proc.returncode != 0

@@ -170,8 +170,25 @@ def test_mtbench_result_of_a_named_judge_is_read_with_its_judge_errors(tmp_path:
     module.parse_output = output.parse_output
     patch_mtbench_output(module)
     monkeypatch.setenv("CKPTEVAL_JUDGE_MAX_ERROR_RATE", "0.5")
-    scores = module.parse_output(str(tmp_path)).groups["mtbench:judge-x"].metrics["average_score"].scores
+    result = module.parse_output(str(tmp_path))
+    scores = result.groups["mtbench:judge-x"].metrics["average_score"].scores
     assert (scores["average_score"].value, scores["judge_errors"].value, scores["judge_judgments"].value) == (7.0, 1, 4)
+    # ckpteval reads it from results.yml as nemo-evaluator writes it: the score with its judge errors beside it
+    import yaml
+
+    from ckpteval.tasks.results import read_task_result
+
+    results_yml = {"config": {"type": "mtbench"}, "results": result.model_dump(exclude_none=True)}
+    (tmp_path / "results.yml").write_text(yaml.dump(results_yml))
+    read = read_task_result(tmp_path)
+    assert read.harness_task == "mtbench:judge-x"
+    assert {k: m.value for k, m in read.metrics.items()} == {
+        "average_score": 7.0,
+        "num_missing": 1.0,
+        "judge_errors": 1,
+        "judge_judgments": 4,
+    }
+    assert read.subtasks["writing"]["average_score"].value == 7.0
     monkeypatch.setenv("CKPTEVAL_JUDGE_MAX_ERROR_RATE", "0.05")
     with pytest.raises(JudgeFailures, match="judge errors 1 of 4"):
         module.parse_output(str(tmp_path))
