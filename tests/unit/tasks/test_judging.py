@@ -192,3 +192,35 @@ def test_mtbench_result_of_a_named_judge_is_read_with_its_judge_errors(tmp_path:
     monkeypatch.setenv("CKPTEVAL_JUDGE_MAX_ERROR_RATE", "0.05")
     with pytest.raises(JudgeFailures, match="judge errors 1 of 4"):
         module.parse_output(str(tmp_path))
+
+
+def _judged_results(invocation: str, judge: dict | None, errors: int = 1):
+    from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
+    from ckpteval.results.provenance import Provenance
+
+    metrics = {"average_score": Metric(7.0), "judge_errors": Metric(errors), "judge_judgments": Metric(80)}
+    outcome = TaskOutcome(name="mtbench", status="succeeded", metrics=metrics)
+    return InvocationResults(
+        invocation=invocation,
+        created="2026-11-28T00:00:00Z",
+        status="succeeded",
+        tasks={"mtbench": outcome},
+        provenance=Provenance(judge=judge),
+    )
+
+
+API_JUDGE = {"role": "judge", "kind": "api", "model_id": "judge-70b", "url": "http://j/v1", "tasks": ["mtbench"]}
+
+
+def test_the_table_names_the_judge_and_its_errors_and_compare_warns_of_another_judge() -> None:
+    from ckpteval.results.provenance import provenance_differences
+    from ckpteval.results.table import render_text
+
+    text = render_text([_judged_results("aaaa", API_JUDGE, errors=3)])
+    assert "mtbench: judged by api judge-70b http://j/v1; judge errors 3 of 80" in text
+    other = {**API_JUDGE, "model_id": "judge-8b"}
+    a, b = _judged_results("aaaa", API_JUDGE), _judged_results("bbbb", other)
+    assert provenance_differences(a.provenance, b.provenance, ["mtbench"]) == [
+        "judged by different judges (api judge-70b http://j/v1 vs api judge-8b http://j/v1)"
+    ]
+    assert provenance_differences(a.provenance, a.provenance, ["mtbench"]) == []
