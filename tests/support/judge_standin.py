@@ -46,6 +46,11 @@ class JudgeStandIn:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
+                if standin.api_key and self.headers.get("Authorization") != f"Bearer {standin.api_key}":
+                    with lock:
+                        standin.unauthorized += 1
+                    self._send(401, {"error": {"message": "bad key"}})
+                    return
                 if self.path.rstrip("/") == "/v1/models":
                     self._send(200, {"object": "list", "data": [{"id": standin.model_id, "object": "model"}]})
                 else:

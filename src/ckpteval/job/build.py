@@ -337,7 +337,7 @@ def _task_plan(
             model_url=deployment_plan.on_published_port(url) if deployment_plan.port_file else None,
             overrides=overrides,
         )
-        command = _with_judge_key(compiled, command, job_dir)
+        command = _with_judge_client(compiled, task, command, job_dir, toolchain)
         run_env = {**env, **client_hook_env(run_config, request_params)}
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
@@ -403,14 +403,27 @@ def _judge_overrides(compiled: CompiledConfig, task: ResolvedTask, deployment: D
     return {"config.params.extra.judge.url": url}
 
 
-def _with_judge_key(compiled: CompiledConfig, command: str, job_dir: str) -> str:
-    """A task's command reading the API judge's key from its owner-only file into JUDGE_API_KEY_ENV."""
-    judge = compiled.config.judge
-    if judge.type != "api" or not judge.api_key_name:
-        return command
+def _with_judge_client(
+    compiled: CompiledConfig, task: ResolvedTask, command: str, job_dir: str, toolchain: Toolchain
+) -> str:
+    """A task's command with what its API judge needs: the key read from its owner-only file into
+    JUDGE_API_KEY_ENV, and, for a judged task, a check before its harness sends anything that the judge
+    serves the model named (`/v1/models`, with that key): the judge's identity, as the job checks the model's.
+    (The evaluated model judging itself was verified by the job's health wait.)"""
     import shlex
 
-    return f'{JUDGE_API_KEY_ENV}="$(cat {shlex.quote(judge_key_file(job_dir))})" {command}'
+    judge = compiled.config.judge
+    if judge.type != "api":
+        return command
+    prefix = ""
+    if judge.api_key_name:
+        prefix = f'export {JUDGE_API_KEY_ENV}="$(cat {shlex.quote(judge_key_file(job_dir))})"; '
+    if task.spec.judge is None or toolchain.hook_dir is None:
+        return prefix + command
+    argv = [toolchain.script_python, f"{toolchain.hook_dir}/ckpteval_judge.py", "check", judge.url, judge.model_id]
+    if judge.api_key_name:
+        argv.append(JUDGE_API_KEY_ENV)
+    return f"{prefix}{shlex.join(argv)} && {command}"
 
 
 def _local_cache_env(task: ResolvedTask) -> dict[str, str]:

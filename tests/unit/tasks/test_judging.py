@@ -17,7 +17,7 @@ from ckpteval.job.build import JUDGE_API_KEY_ENV, Toolchain, build_plan, judge_k
 from ckpteval.tasks.catalog import load_catalog
 from ckpteval.tasks.harness_hook.ckpteval_judge import JudgeFailures, check_judgments
 
-TOOLCHAIN = Toolchain(python="python3", evaluator="nemo-evaluator")
+TOOLCHAIN = Toolchain(python="python3", evaluator="nemo-evaluator", hook_dir="/hook")
 
 
 @pytest.mark.parametrize(
@@ -83,6 +83,8 @@ def test_an_api_judge_is_what_the_harness_is_told(
     )
     # the task reads the key from the owner-only file at run time; the key itself is nowhere in the plan
     assert f'{JUDGE_API_KEY_ENV}="$(cat {judge_key_file(str(tmp_path / "job"))})"' in run.step.command
+    # and checks, before the harness sends the judge anything, that it serves the model named
+    assert "ckpteval_judge.py check https://judge.example/v1 judge-70b CKPTEVAL_JUDGE_API_KEY && " in run.step.command
     assert "s3cret-judge-key" not in json.dumps(run.run_config) + run.step.command
     # the user's own values win over the judge's
     mine = "+evaluation.nemo_evaluator_config.config.params.extra.judge.model_id=my-judge-name"
@@ -224,3 +226,20 @@ def test_the_table_names_the_judge_and_its_errors_and_compare_warns_of_another_j
         "judged by different judges (api judge-70b http://j/v1 vs api judge-8b http://j/v1)"
     ]
     assert provenance_differences(a.provenance, a.provenance, ["mtbench"]) == []
+
+
+def test_the_judge_is_checked_before_its_first_request() -> None:
+    from ckpteval.tasks.harness_hook.ckpteval_judge import judge_identity_problem
+    from tests.support.judge_standin import JudgeStandIn
+
+    judge = JudgeStandIn(model_id="judge-70b", api_key="k").start()
+    try:
+        assert judge_identity_problem(judge.url, "judge-70b", "k") is None
+        assert "does not serve judge-8b (it lists: judge-70b)" in (
+            judge_identity_problem(judge.url, "judge-8b", "k") or ""
+        )
+        assert "answered 401" in (judge_identity_problem(judge.url, "judge-70b", "wrong") or "")
+    finally:
+        judge.stop()
+    assert judge.requests == []  # only GET /models: no judging request was sent
+    assert "did not answer" in (judge_identity_problem(judge.url, "judge-70b", "k", timeout=2) or "")

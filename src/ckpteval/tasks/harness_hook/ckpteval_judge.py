@@ -74,3 +74,42 @@ def patch_mtbench_output(module: ModuleType) -> None:
     parse_output.__ckpteval_patched__ = True  # type: ignore[attr-defined]
     parse_output.__wrapped__ = real  # type: ignore[attr-defined]
     module.parse_output = parse_output  # type: ignore[attr-defined]
+
+
+def judge_identity_problem(url: str, model_id: str, api_key: str | None, timeout: float = 30) -> str | None:
+    """Why the judge at `url` (an OpenAI base, `.../v1`) is not the one named (None: it lists `model_id` among
+    its `/v1/models`): checked by the task before its harness sends the judge anything."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            listed = [str(m.get("id")) for m in (json.loads(response.read() or b"{}").get("data") or [])]
+    except urllib.error.HTTPError as exc:
+        return f"the judge at {url} answered {exc.code} to GET /models"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"the judge at {url} did not answer GET /models ({getattr(exc, 'reason', exc)})"
+    if model_id not in listed:
+        return f"the judge at {url} does not serve {model_id} (it lists: {', '.join(listed) or 'nothing'})"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """`python ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]`: exit 0 when the judge is the one named."""
+    if len(argv) < 3 or argv[0] != "check":
+        print("usage: ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]", file=sys.stderr)
+        return 2
+    key = os.environ.get(argv[3]) if len(argv) > 3 else None
+    problem = judge_identity_problem(argv[1], argv[2], key)
+    if problem:
+        print(f"ckpteval: {problem}; no request was sent to it", file=sys.stderr)
+        return 1
+    print(f"ckpteval: judge {argv[2]} at {argv[1]} verified")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
