@@ -33,6 +33,15 @@ def print_catalog(tasks: Sequence[TaskInfo], *, json_output: bool) -> None:
         console.print(_catalog_table(f"{harness} ({len(group)})", group, with_harness=False))
 
 
+def _needs(task: TaskInfo) -> str:
+    """What a task needs of the endpoint: log-probs (a completions endpoint with echo), a judge model
+    (`judge=...`; "(judge)": it can use one)."""
+    needs = ["log-probs"] if task.needs_logprobs else []
+    if task.judge:
+        needs.append("judge" if task.judge == "needs" else "(judge)")
+    return ", ".join(needs)
+
+
 def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool):
     from rich import box
     from rich.markup import escape
@@ -40,15 +49,14 @@ def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool)
 
     # no vertical rules: the catalog's long names fit 80 columns
     table = Table(title=escape(title), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("task", *(["harness"] if with_harness else []), "endpoint", "log-probs", "judge", "offline data"):
+    for col in ("task", *(["harness"] if with_harness else []), "endpoint", "needs", "offline data"):
         table.add_column(col, no_wrap=True)
     for t in tasks:
         table.add_row(
             escape(t.name),
             *([escape(t.harness)] if with_harness else []),
             ", ".join(t.endpoint_types),
-            "yes" if t.needs_logprobs else "",
-            t.judge,
+            _needs(t),
             "yes" if t.offline_data else "",
         )
     return table
