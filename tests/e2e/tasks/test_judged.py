@@ -49,7 +49,7 @@ def _evaluate(judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.Complet
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
 
 
