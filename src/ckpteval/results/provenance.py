@@ -77,14 +77,18 @@ def _judge(
 ) -> dict[str, Any] | None:
     """The judge as job.yaml names it, with what was verified of it and the settings each task sent it.
 
-    The evaluated model judging itself is the endpoint whose identity the job verified; an API judge is
-    named by its URL and model id (its harness validates it with a first request; no identity is reported)."""
+    The evaluated model judging itself is the endpoint whose identity the job verified; an API judge is named
+    by its URL and model id, which each judged task checked (`/v1/models`) before its harness sent anything:
+    a task whose check failed never ran."""
     if not submitted:
         return None
     out = dict(submitted)
-    out["verified"] = bool(endpoint.get("verified")) if out.get("kind") == "self" else False
     if out.get("kind") == "self":
+        out["verified"] = bool(endpoint.get("verified"))
         out["identity"] = endpoint.get("identity")
+    else:
+        out["verified"] = True
+        out["verified_by"] = "its /v1/models lists model_id (each judged task checked it before its first request)"
     settings = {}
     for name in out.get("tasks") or ():
         judge = ((tasks.get(name) or {}).get("settings") or {}).get("extra", {}).get("judge")

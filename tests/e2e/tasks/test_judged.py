@@ -72,6 +72,8 @@ def test_an_api_judge_scores_mtbench_and_is_named(tmp_path: Path) -> None:
     results = json.loads((job / "results.json").read_text())
     assert results["provenance"]["judge"]["model_id"] == "judge-standin"
     assert results["provenance"]["judge"]["url"] == judge.url
+    assert results["provenance"]["judge"]["verified"] is True  # its /v1/models was checked before any request
+    assert results["provenance"]["judge"]["settings"]["mtbench"]["temperature"] == 0.0
     metrics = json.dumps(results["tasks"]["mtbench"])
     assert "judge_errors" in metrics and "7.0" in metrics
     # the key reached the task only through its file: nowhere in what was written or printed

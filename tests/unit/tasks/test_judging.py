@@ -243,3 +243,23 @@ def test_the_judge_is_checked_before_its_first_request() -> None:
         judge.stop()
     assert judge.requests == []  # only GET /models: no judging request was sent
     assert "did not answer" in (judge_identity_problem(judge.url, "judge-70b", "k", timeout=2) or "")
+
+
+def test_results_json_records_the_judge(tmp_path: Path) -> None:
+    import yaml
+
+    from ckpteval.results.provenance import read_provenance
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"judge": API_JUDGE}))
+    run_config = {"config": {"params": {"extra": {"judge": {"url": "http://j/v1", "temperature": 0.0}}}}}
+    (tmp_path / "tasks" / "mtbench").mkdir(parents=True)
+    (tmp_path / "tasks" / "mtbench" / "run_config.yml").write_text(yaml.safe_dump(run_config))
+    judge = read_provenance(tmp_path, [("mtbench", "tasks/mtbench")]).judge
+    assert judge is not None
+    assert (judge["role"], judge["kind"], judge["model_id"], judge["url"]) == (
+        "judge",
+        "api",
+        "judge-70b",
+        "http://j/v1",
+    )
+    assert judge["verified"] is True and judge["settings"] == {"mtbench": {"temperature": 0.0}}
