@@ -205,6 +205,7 @@ class TaskInfo:
     container: str
     description: str
     datasets: tuple[dict[str, Any], ...] | None = None  # with datasets=True; None: not known to ckpteval
+    judge: str = ""  # "needs": scored by a judge model (set `judge=...`); "can use": takes one; "": none
 
     @property
     def summary(self) -> str:
@@ -248,6 +249,7 @@ def tasks(pattern: str | None = None, *, harness: str | None = None, datasets: b
             container=t.container,
             description=t.description,
             datasets=datasets_of(t) if datasets else None,
+            judge="" if t.judge is None else ("needs" if t.judge.required else "can use"),
         )
         for t in load_catalog().search(pattern, harness=harness)
     ]

@@ -58,14 +58,14 @@ def _catalog_cells(
 ) -> tuple[list[str], list[list[str]]]:
     from rich.markup import escape
 
-    header = ["task", *(["harness"] if with_harness else []), "endpoint", "log-probs", "offline data"]
+    header = ["task", *(["harness"] if with_harness else []), "endpoint", "needs", "offline data"]
     header += [*(["runs here"] if with_here else []), "description"]
     rows = [
         [
             escape(t.name),
             *([escape(t.harness)] if with_harness else []),
             ", ".join(t.endpoint_types),
-            "yes" if t.needs_logprobs else "",
+            _needs(t),
             "yes" if t.offline_data else "",
             *([escape(t.runs_here)] if with_here else []),
             escape(t.summary),
@@ -73,6 +73,15 @@ def _catalog_cells(
         for t in tasks
     ]
     return header, rows
+
+
+def _needs(task: TaskInfo) -> str:
+    """What a task needs of the endpoint: log-probs (a completions endpoint with echo), a judge model
+    (`judge=...`; "(judge)": it can use one)."""
+    needs = ["log-probs"] if task.needs_logprobs else []
+    if task.judge:
+        needs.append("judge" if task.judge == "needs" else "(judge)")
+    return ", ".join(needs)
 
 
 def _catalog_table(title: str, tasks: Sequence[TaskInfo], *, with_harness: bool):

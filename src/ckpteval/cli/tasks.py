@@ -14,8 +14,9 @@ def tasks_command(
     harness: Annotated[str | None, typer.Option("--harness", help="Only tasks of this harness.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List the tasks `-t` accepts: name, harness, endpoint type, whether it needs log-probs, offline data,
-    whether it runs on this machine (its harness installed here), and what it is."""
+    """List the tasks `-t` accepts: name, harness, endpoint type, what it needs (log-probs; a judge model:
+    set one with judge=...), offline data, whether it runs on this machine (its harness installed here), and
+    what it is."""
     import ckpteval
     from ckpteval.cli.render import print_catalog
     from ckpteval.views import no_tasks_hint

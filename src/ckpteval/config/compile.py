@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.compose import CompileRequest, Mode, compose
+from ckpteval.config.judge_check import check_judged_tasks
 from ckpteval.config.profiles import Profile
 from ckpteval.config.schema import (
     EXECUTION_TYPES,
@@ -317,6 +318,7 @@ def check_config(
     if profile is not None:
         check_cluster_paths(config, profile)
     _check_tasks(config, tasks)
+    check_judged_tasks(config, tasks)
     _check_deployment(config, tasks, cwd=cwd)
     _check_export(config)
 

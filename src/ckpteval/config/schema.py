@@ -237,6 +237,52 @@ class NoDeployment:
     served_model_name: str = "model"
 
 
+# `judge.type` -> its section (the judge model of judge-scored tasks: `ckpteval.tasks.judging`).
+JUDGE_TYPES: dict[str, type] = {}
+DEFAULT_JUDGE_MAX_ERROR_RATE = 0.05  # judge replies that failed or could not be read, past which a task fails
+
+
+def register_judge_section(section: S) -> S:
+    """Make `judge.type=<its type>` (and `judge=<type>`) select `section`."""
+    for name in deployment_types(section):
+        JUDGE_TYPES[name] = section
+    return section
+
+
+@register_judge_section
+@dataclass(frozen=True, kw_only=True)
+class NoJudge:
+    """No judge: a task scored by a judge model is refused (`ckpteval.tasks.judge_check`)."""
+
+    type: Literal["none"]
+
+
+@register_judge_section
+@dataclass(frozen=True, kw_only=True)
+class ApiJudge:
+    """A judge reached as an OpenAI-compatible API: `url` is its base (`.../v1`), `model_id` the model it
+    serves, `api_key_name` the NAME of the variable holding its key here (the key reaches the job in an
+    owner-only file, like the W&B key; never in the config, a script or a log)."""
+
+    type: Literal["api"]
+    url: str
+    model_id: str
+    api_key_name: str | None = None
+    max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
+
+
+@register_judge_section
+@dataclass(frozen=True, kw_only=True)
+class SelfJudge:
+    """The evaluated model judges its own answers (asked for in so many words: `judge=self`)."""
+
+    type: Literal["self"]
+    max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
+
+
+Judge = NoJudge | ApiJudge | SelfJudge
+
+
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.
 Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
 EXECUTION_TYPES: dict[str, type] = {"local": LocalExecution, "slurm": SlurmExecution}
@@ -398,3 +444,4 @@ class EvalConfig:
     target: Target
     evaluation: Evaluation
     export: Export = field(default_factory=ExportSection)
+    judge: Annotated[Judge, Registered(JUDGE_TYPES, by="type")] = field(default_factory=lambda: NoJudge(type="none"))

@@ -284,6 +284,7 @@ def stage_secrets(job: PlannedJob, remote: Remote, report: Reporter) -> JobPlan:
     """Give a job that exports itself the user's W&B key, in an owner-only file where it runs (never in the
     script or the preview); its plan with the export step reading that file."""
     plan = job.plan
+    stage_judge_key(job, remote)
     if not (plan.after_tasks and job.compiled.config.export.wandb.enabled):
         return plan
     from ckpteval.export.job import stage_wandb_key
@@ -291,6 +292,23 @@ def stage_secrets(job: PlannedJob, remote: Remote, report: Reporter) -> JobPlan:
     warn: Callable[[str], None] = lambda m: report(Note(m, "warning"))  # noqa: E731
     key_file = stage_wandb_key(remote, job.job_dir, secrets=job.compiled.secrets, on_note=warn)
     return add_export_step(plan, job.compiled, key_file=key_file)
+
+
+def stage_judge_key(job: PlannedJob, remote: Remote) -> None:
+    """Give the job the API judge's key (from the variable `judge.api_key_name` names here) in an owner-only
+    file where it runs, as the W&B key is given; the key joins the secrets every later rendering redacts."""
+    import os
+
+    judge = job.compiled.config.judge
+    name = getattr(judge, "api_key_name", None)
+    if judge.type != "api" or not name:
+        return
+    from ckpteval.export.credentials import write_secret_file
+    from ckpteval.job.build import judge_key_file
+
+    key = os.environ.get(name, "")
+    job.compiled.secrets.add(key)
+    write_secret_file(remote, judge_key_file(job.job_dir), key)
 
 
 def stage_images(job: PlannedJob, plan: JobPlan, remote: Remote, report: Reporter) -> JobPlan:

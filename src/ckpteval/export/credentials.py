@@ -132,11 +132,15 @@ def write_key_file(remote: Remote, job_dir: str, key: WandbKey) -> str:
     reachable by others, not even for the moment between its creation and its chmod to 0600. The
     text travels over SFTP (`Remote.write_text_atomic`), never on a command line.
     """
-    path = key_file_path(job_dir)
+    return write_secret_file(remote, key_file_path(job_dir), key.value)
+
+
+def write_secret_file(remote: Remote, path: str, value: str) -> str:
+    """Write `value` to `path` (in the job's `.secrets/`), readable only by its owner (see `write_key_file`)."""
     directory = posixpath.dirname(path)
     remote.run(["mkdir", "-p", "-m", "700", directory])
     remote.run(["chmod", "700", directory])  # mkdir -m does not change a directory that existed
-    remote.write_text_atomic(path, key.value + "\n", mode=0o600)
+    remote.write_text_atomic(path, value + "\n", mode=0o600)
     return path
 
 

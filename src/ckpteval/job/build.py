@@ -333,7 +333,13 @@ def _task_plan(
         client_tokenizer(compiled, job_dir),
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
+    evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url)
+    overrides = _judge_overrides(compiled, task, deployment_plan)
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
+    if task.spec.judge is not None and config.judge.type != "none":
+        from ckpteval.tasks.harness_hook.ckpteval_judge import MAX_ERROR_RATE_ENV
+
+        env.setdefault(MAX_ERROR_RATE_ENV, str(config.judge.max_error_rate))
     if launcher == "processes":
         env.update(_local_cache_env(task))
     image = task.container if launcher == "srun-containers" else None
@@ -355,11 +361,95 @@ def _task_plan(
             hook_dir=toolchain.hook_dir,
             # on the port the deployment took when it started (the run config has the planned one)
             model_url=deployment_plan.on_published_port(url) if deployment_plan.port_file else None,
+            overrides=overrides,
         )
+        command = _with_judge_client(compiled, task, command, job_dir, toolchain)
         run_env = {**env, **client_hook_env(run_config, request_params)}
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
     return TaskPlan(name=task.name, dir_name=task.dir_name, runs=tuple(runs), endpoint_url=url, repeats=task.repeats)
+
+
+# The variable a judge-scored task's harness reads the judge's key from, in the job: the job sets it from
+# the owner-only file the key was staged into (`judge_key_file`), never from the script or the config.
+JUDGE_API_KEY_ENV = "CKPTEVAL_JUDGE_API_KEY"
+
+
+def judge_key_file(job_dir: str) -> str:
+    """Where the job finds the judge's API key (`.secrets/judge_api_key`, written owner-only at submission)."""
+    return JobDir(job_dir).join(f"{JobDir.SECRETS}/judge_api_key")
+
+
+def _judge_endpoint(compiled: CompiledConfig, *, base_url: str | None) -> Any:
+    """The judge the tasks are told about (a `JudgeEndpoint`), or None when the config names none."""
+    from ckpteval.tasks.judging import JudgeEndpoint
+
+    judge = compiled.config.judge
+    if judge.type == "api":
+        return JudgeEndpoint(
+            url=judge.url, model_id=judge.model_id, api_key_env=JUDGE_API_KEY_ENV if judge.api_key_name else None
+        )
+    if judge.type == "self":
+        api = compiled.config.target.api_endpoint
+        url = f"{base_url}/v1" if base_url else (api.url or "").split("/v1/", 1)[0] + "/v1"
+        return JudgeEndpoint(url=url, model_id=api.model_id, api_key_env=api.api_key_name)
+    return None
+
+
+def _with_judge(
+    compiled: CompiledConfig, task: ResolvedTask, evaluator_config: dict[str, Any], *, base_url: str | None
+) -> dict[str, Any]:
+    """A judge-scored task's evaluator config with `config.params.extra.judge` filled from the judge (the
+    user's own values win); other tasks' as they are."""
+    from ckpteval.tasks.judging import judge_params
+
+    use = task.spec.judge
+    endpoint = _judge_endpoint(compiled, base_url=base_url)
+    if use is None or endpoint is None or not use.fillable:
+        return evaluator_config
+    params = (evaluator_config.get("config") or {}).get("params") or {}
+    own = (params.get("extra") or {}).get("judge") or {}
+    if not use.required and not own.get("enabled"):
+        return evaluator_config  # it can use a judge, and the user did not turn its judge on
+    out = copy.deepcopy(evaluator_config)
+    extra = out.setdefault("config", {}).setdefault("params", {}).setdefault("extra", {})
+    extra["judge"] = judge_params(use, endpoint, own)
+    return out
+
+
+def _judge_overrides(compiled: CompiledConfig, task: ResolvedTask, deployment: DeploymentPlan) -> dict[str, str]:
+    """When the model judges itself on the port it published at run time, the judge URL on that port."""
+    use = task.spec.judge
+    if compiled.config.judge.type != "self" or use is None or not use.fillable or not deployment.port_file:
+        return {}
+    own = ((task.evaluator_config.get("config") or {}).get("params") or {}).get("extra", {}).get("judge") or {}
+    if "url" in own:
+        return {}
+    url = deployment.on_published_port(f"http://127.0.0.1:{deployment.port}/v1{use.route}")
+    return {"config.params.extra.judge.url": url}
+
+
+def _with_judge_client(
+    compiled: CompiledConfig, task: ResolvedTask, command: str, job_dir: str, toolchain: Toolchain
+) -> str:
+    """A task's command with what its API judge needs: the key read from its owner-only file into
+    JUDGE_API_KEY_ENV, and, for a judged task, a check before its harness sends anything that the judge
+    serves the model named (`/v1/models`, with that key): the judge's identity, as the job checks the model's.
+    (The evaluated model judging itself was verified by the job's health wait.)"""
+    import shlex
+
+    judge = compiled.config.judge
+    if judge.type != "api":
+        return command
+    prefix = ""
+    if judge.api_key_name:
+        prefix = f'export {JUDGE_API_KEY_ENV}="$(cat {shlex.quote(judge_key_file(job_dir))})"; '
+    if task.spec.judge is None or toolchain.hook_dir is None:
+        return prefix + command
+    argv = [toolchain.script_python, f"{toolchain.hook_dir}/ckpteval_judge.py", "check", judge.url, judge.model_id]
+    if judge.api_key_name:
+        argv.append(JUDGE_API_KEY_ENV)
+    return f"{prefix}{shlex.join(argv)} && {command}"
 
 
 def _local_cache_env(task: ResolvedTask) -> dict[str, str]:

@@ -39,6 +39,9 @@ class Provenance:
     endpoint: dict[str, Any] = field(default_factory=dict)  # identity verified, or NOT_VERIFIABLE
     harness: dict[str, Any] = field(default_factory=dict)  # versions, and where the harness ran
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> settings, harness versions, image
+    # the judge of judge-scored tasks: role, kind (api, self), model id, URL or the model's identity, verified,
+    # and its request settings per task; None: no judge
+    judge: dict[str, Any] | None = None
 
 
 def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenance:
@@ -56,17 +59,20 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
 
         tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
     images = submitted.get("task_images") or {}
+    endpoint = _endpoint(job_dir)
+    task_provenance = {name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks}
     return Provenance(
         checkpoint=served_checkpoint(job_dir, submitted.get("checkpoint")),
         tokenizer=tokenizer,
         origin=submitted.get("origin"),
         deployment=deployment,
-        endpoint=_endpoint(job_dir),
+        endpoint=endpoint,
         harness={
             "where": "each task's image" if images else "this machine",
             "versions": {k: versions[k] for k in HARNESS_PACKAGES if k in versions},
         },
-        tasks={name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks},
+        tasks=task_provenance,
+        judge=_judge(submitted.get("judge"), endpoint, task_provenance),
     )
 
 
@@ -158,6 +164,32 @@ def _prompt_tokens(job_dir: Path) -> dict[str, float] | None:
     return read_prompt_summary(log)
 
 
+def _judge(
+    submitted: Mapping[str, Any] | None, endpoint: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The judge as job.yaml names it, with what was verified of it and the settings each task sent it.
+
+    The evaluated model judging itself is the endpoint whose identity the job verified; an API judge is named
+    by its URL and model id, which each judged task checked (`/v1/models`) before its harness sent anything:
+    a task whose check failed never ran."""
+    if not submitted:
+        return None
+    out = dict(submitted)
+    if out.get("kind") == "self":
+        out["verified"] = bool(endpoint.get("verified"))
+        out["identity"] = endpoint.get("identity")
+    else:
+        out["verified"] = True
+        out["verified_by"] = "its /v1/models lists model_id (each judged task checked it before its first request)"
+    settings = {}
+    for name in out.get("tasks") or ():
+        judge = ((tasks.get(name) or {}).get("settings") or {}).get("extra", {}).get("judge")
+        if isinstance(judge, Mapping):
+            settings[name] = {k: v for k, v in judge.items() if k not in ("url", "api_key", "api_key_name")}
+    out["settings"] = settings
+    return out
+
+
 def _endpoint(job_dir: Path) -> dict[str, Any]:
     from ckpteval.invocation.jobdir import JobDir
 
@@ -247,6 +279,11 @@ def provenance_differences(a: Provenance | None, b: Provenance | None, tasks: Se
     if a is None or b is None:
         return []
     out = []
+    ja, jb = a.judge or {}, b.judge or {}
+    judged_by = [(j.get("kind"), j.get("model_id"), j.get("url")) for j in (ja, jb)]
+    if (ja or jb) and judged_by[0] != judged_by[1]:
+        names = [" ".join(str(v) for v in judge if v) or "no judge" for judge in judged_by]
+        out.append(f"judged by different judges ({names[0]} vs {names[1]})")
     ta, tb = (p.tokenizer or {} for p in (a, b))
     key = "served_sha256" if ta.get("served_sha256") and tb.get("served_sha256") else "sha256"
     if ta.get(key) and tb.get(key) and ta[key] != tb[key]:
@@ -310,6 +347,8 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
     if deployment:
         out["deployment"] = deployment
     out["endpoint"] = p.endpoint.get("identity") or p.endpoint.get("note") or NOT_VERIFIABLE
+    if p.judge:
+        out["judge"] = " ".join(str(v) for v in (p.judge.get("kind"), p.judge.get("model_id"), p.judge.get("url")) if v)
     versions = p.harness.get("versions") or {}
     if versions:
         out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items())

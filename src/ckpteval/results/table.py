@@ -55,6 +55,8 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
             footnotes.append(_offline_note(task, offline))
         failures = (_failure_note(task, o, r, several=len(results) > 1) for o, r in zip(outcomes, results, strict=True))
         footnotes.extend(note for note in failures if note)
+        judged = (_judge_note(task, o, r, several=len(results) > 1) for o, r in zip(outcomes, results, strict=True))
+        footnotes.extend(note for note in judged if note)
         pairs = _mode_metric_pairs(outcomes, with_modes)
         if not pairs:
             lead = [label, *([""] if with_modes else []), _status_text(outcomes)]
@@ -93,6 +95,20 @@ def _offline_note(task: str, outcome: TaskOutcome) -> str:
         if p
     ]
     return f"{OFFLINE_MARK} {task}: offline data — " + "; ".join(parts)
+
+
+def _judge_note(task: str, outcome: TaskOutcome | None, results: InvocationResults, *, several: bool) -> str:
+    """Who judged a judge-scored task, and how many of its judgments failed ("judge errors 1 of 80")."""
+    judge = results.provenance.judge if results.provenance else None
+    if outcome is None or not judge or task not in (judge.get("tasks") or ()):
+        return ""
+    which = f" ({results.label or results.invocation})" if several else ""
+    who = " ".join(str(v) for v in (judge.get("kind"), judge.get("model_id"), judge.get("url")) if v)
+    note = f"{task}{which}: judged by {who}"
+    errors, judgments = outcome.metrics.get("judge_errors"), outcome.metrics.get("judge_judgments")
+    if errors is not None and judgments is not None:
+        note += f"; judge errors {errors.value:.0f} of {judgments.value:.0f}"
+    return note
 
 
 def _failure_note(task: str, outcome: TaskOutcome | None, results: InvocationResults, *, several: bool) -> str:

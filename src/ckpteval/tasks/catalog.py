@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import ConfigError, EvaluationError, close_matches
+from ckpteval.tasks.judging import JudgeUse, judge_use
 
 LAUNCHER_PACKAGE = "nemo_evaluator_launcher"
 CATALOG_FILE = "resources/all_tasks_irs.yaml"
@@ -36,6 +37,12 @@ class TaskSpec:
     framework_name: str = ""
     pkg_name: str = ""
     target_defaults: dict[str, Any] = field(default_factory=dict, hash=False)
+    judge: JudgeUse | None = None  # how it uses a judge model (`ckpteval.tasks.judging`); None: it does not
+
+    @property
+    def needs_judge(self) -> bool:
+        """True when the task is scored by a judge model: it cannot run without one."""
+        return self.judge is not None and self.judge.required
 
     @property
     def qualified_name(self) -> str:
@@ -147,6 +154,9 @@ def load_catalog(path: Path | None = None) -> Catalog:
         defaults = raw.get("defaults", {})
         config = defaults.get("config", {})
         harness = harnesses.get(raw["harness"], {})
+        params = dict(config.get("params") or {})
+        command = defaults.get("command", "")
+        eval_type = config.get("type", raw["name"])
         tasks.append(
             TaskSpec(
                 name=raw["name"],
@@ -155,12 +165,13 @@ def load_catalog(path: Path | None = None) -> Catalog:
                 container=harness.get("container", ""),
                 endpoint_types=tuple(config.get("supported_endpoint_types") or ()),
                 capabilities=tuple(config.get("required_capabilities") or ()),
-                command=defaults.get("command", ""),
-                params=dict(config.get("params") or {}),
-                eval_type=config.get("type", raw["name"]),
+                command=command,
+                params=params,
+                eval_type=eval_type,
                 framework_name=defaults.get("framework_name", raw["harness"]),
                 pkg_name=defaults.get("pkg_name", ""),
                 target_defaults=dict(defaults.get("target") or {}),
+                judge=judge_use(raw["harness"], eval_type, params, command),
             )
         )
     return Catalog(tasks=tuple(tasks), source=source)

@@ -30,6 +30,7 @@ def client_command(
     executable: str = "nemo-evaluator",
     hook_dir: str | None = None,
     model_url: str | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> str:
     """The bash command line that runs one task, every argument quoted.
 
@@ -47,7 +48,8 @@ def client_command(
 
     `model_url` replaces the run config's endpoint URL (`--model_url`); it is a double-quoted shell word, so
     it may name the port the deployment published at run time (`${DEPLOY_PORT}`), and must hold nothing else
-    the shell would expand.
+    the shell would expand. `overrides` (dotted run-config key -> value, `--overrides`) are double-quoted
+    the same way (the judge's URL on the port the model published, when the model judges itself).
     """
     prefix = [f'ADAPTER_PORT="${{ADAPTER_PORT:-$({_FREE_PORT})}}"']
     if "/" in executable:
@@ -59,6 +61,11 @@ def client_command(
         if any(c in model_url for c in '"`\\') or "$(" in model_url:
             raise ValueError(f"model_url {model_url!r} is not a plain URL")
         command += f' --model_url "{model_url}"'
+    if overrides:
+        words = ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+        if any(c in words for c in '"`\\') or "$(" in words:
+            raise ValueError(f"overrides {words!r} are not plain values")
+        command += f' --overrides "{words}"'
     return " ".join([*prefix, command])
 
 

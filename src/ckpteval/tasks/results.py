@@ -186,6 +186,10 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
         raise failure_error(out, log)
     try:
         results_yml = yaml.safe_load(results_path.read_text(encoding="utf-8")) or {}
+        if _evaluator_only(results_yml, out):
+            return _evaluator_result(
+                str((results_yml.get("config") or {}).get("type") or ""), results_yml["results"], out
+            )
         lm = _latest_lm_eval_results(out)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise EvaluationError(
@@ -216,6 +220,51 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
         subtasks={k: v for k, v in subtasks.items() if v},
         n_samples=_n_samples(harness_task, lm),
         offline=read_offline_data(out),
+        timings=_timings(out),
+        output_dir=str(out),
+    )
+
+
+def _evaluator_only(results_yml: dict[str, Any], out: Path) -> bool:
+    """A harness that leaves no lm-eval results file, only nemo-evaluator's scores (MT-Bench, ...)."""
+    has_lm_eval = any(p.is_file() for p in out.rglob("results*.json"))  # as _latest_lm_eval_results finds it
+    return bool(results_yml.get("results")) and not has_lm_eval
+
+
+def _evaluator_scores(entry: dict[str, Any]) -> dict[str, Metric]:
+    """nemo-evaluator's own metrics of a group or task (`metrics.<m>.scores.<s>.value`): named `<s>`."""
+    out = {}
+    for metric in (entry.get("metrics") or {}).values():
+        for name, score in ((metric or {}).get("scores") or {}).items():
+            value = _number((score or {}).get("value"))
+            if value is not None:
+                stderr = _number(((score or {}).get("stats") or {}).get("stderr"))
+                out[name] = Metric(value=value, stderr=stderr, n_samples=None)
+    return out
+
+
+def _evaluator_result(task: str, results: dict[str, Any], out: Path) -> TaskResult:
+    """A harness other than lm-eval (MT-Bench, ...): its scores as nemo-evaluator's results.yml has them, the
+    one group (or the one task) as the headline, the others as subtasks."""
+    groups, tasks = results.get("groups") or {}, results.get("tasks") or {}
+    top = groups if len(groups) == 1 else tasks if len(tasks) == 1 else {}
+    if not top:
+        raise EvaluationError(
+            f"Cannot tell which of {sorted({**groups, **tasks})} holds the scores of {task} in {out}."
+        )
+    [(harness_task, entry)] = top.items()
+    headline = _evaluator_scores(entry)
+    if not headline:
+        raise EvaluationError(f"Task {task} finished but reported no metric for {harness_task} (see {out}).")
+    rest = {**groups, **tasks}
+    subtasks = {name: _evaluator_scores(e) for name, e in sorted(rest.items()) if name != harness_task}
+    return TaskResult(
+        task=task,
+        harness_task=harness_task,
+        metrics=headline,
+        subtasks={k: v for k, v in subtasks.items() if v},
+        n_samples=None,
+        offline=None,
         timings=_timings(out),
         output_dir=str(out),
     )

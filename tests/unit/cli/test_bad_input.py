@@ -124,6 +124,13 @@ CASES = [
         "deployment.tokenizer",
     ),
     (
+        "judged-task-without-a-judge",
+        ["-c", "tiny", "-d", "-t", "mtbench"],
+        None,
+        "mtbench is scored by a judge model and no judge is set: add judge=api",
+        "",
+    ),
+    (
         "wandb-without-project",
         ["-c", "tiny", "-d", "export.wandb.enabled=true"],
         None,

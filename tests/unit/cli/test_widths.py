@@ -67,7 +67,7 @@ def test_results_side_by_side_keeps_the_n_headers(recorded, width):
 def test_tasks_keep_the_harness_apart(isolated_user, width):
     out = _render(["tasks", "humaneval"], width)
     assert "lm-evaluation-harness" in out and "bigcode-evaluation-harness" in out and "simple_evals" in out
-    assert "log-probs" in out and "offline data" in out
+    assert "needs" in out and "offline data" in out
 
 
 @pytest.mark.parametrize("width", WIDTHS)

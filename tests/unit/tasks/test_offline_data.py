@@ -191,10 +191,11 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
     # only the harness fixes (legacy dataset ids, code_eval, documents counted, request_timeout per request, the
-    # wait for the deployment, the sanitizer) are installed, not the data patches: the id rewrite wraps the real
-    # loader directly
+    # wait for the deployment, the sanitizer, MT-Bench's result) are installed, not the data patches: the id
+    # rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
+        "core_evals.mtbench.output",
         "datasets",
         "evaluate",
         "lm_eval.api.model",

@@ -248,6 +248,10 @@ def _patch_sanitize(module: ModuleType) -> None:
     module.syntax_check = syntax_check  # type: ignore[attr-defined]
 
 
+def _patch_mtbench_output(module: ModuleType) -> None:
+    _hook_module("ckpteval_judge").patch_mtbench_output(module)
+
+
 def _patch_evaluator_input(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_input(module)
 
@@ -262,6 +266,7 @@ _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "lm_eval.api.model": _patch_model,
     "nemo_evaluator.core.input": _patch_evaluator_input,
     "lm_eval.filters.sanitize": _patch_sanitize,
+    "core_evals.mtbench.output": _patch_mtbench_output,
 }
 
 

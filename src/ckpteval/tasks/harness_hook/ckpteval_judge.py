@@ -1,0 +1,115 @@
+"""Judge-scored tasks in the task client: MT-Bench's result read whatever its judge is called, and its
+judge failures counted, never scored silently.
+
+nvidia-mtbench-evaluator 26.3 writes `<judge>-result.json` for any judge but gpt-4, and its own output
+parser (`core_evals.mtbench.output.parse_output`) looks only for `result.json`: every other judge's run
+ends in "Failed to find `result.json`". Its judgments (`judgements/<judge>_single.jsonl`) score a reply it
+could not read (no `[[rating]]` after its retries) -1, and its summary leaves them out of the average.
+
+The patched parser reads the judge's own result, and adds two scores beside the average: `judge_errors`
+(judgments without a rating) and `judge_judgments`. Past CKPTEVAL_JUDGE_MAX_ERROR_RATE (a fraction) the
+task fails, with the judge's last replies in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from types import ModuleType
+from typing import Any
+
+MAX_ERROR_RATE_ENV = "CKPTEVAL_JUDGE_MAX_ERROR_RATE"
+LAST_REPLIES = 3
+
+
+class JudgeFailures(RuntimeError):
+    """Too many of the judge's replies failed or could not be read for the task's score to stand."""
+
+
+def _judgments(output_dir: pathlib.Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(output_dir.rglob("judgements/*_single.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def check_judgments(rows: list[dict[str, Any]], max_error_rate: float) -> tuple[int, int]:
+    """(errors, judgments) of MT-Bench's judgments; raises JudgeFailures past `max_error_rate`."""
+    errors = [r for r in rows if r.get("score") == -1]
+    if rows and len(errors) / len(rows) > max_error_rate:
+        last = "\n".join(f"  judge reply: {str(r.get('judgment') or '(none)')[:300]!r}" for r in errors[-LAST_REPLIES:])
+        raise JudgeFailures(
+            f"judge errors {len(errors)} of {len(rows)}: more than {max_error_rate:.0%} of the judge's replies "
+            f"failed or held no rating; the task is not scored. Its last unreadable replies:\n{last}"
+        )
+    return len(errors), len(rows)
+
+
+def patch_mtbench_output(module: ModuleType) -> None:
+    """Wrap `parse_output` of `core_evals.mtbench.output` (see the module docstring)."""
+    real = module.parse_output
+    if getattr(real, "__ckpteval_patched__", False):
+        return
+
+    def parse_output(output_dir: str) -> Any:
+        root = pathlib.Path(output_dir)
+        own = list(root.rglob("**/result.json"))
+        named = [p for p in root.rglob("*-result.json") if p.name != "result.json"]
+        if not own and len(named) == 1:
+            (named[0].parent / "result.json").write_text(named[0].read_text(encoding="utf-8"), encoding="utf-8")
+        rate = float(os.environ.get(MAX_ERROR_RATE_ENV) or 0.05)
+        errors, total = check_judgments(_judgments(root), rate)
+        result = real(output_dir)
+        score = sys.modules[type(result).__module__].Score  # nemo_evaluator's api_dataclasses
+        for group in result.groups.values():
+            for metric in group.metrics.values():
+                metric.scores["judge_errors"] = score(value=errors, stats={})
+                metric.scores["judge_judgments"] = score(value=total, stats={})
+        return result
+
+    parse_output.__ckpteval_patched__ = True  # type: ignore[attr-defined]
+    parse_output.__wrapped__ = real  # type: ignore[attr-defined]
+    module.parse_output = parse_output  # type: ignore[attr-defined]
+
+
+def judge_identity_problem(url: str, model_id: str, api_key: str | None, timeout: float = 30) -> str | None:
+    """Why the judge at `url` (an OpenAI base, `.../v1`) is not the one named (None: it lists `model_id` among
+    its `/v1/models`): checked by the task before its harness sends the judge anything."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url.rstrip("/") + "/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            listed = [str(m.get("id")) for m in (json.loads(response.read() or b"{}").get("data") or [])]
+    except urllib.error.HTTPError as exc:
+        return f"the judge at {url} answered {exc.code} to GET /models"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"the judge at {url} did not answer GET /models ({getattr(exc, 'reason', exc)})"
+    if model_id not in listed:
+        return f"the judge at {url} does not serve {model_id} (it lists: {', '.join(listed) or 'nothing'})"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """`python ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]`: exit 0 when the judge is the one named."""
+    if len(argv) < 3 or argv[0] != "check":
+        print("usage: ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]", file=sys.stderr)
+        return 2
+    key = os.environ.get(argv[3]) if len(argv) > 3 else None
+    problem = judge_identity_problem(argv[1], argv[2], key)
+    if problem:
+        print(f"ckpteval: {problem}; no request was sent to it", file=sys.stderr)
+        return 1
+    print(f"ckpteval: judge {argv[2]} at {argv[1]} verified")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

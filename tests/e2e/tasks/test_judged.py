@@ -1,0 +1,96 @@
+"""A judge-scored task end to end: `evaluate -c tiny -t mtbench judge=api ...` against a real OpenAI-shaped
+judge over HTTP (tests/support/judge_standin.py), the model being SmolLM2 served by the job's own builtin
+deployment (`-c tiny`), on one MT-Bench question (two turns, two judgments).
+
+Every judge request reaches the judge, with the judge's model id and the key from the owner-only file; the
+score is the judge's verdict; results.json names the judge. A judge whose replies hold no rating past the
+threshold fails the task with its replies in the log: no score stands. Needs the `judge` extra
+(nvidia-mtbench-evaluator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.judge_standin import JudgeStandIn
+
+pytest.importorskip("core_evals.mtbench")
+
+# about 4 minutes a run on 2 cores: the harness answers each turn, then judges it; two runs
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.long]
+
+KEY = "s3cret-judge-key-0123"
+PARAMS = "evaluation.nemo_evaluator_config.config.params"
+
+
+def _evaluate(judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
+        "XDG_STATE_HOME": str(cwd / "state"),
+        "XDG_CONFIG_HOME": str(cwd / "config"),
+        "MY_JUDGE_KEY": KEY,
+        "COLUMNS": "80",
+    }
+    argv = [
+        *("-c", "tiny", "-t", "mtbench"),
+        *("judge=api", f"judge.url={judge.url}", f"judge.model_id={judge.model_id}", "judge.api_key_name=MY_JUDGE_KEY"),
+        *(f"{PARAMS}.limit_samples=1", f"{PARAMS}.max_new_tokens=8", f"{PARAMS}.parallelism=1"),
+        *extra,
+    ]
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "evaluate"), *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+def _job_dir(cwd: Path) -> Path:
+    [job] = [p for p in (cwd / "results").iterdir() if (p / "job.sh").is_file()]
+    return job
+
+
+def test_an_api_judge_scores_mtbench_and_is_named(tmp_path: Path) -> None:
+    judge = JudgeStandIn(model_id="judge-standin", rating=7, api_key=KEY).start()
+    try:
+        proc = _evaluate(judge, tmp_path)
+    finally:
+        judge.stop()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # one validation request, then one judgment per turn; all with the judge's id and the key
+    assert judge.unauthorized == 0
+    assert len(judge.requests) == 3 and {r["model"] for r in judge.requests} == {"judge-standin"}
+    job = _job_dir(tmp_path)
+    results = json.loads((job / "results.json").read_text())
+    assert results["provenance"]["judge"]["model_id"] == "judge-standin"
+    assert results["provenance"]["judge"]["url"] == judge.url
+    assert results["provenance"]["judge"]["verified"] is True  # its /v1/models was checked before any request
+    assert results["provenance"]["judge"]["settings"]["mtbench"]["temperature"] == 0.0
+    metrics = json.dumps(results["tasks"]["mtbench"])
+    assert "judge_errors" in metrics and "7.0" in metrics
+    # the key reached the task only through its file: nowhere in what was written or printed
+    written = "".join(
+        p.read_text(errors="replace") for p in job.rglob("*") if p.is_file() and ".secrets" not in p.parts
+    )
+    assert KEY not in written + proc.stdout + proc.stderr
+
+
+def test_a_judge_that_gives_no_rating_fails_the_task(tmp_path: Path) -> None:
+    judge = JudgeStandIn(model_id="judge-standin", garbage_every=1, api_key=KEY).start()
+    try:
+        proc = _evaluate(judge, tmp_path)
+    finally:
+        judge.stop()
+    assert proc.returncode != 0
+    log = (_job_dir(tmp_path) / "tasks" / "mtbench" / "client.log").read_text(errors="replace")
+    assert "judge errors 2 of 2" in log and "I cannot decide." in log
+    results = json.loads((_job_dir(tmp_path) / "results.json").read_text())
+    assert results["tasks"]["mtbench"]["status"] == "failed"
