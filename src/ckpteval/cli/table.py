@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ckpteval.types import InvocationResults
-from ckpteval.views import FAILED_MARK, table_rows
+from ckpteval.views import CAVEAT_MARK, FAILED_MARK, table_rows
 
 
 def print_table(results: Sequence[InvocationResults]) -> None:
@@ -27,7 +27,7 @@ def print_table(results: Sequence[InvocationResults]) -> None:
     console = Console()
     print_fitting(console, table, header, styled, name_columns=first_value)
     for note in footnotes:
-        color = "red" if note.startswith(FAILED_MARK) else "dim"
+        color = "red" if note.startswith(FAILED_MARK) else "yellow" if note.startswith(CAVEAT_MARK) else "dim"
         console.print(f"[{color}]{_escape(note)}[/]", highlight=False)  # mode names hold brackets: pass@1[avg-of-k]
 
 
