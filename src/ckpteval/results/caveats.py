@@ -90,9 +90,7 @@ def caveats(results: InvocationResults) -> list[Caveat]:
     echoed = {t: int(v.get("echoed_answers") or 0) for t, v in (p.tasks or {}).items()}
     if any(echoed.values()):
         counts = ", ".join(f"{t} {n}" for t, n in echoed.items() if n)
-        out.append(
-            Caveat(ECHOED, f"generations answered with their prompt echoed, retried and not scored: {counts}")
-        )
+        out.append(Caveat(ECHOED, f"generations answered with their prompt echoed, retried and not scored: {counts}"))
     across = _replays_across(p)
     if across:
         counts = ", ".join(f"{t} {n}" for t, n in across.items())
