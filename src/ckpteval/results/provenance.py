@@ -298,9 +298,13 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
     if deployment:
         out["deployment"] = deployment
     out["endpoint"] = p.endpoint.get("identity") or p.endpoint.get("note") or NOT_VERIFIABLE
+    probe = p.endpoint.get("settings_probe") or {}
+    if probe.get("verdict"):
+        out["settings probe"] = f"{probe['verdict']}: {probe.get('reason') or ''}".rstrip(": ")
     versions = p.harness.get("versions") or {}
     if versions:
-        out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+        where = f" ({p.harness['versions_from']})" if p.harness.get("versions_from") else ""
+        out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items()) + where
     if task and task in p.tasks:
         settings = _flat(p.tasks[task].get("settings") or {})
         out["settings"] = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k not in _TRANSPORT)
