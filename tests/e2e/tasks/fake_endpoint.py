@@ -24,7 +24,7 @@ Run as a script (the tests start it as a separate process so it can really die):
   or the process exits (connection refused from then on), or the request hangs without an answer.
 - The job's request-settings probe (its fixed prompts, `ckpteval_settings_probe`: run before the first request
   of every job on an endpoint it does not own) is answered (`A` for the answer modes that look prompts up) but
-  neither counted in `--count-file` nor in `--fail-after`: those count what the tasks ask.
+  neither counted in `--count-file` and `--fail-after` nor logged in `--body-log`: those are what the tasks ask.
 - `--batch-window S`: batches as Export-Deploy 0.5+ does (Ray Serve's `serve.batch`, docs/deploy.md):
   completion requests arriving within S seconds of a batch's first request join its batch, which is
   answered when those S seconds are over, and the FIRST request's max_tokens, temperature, top_k, top_p,
@@ -267,7 +267,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 isinstance(m, dict) and m.get("content") in PROBE_PROMPTS for m in request.get("messages") or []
             )
             index = 0 if probing else state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
-            if state.args.body_log:
+            if state.args.body_log and not probing:
                 state.log_body(request)
             if state.args.batch_window is not None:
                 request = state.batched(request)
