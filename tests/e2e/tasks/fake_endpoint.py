@@ -24,7 +24,8 @@ Run as a script (the tests start it as a separate process so it can really die):
   or the process exits (connection refused from then on), or the request hangs without an answer.
 - The job's request-settings probe (its fixed prompts, `ckpteval_settings_probe`: run before the first request
   of every job on an endpoint it does not own) is answered (`A` for the answer modes that look prompts up) but
-  neither counted in `--count-file` and `--fail-after` nor logged in `--body-log`: those are what the tasks ask.
+  neither counted in `--count-file` and `--fail-after` nor logged in `--body-log`: those are what the tasks ask
+  (`--count-probe`: the probe's requests are requests like any other, for a test of the probe itself).
 - `--batch-window S`: batches as Export-Deploy 0.5+ does (Ray Serve's `serve.batch`, docs/deploy.md):
   completion requests arriving within S seconds of a batch's first request join its batch, which is
   answered when those S seconds are over, and the FIRST request's max_tokens, temperature, top_k, top_p,
@@ -263,8 +264,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 return
             request = json.loads(body)
             prompt = request.get("prompt", "")
-            probing = prompt in PROBE_PROMPTS or any(
-                isinstance(m, dict) and m.get("content") in PROBE_PROMPTS for m in request.get("messages") or []
+            probing = not state.args.count_probe and (
+                prompt in PROBE_PROMPTS
+                or any(isinstance(m, dict) and m.get("content") in PROBE_PROMPTS for m in request.get("messages") or [])
             )
             index = 0 if probing else state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
             if state.args.body_log and not probing:
@@ -310,6 +312,7 @@ def make_server(argv: list[str] | None = None) -> ThreadingHTTPServer:
     parser.add_argument("--answer", default="A")
     parser.add_argument("--body-log")
     parser.add_argument("--fail-after", type=int)
+    parser.add_argument("--count-probe", action="store_true")
     parser.add_argument("--failure", choices=["500", "die", "hang"], default="500")
     parser.add_argument("--batch-window", type=float)
     parser.add_argument("--batch-log")
