@@ -119,13 +119,22 @@ def evaluate(root: Path, url: str, tokenizer: Path, *overrides: str, only: str =
     return job_dir, json.loads((job_dir / "results.json").read_text()), status.stdout
 
 
-def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
-    tiny: tuple[ServedModel, Path], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def alone(tiny: tuple[ServedModel, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, float]:
+    """hellaswag and gsm8k one after another, straight from the server: what both tests' scores must equal."""
     served, tokenizer = tiny
     start = time.monotonic()
-    alone_dir, alone, _ = evaluate(tmp_path / "alone", served.url, tokenizer, "evaluation.max_parallel_tasks=1")
-    alone_s = time.monotonic() - start
+    root = tmp_path_factory.mktemp("alone")
+    job_dir, results, _ = evaluate(root, served.url, tokenizer, "evaluation.max_parallel_tasks=1")
+    return job_dir, results, time.monotonic() - start
+
+
+def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
+    tiny: tuple[ServedModel, Path], alone: tuple[Path, dict, float], tmp_path: Path
+) -> None:
+    served, tokenizer = tiny
+    alone_dir, alone_results, alone_s = alone
+    start = time.monotonic() - alone_s
     log = tmp_path / "batches.jsonl"
     with batching_stand_in(served.url.rsplit("/v1/", 1)[0], log) as url:
         job_dir, beside, status = evaluate(tmp_path / "beside", url, tokenizer)
@@ -133,8 +142,8 @@ def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
     print(f"alone {alone_s:.0f} s, side by side behind the stand-in {beside_s:.0f} s")
 
     for task in ("hellaswag", "gsm8k"):
-        assert alone["tasks"][task]["status"] == beside["tasks"][task]["status"] == "succeeded"
-        assert beside["tasks"][task]["metrics"] == alone["tasks"][task]["metrics"], task
+        assert alone_results["tasks"][task]["status"] == beside["tasks"][task]["status"] == "succeeded"
+        assert beside["tasks"][task]["metrics"] == alone_results["tasks"][task]["metrics"], task
         # every sample's response, not only the (tiny model's near-zero) scores: a generation cut to one
         # token, or a log-likelihood without log-probabilities, would differ here
         assert samples(job_dir, task) == samples(alone_dir, task), task
@@ -150,8 +159,9 @@ def test_side_by_side_behind_a_batching_endpoint_scores_what_alone_scores(
     assert len(records) - len([r for r in records if r["prompt"].startswith(probe_prompts)]) >= 2 * 3
 
 
+@pytest.mark.timeout(1800)
 def test_two_single_task_invocations_sharing_a_batching_endpoint(
-    tiny: tuple[ServedModel, Path], tmp_path: Path
+    tiny: tuple[ServedModel, Path], alone: tuple[Path, dict, float], tmp_path: Path
 ) -> None:
     """Issue 39's seventh way: two invocations of one task each (`deployment=none`), a log-likelihood task and a
     generation task, side by side against one endpoint that batches as Export-Deploy 0.5+ does (a window of
@@ -162,9 +172,8 @@ def test_two_single_task_invocations_sharing_a_batching_endpoint(
     from concurrent.futures import ThreadPoolExecutor
 
     served, tokenizer = tiny
-    start = time.monotonic()
-    alone_dir, alone, _ = evaluate(tmp_path / "alone", served.url, tokenizer, "evaluation.max_parallel_tasks=1")
-    alone_s = time.monotonic() - start
+    alone_dir, alone_results, alone_s = alone
+    start = time.monotonic() - alone_s
     log = tmp_path / "batches.jsonl"
     with batching_stand_in(served.url.rsplit("/v1/", 1)[0], log, window=0.5) as url, ThreadPoolExecutor(2) as pool:
         runs = {
@@ -179,7 +188,7 @@ def test_two_single_task_invocations_sharing_a_batching_endpoint(
     echoed = 0
     for task, (job_dir, results, status) in done.items():
         assert results["tasks"][task]["status"] == "succeeded", (task, status)
-        assert results["tasks"][task]["metrics"] == alone["tasks"][task]["metrics"], task
+        assert results["tasks"][task]["metrics"] == alone_results["tasks"][task]["metrics"], task
         assert samples(job_dir, task) == samples(alone_dir, task), task
         endpoint = results["provenance"]["endpoint"]
         assert endpoint["owned"] is False and endpoint["verified"] is False
