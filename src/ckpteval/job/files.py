@@ -126,7 +126,10 @@ def _serving(compiled: CompiledConfig, command: str | None) -> dict[str, Any]:
     import shlex
 
     deployment = compiled.config.deployment
-    words = shlex.split(command) if command else []
+    try:
+        words = shlex.split(command) if command else []
+    except ValueError:  # a generic command of the user's own that is no list of words: no dtype read from it
+        words = []
     dtype = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--dtype"), None)
     dtype = dtype or next((w.split("=", 1)[1] for w in words if w.startswith("--dtype=")), None)
     out = {
