@@ -79,6 +79,7 @@ def compare_command(
             console.print(f"[bold red]regression:[/] {escape(_why(row, result.alpha, max_drop))}")
         if regressions:
             raise typer.Exit(REGRESSION_EXIT_CODE)
+        console = Console(stderr=True, highlight=False)  # words, not numbers: wrapped at the terminal's width
         console.print(
             f"[bold red]not trusted:[/] {len(untrusted)} caveat(s) or warning(s) above: the gate cannot say the "
             "candidate is not worse. Fix them, or pass --allow-caveats to accept them."

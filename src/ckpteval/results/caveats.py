@@ -70,11 +70,12 @@ def caveats(results: InvocationResults) -> list[Caveat]:
         )
     endpoint = p.endpoint or {}
     if not endpoint.get("verified"):
-        kind = (p.deployment or {}).get("kind") or "the deployment"
+        kind = (p.deployment or {}).get("kind") or "not recorded"
         out.append(
             Caveat(
                 ENDPOINT_UNVERIFIED,
-                f"{kind} cannot report the job's identity: nothing checked that the answers came from this model",
+                f"the deployment ({kind}) cannot report the job's identity: nothing checked that the answers "
+                "came from this model",
             )
         )
     probe = endpoint.get("settings_probe") or {}

@@ -59,7 +59,7 @@ def test_the_score_table_and_status_show_the_caveats(runs: None) -> None:
     text = " ".join(table.output.split())
     assert "⚠ origin mismatch ignored: the checkpoint's args disagree with HuggingFaceTB/SmolLM2-135M" in text
     assert "rotary_base 10000 vs rope_theta 100000" in text
-    assert "⚠ endpoint not verified: none cannot report the job's identity" in text
+    assert "⚠ endpoint not verified: the deployment (none) cannot report the job's identity" in text
     assert "⚠ settings mixed: the shared endpoint's request-settings probe says mixed" in text
     _fits(table.output)
     clean = runner.invoke(app, ["results", "aaaa0001"])
@@ -94,6 +94,7 @@ def test_compare_names_every_difference_and_the_gate_fails_on_them(runs: None) -
     gate = runner.invoke(app, ["compare", "aaaa0001", "bbbb0002", "--fail-on-regression"])
     assert gate.exit_code == UNTRUSTED_EXIT_CODE == 4, gate.output
     assert "not trusted:" in gate.output and "--allow-caveats" in gate.output
+    _fits(gate.output)
     allowed = runner.invoke(app, ["compare", "aaaa0001", "bbbb0002", "--fail-on-regression", "--allow-caveats"])
     assert allowed.exit_code == 0, allowed.output
     assert "caveat: bbbb0002" in allowed.output  # still printed
