@@ -11,8 +11,8 @@ score table's notes, `evaluate status ID`, `evaluate report`, `evaluate compare`
   (`deployment=none`, generic, Export-Deploy: they cannot report the job's identity);
 - **settings mixed**: the endpoint, shared with other clients, was found to answer a batch of requests with
   one request's settings (the request-settings probe), so another client's requests may have set this run's;
-- **echoed answers**: generations came back with their prompt echoed (another request's settings): errors,
-  retried, not scored, but a sign of the above;
+- **echoed answers**: generations came back with their prompt echoed, or log-likelihood requests without
+  log-probabilities (another request's settings): errors, retried, not scored, but a sign of the above;
 - **replays across identities**: answers replayed from a cache written by another served identity (another
   checkpoint's server) — read from the served-identity fields of results.json where the job records them.
 
@@ -88,10 +88,19 @@ def caveats(results: InvocationResults) -> list[Caveat]:
                 "other clients' requests may have set this run's",
             )
         )
-    echoed = {t: int(v.get("echoed_answers") or 0) for t, v in (p.tasks or {}).items()}
+    echoed = {
+        t: int(v.get("echoed_answers") or 0) + int(v.get("answers_without_logprobs") or 0)
+        for t, v in (p.tasks or {}).items()
+    }
     if any(echoed.values()):
         counts = ", ".join(f"{t} {n}" for t, n in echoed.items() if n)
-        out.append(Caveat(ECHOED, f"generations answered with their prompt echoed, retried and not scored: {counts}"))
+        out.append(
+            Caveat(
+                ECHOED,
+                "answers with another request's settings (a prompt echoed, log-probabilities missing), retried "
+                f"and not scored: {counts}",
+            )
+        )
     across = _replays_across(p)
     if across:
         counts = ", ".join(f"{t} {n}" for t, n in across.items())

@@ -154,6 +154,8 @@ def _task(task_dir: Path, image: str | None) -> dict[str, Any]:
     stats = _json(task_dir / layout.output / METRICS_FILE).get("response_stats") or {}
     if isinstance(stats, dict) and stats.get("echoed_count"):
         out["echoed_answers"] = int(stats["echoed_count"])
+    if isinstance(stats, dict) and stats.get("without_logprobs_count"):
+        out["answers_without_logprobs"] = int(stats["without_logprobs_count"])
     if image:
         out["image"] = image
     return out

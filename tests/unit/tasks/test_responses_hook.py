@@ -183,3 +183,35 @@ def test_a_generation_answered_with_its_prompt_echoed_is_an_error_not_a_score(tm
     # the harness's versions, as installed where it ran
     ran = json.loads((out / responses.VERSIONS_FILE).read_text())
     assert ran["python"] == ".".join(map(str, sys.version_info[:3])) and "nvidia-lm-eval" in ran["packages"]
+
+
+def test_what_counts_as_another_request_s_settings(tmp_path: Path) -> None:
+    """The two answers a batch with another request's settings gives lm-eval: a generation with its prompt in
+    front, a log-likelihood request without log-probabilities. Neither is replayed from the cache either."""
+    prompt = "A question long enough to tell:"
+    generation = {"prompt": prompt, "max_tokens": 4}
+    scoring = {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1}
+
+    def answer(text: str, logprobs: dict | None = None) -> dict:
+        return {"choices": [{"index": 0, "text": text, "logprobs": logprobs}]}
+
+    assert responses.echoed(generation, answer(prompt + " B"))
+    assert not responses.echoed(generation, answer(" B"))
+    assert not responses.echoed(scoring, answer(prompt + " B", {"token_logprobs": [-1.0]}))  # it asked for the echo
+    assert not responses.echoed({"prompt": "Q:", "max_tokens": 4}, answer("Q: A"))  # too short to tell
+    assert not responses.echoed({"prompt": [1, 2, 3]}, answer("[1, 2, 3]"))  # token ids: not checked
+    assert responses.without_logprobs(scoring, answer(prompt + " B"))
+    assert not responses.without_logprobs(scoring, answer(prompt + " B", {"token_logprobs": [-1.0]}))
+    assert not responses.without_logprobs(generation, answer(" B"))
+
+    recorder = responses.Recorder(tmp_path)
+    with pytest.raises(responses.EchoedPrompt):
+        recorder.check_echo(scoring, answer(prompt + " B"))
+    with pytest.raises(responses.EchoedPrompt):
+        recorder.check_echo(generation, answer(prompt + " B"))
+    recorder.check_echo(generation, answer(" B"))
+    assert (recorder.echoed, recorder.without_logprobs) == (1, 1)
+    # a bad answer a run before this check cached is asked again, not replayed
+    key = responses.request_key(generation)
+    recorder._answers[key] = answer(prompt + " B")
+    assert recorder.cached(generation) == (key, None)

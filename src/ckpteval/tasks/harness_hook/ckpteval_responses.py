@@ -19,7 +19,10 @@ output directory:
 - **echoed prompts**: a generation (a completions request that did not ask for `echo`) answered with its own
   prompt in front is what an endpoint that batches requests and applies another request's settings to the
   batch returns (Export-Deploy 0.5+ behind a log-likelihood request of another client): it is counted
-  (`echoed_count`), neither cached nor scored, and raised as an error, which lm-eval retries;
+  (`echoed_count`), neither cached nor scored, and raised as an error, which lm-eval retries; so is a request
+  that asked for log-probabilities (a log-likelihood request) answered without them (`without_logprobs_count`:
+  the same batch behind another client's generation), which would otherwise be cached and replayed to every
+  retry;
 - **versions where the task ran**: `<output_dir>/ckpteval_versions.json`, the Python and the packages that decide
   a score as installed in the harness's own environment (a task image's on a cluster), for the results'
   provenance (the submitting machine's versions may differ);
@@ -64,6 +67,14 @@ ECHO_MIN_CHARS = 16
 
 class EchoedPrompt(RuntimeError):
     """A generation answered with its own prompt echoed: another request's settings were applied to it."""
+
+
+def without_logprobs(payload: Any, answer: Any) -> bool:
+    """Whether `answer` to `payload`, which asked for log-probabilities, has a choice without them."""
+    if not isinstance(payload, dict) or payload.get("logprobs") in (None, False) or not isinstance(answer, dict):
+        return False
+    choices = answer.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and not c.get("logprobs") for c in choices)
 
 
 def echoed(payload: Any, answer: Any) -> bool:
@@ -148,6 +159,7 @@ class Recorder:
         self.answered = 0  # by the endpoint, in this process
         self.replayed = 0
         self.echoed = 0  # generations answered with their prompt echoed: errors, retried
+        self.without_logprobs = 0  # requests for log-probabilities answered without them: errors, retried
         self.first: float | None = None
         self.last: float | None = None
         self._progress_written = 0.0
@@ -186,14 +198,20 @@ class Recorder:
         key = request_key(payload)
         with self._lock:
             answer = self._answers.get(key)
-            if answer is not None and echoed(payload, answer):
+            if answer is not None and (echoed(payload, answer) or without_logprobs(payload, answer)):
                 answer = None  # kept by a run before answers were checked: asked again
             if answer is not None:
                 self.replayed += 1
         return key, copy.deepcopy(answer) if answer is not None else None
 
     def check_echo(self, payload: Any, answer: Any) -> None:
-        """Raise `EchoedPrompt` (counted) when `answer` is `payload`'s prompt echoed back."""
+        """Raise `EchoedPrompt` (counted) when `answer` is `payload`'s prompt echoed back, or an answer without
+        the log-probabilities `payload` asked for."""
+        if without_logprobs(payload, answer):
+            with self._lock:
+                self.without_logprobs += 1
+            _log("a request for log-probabilities came back without them: counted as an error, not scored")
+            raise EchoedPrompt("the endpoint answered a request for log-probabilities without them")
         if not echoed(payload, answer):
             return
         with self._lock:
@@ -253,7 +271,7 @@ class Recorder:
                 self._out.close()
             if self.answered:
                 self._write_progress()
-            if self.first is not None or self.replayed or self.echoed:
+            if self.first is not None or self.replayed or self.echoed or self.without_logprobs:
                 try:
                     self._write_stats()
                 except (OSError, ValueError) as exc:
@@ -287,6 +305,7 @@ class Recorder:
                 "successful_count": int(stats.get("successful_count") or 0) + self.answered,
                 "replayed_count": int(stats.get("replayed_count") or 0) + self.replayed,
                 "echoed_count": int(stats.get("echoed_count") or 0) + self.echoed,
+                "without_logprobs_count": int(stats.get("without_logprobs_count") or 0) + self.without_logprobs,
                 "inference_time": float(stats.get("inference_time") or 0.0) + spent,
                 "inference_run_times": runs,
                 "recorded_by": "ckpteval harness hook (no interceptor proxy)",
