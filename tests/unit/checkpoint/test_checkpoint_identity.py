@@ -82,7 +82,8 @@ def test_results_json_records_what_produced_the_numbers(
     assert p.tokenizer is not None and p.tokenizer["sha256"] == prepared.description.tokenizer.sha256
     assert p.deployment["kind"] == "megatron/builtin" and "--checkpoint" in p.deployment["command"]
     assert p.deployment["versions"]["megatron-core"] != "not installed"
-    assert p.endpoint == {"identity": None, "verified": False, "note": "not verifiable"}
+    # the builtin server is the job's own (no request-settings probe for one task): `owned`
+    assert p.endpoint == {"identity": None, "verified": False, "note": "not verifiable", "owned": True}
     assert set(p.harness["versions"]) >= {"nemo-evaluator", "nvidia-lm-eval"}
     mmlu = p.tasks["adlr_mmlu"]
     assert mmlu["settings_from"] == "harness output" and mmlu["endpoint_type"] == "completions"
@@ -94,7 +95,7 @@ def test_results_json_records_what_produced_the_numbers(
     (job_dir / "state" / "deployment_identity").write_text("abcd1234-5f2e\n")
     write_results(job_dir, collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None))
     on_disk = json.loads((job_dir / JobDir.RESULTS).read_text())["provenance"]
-    assert on_disk["endpoint"] == {"identity": "abcd1234-5f2e", "verified": True}
+    assert on_disk["endpoint"] == {"identity": "abcd1234-5f2e", "verified": True, "owned": True}
     assert (
         read_results(job_dir / JobDir.RESULTS).provenance
         == collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None).provenance
