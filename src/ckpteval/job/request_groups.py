@@ -108,9 +108,11 @@ def describe(groups: RequestGroups, names: Sequence[str]) -> str:
     )
     if groups.shared:
         listing += (
-            "\nThe job does not own this endpoint (others may send it requests): before any task's first request"
-            "\nit probes whether the endpoint answers each request with its own settings, and records the"
-            "\nverdict in results.json; a generation answered with its prompt echoed is an error, not scored."
+            "\nThe job does not own this endpoint (others may send it requests): before"
+            "\nany task's first request it probes whether the endpoint answers each request"
+            "\nwith its own settings and records the verdict in results.json; an answer"
+            "\nwith another request's settings (a generation with its prompt echoed) is an"
+            "\nerror, not scored."
         )
     if len(groups.groups) <= 1:
         if groups.shared:
