@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ckpteval.config.preview import config_yaml
     from ckpteval.invocation.record import InvocationRecord
     from ckpteval.results.answers import shorten
-    from ckpteval.results.compare import REGRESSION_EXIT_CODE
+    from ckpteval.results.caveats import CAVEAT_MARK, caveat_notes, caveats
+    from ckpteval.results.compare import REGRESSION_EXIT_CODE, UNTRUSTED_EXIT_CODE
     from ckpteval.results.table import FAILED_MARK, table_rows
     from ckpteval.watch.verdicts import verdict_lines
 
@@ -33,7 +34,11 @@ _WHERE = {
     "checkpoint_summary": "ckpteval.checkpoint.description:summary",
     "shorten": "ckpteval.results.answers",
     "REGRESSION_EXIT_CODE": "ckpteval.results.compare",
+    "UNTRUSTED_EXIT_CODE": "ckpteval.results.compare",
     "FAILED_MARK": "ckpteval.results.table",
+    "CAVEAT_MARK": "ckpteval.results.caveats",
+    "caveats": "ckpteval.results.caveats",
+    "caveat_notes": "ckpteval.results.caveats",
     "table_rows": "ckpteval.results.table",
     "verdict_lines": "ckpteval.watch.verdicts",
 }
@@ -49,6 +54,7 @@ __all__ = sorted(
         "note_seen_before",
         "planned_documents",
         "profile_names",
+        "recorded_caveats",
         "results_file",
         "score_summary",
         "task_names",
@@ -185,6 +191,22 @@ def score_summary(record: InvocationRecord) -> str:
         n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
         parts.append(f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else ""))
     return ", ".join(parts)
+
+
+def recorded_caveats(record: InvocationRecord) -> list[str]:
+    """The caveats of an invocation's numbers (`ckpteval.results.caveats`), one line each, from the results.json
+    this machine holds (nothing fetched: [] when there is none here yet)."""
+    import json
+
+    from ckpteval.results.caveats import caveats
+    from ckpteval.results.model import InvocationResults
+
+    path = results_file(record)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return []
+    return [c.line() for c in caveats(InvocationResults.from_json(data))] if isinstance(data, dict) else []
 
 
 def finished_at(record: InvocationRecord) -> float | None:

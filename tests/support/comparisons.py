@@ -34,10 +34,16 @@ def record_invocation(
     *,
     label: str | None = None,
     settings: Mapping[str, Mapping[str, object]] | None = None,
+    served: Mapping[str, object] | None = None,
+    job_yaml: Mapping[str, object] | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> InvocationResults:
     """A finished local invocation under `root/<invocation>` with these per-sample scores (metric values are
     their means, stderr their standard error of the mean). With `settings` (task -> the harness's request
-    params), each task's harness output records them and results.json has the provenance read from it."""
+    params), each task's harness output records them and results.json has the provenance read from it. With
+    `served` (job.yaml's `deployment`, e.g. {"kind": "megatron/builtin", "identity": "tok"}), the job also
+    recorded its deployment and, with an `identity`, verified the endpoint's (a run without caveats);
+    `job_yaml` adds to job.yaml (e.g. `origin`), `files` are more files of the job directory (path -> text)."""
     job_dir = root / invocation
     outcomes = {}
     for task, rows in tasks.items():
@@ -53,12 +59,22 @@ def record_invocation(
         (job_dir / "tasks" / task).mkdir(parents=True, exist_ok=True)
         write_samples(job_dir / "tasks" / task / SAMPLES_FILE, rows)
     provenance = None
-    if settings is not None:
+    if settings is not None or served is not None:
         import yaml
 
+        from ckpteval.invocation.jobdir import JobDir
         from ckpteval.results.provenance import read_provenance
 
-        for task, params in settings.items():
+        if served is not None:
+            deployment = {k: v for k, v in served.items() if k != "identity"}
+            (job_dir / JobDir.PROVENANCE).write_text(yaml.safe_dump({"deployment": deployment, **(job_yaml or {})}))
+            for rel, text in (files or {}).items():
+                (job_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (job_dir / rel).write_text(text)
+            if served.get("identity"):
+                (job_dir / JobDir.DEPLOYMENT_IDENTITY).parent.mkdir(parents=True, exist_ok=True)
+                (job_dir / JobDir.DEPLOYMENT_IDENTITY).write_text(f"{served['identity']}\n")
+        for task, params in (settings or {}).items():
             output = job_dir / "tasks" / task / "output"
             output.mkdir(parents=True, exist_ok=True)
             (output / "results.yml").write_text(yaml.safe_dump({"config": {"type": task, "params": dict(params)}}))

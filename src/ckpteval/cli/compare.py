@@ -31,7 +31,16 @@ def compare_command(
         bool,
         typer.Option(
             "--fail-on-regression",
-            help="Exit 3 when a candidate is significantly worse than the baseline by more than --max-drop.",
+            help="Exit 3 when a candidate is significantly worse than the baseline by more than --max-drop; "
+            "exit 4 when the comparison has a caveat or warning (see --allow-caveats).",
+        ),
+    ] = False,
+    allow_caveats: Annotated[
+        bool,
+        typer.Option(
+            "--allow-caveats",
+            help="Let --fail-on-regression pass despite caveats (no provenance, an ignored origin mismatch, an "
+            "unverified endpoint, answers from several checkpoints) and differences besides the model (still printed).",
         ),
     ] = False,
     max_drop: Annotated[
@@ -45,27 +54,37 @@ def compare_command(
     documents both scored (exact McNemar for 0/1 scores, permutation otherwise), Holm-corrected p, the
     minimum detectable effect and a verdict. See docs/compare.md."""
     import ckpteval
-    from ckpteval.views import REGRESSION_EXIT_CODE
+    from ckpteval.views import REGRESSION_EXIT_CODE, UNTRUSTED_EXIT_CODE
 
     if max_drop < 0:
         raise ConfigError(f"--max-drop must not be negative, not {max_drop}.")
     result = ckpteval.compare(invocations, baseline=baseline, alpha=alpha, seed=seed, resamples=resamples)
     regressions = result.regressions(max_drop) if fail_on_regression else []
+    untrusted = result.untrusted() if fail_on_regression and not allow_caveats else []
     if json_output:
         data = result.to_json()
         if fail_on_regression:
             data["max_drop"] = max_drop
             data["regressions"] = [f"{r.candidate}: {r.task} {r.metric}" for r in regressions]
+            data["untrusted"] = untrusted
         print(json.dumps(data, indent=2))
     else:
         print_comparison(result)
-    if regressions:
+    if regressions or untrusted:
         from rich.console import Console
+        from rich.markup import escape
 
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         for row in regressions:
-            console.print(f"[bold red]regression:[/] {_why(row, result.alpha, max_drop)}")
-        raise typer.Exit(REGRESSION_EXIT_CODE)
+            console.print(f"[bold red]regression:[/] {escape(_why(row, result.alpha, max_drop))}")
+        if regressions:
+            raise typer.Exit(REGRESSION_EXIT_CODE)
+        console = Console(stderr=True, highlight=False)  # words, not numbers: wrapped at the terminal's width
+        console.print(
+            f"[bold red]not trusted:[/] {len(untrusted)} caveat(s) or warning(s) above: the gate cannot say the "
+            "candidate is not worse. Fix them, or pass --allow-caveats to accept them."
+        )
+        raise typer.Exit(UNTRUSTED_EXIT_CODE)
 
 
 def _why(row: MetricComparison, alpha: float, max_drop: float) -> str:
@@ -137,8 +156,9 @@ def print_comparison(result: Comparison) -> None:
     from ckpteval.cli.fit import print_fitting
 
     console = Console()
-    for warning in result.warnings:
-        console.print(f"[bold yellow]warning:[/] {escape(warning)}; the difference is not only the model's")
+    for line in result.warning_lines():
+        word, _, rest = line.partition(": ")
+        console.print(f"[bold yellow]{escape(word)}:[/] {escape(rest)}", highlight=False)
     header = [
         "task",
         "metric",

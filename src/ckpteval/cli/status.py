@@ -62,6 +62,10 @@ def status_command(
         console.print(table)
         if s.snapshot and s.snapshot.requests:
             console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
+        from ckpteval.views import CAVEAT_MARK, recorded_caveats
+
+        for line in recorded_caveats(s.record):
+            console.print(f"[yellow]{CAVEAT_MARK} {escape(line)}[/]", highlight=False)
         for t in s.snapshot.tasks if s.snapshot else ():
             if t.error:
                 log = f"{s.record.job_dir}/{t.log}" if t.log else ""

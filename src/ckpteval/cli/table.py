@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ckpteval.types import InvocationResults
-from ckpteval.views import FAILED_MARK, table_rows
+from ckpteval.views import CAVEAT_MARK, FAILED_MARK, table_rows
 
 OFFLINE_MARK = "†"
 
@@ -36,7 +36,7 @@ def print_table(results: Sequence[InvocationResults], *, brief_seen_notes: bool 
             if note_seen_before(note):
                 task = note.removeprefix(OFFLINE_MARK).strip().partition(":")[0]
                 note = f"{OFFLINE_MARK} {task}: offline stand-in data, as before (evaluate results shows the note)"
-        color = "red" if note.startswith(FAILED_MARK) else "dim"
+        color = "red" if note.startswith(FAILED_MARK) else "yellow" if note.startswith(CAVEAT_MARK) else "dim"
         console.print(f"[{color}]{_escape(note)}[/]", highlight=False)  # mode names hold brackets: pass@1[avg-of-k]
 
 

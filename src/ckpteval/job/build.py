@@ -194,7 +194,21 @@ def _request_groups(
         api_key_name=api.api_key_name,
         out=JobDir(job_dir).join(JobDir.REQUEST_PROBE),
     )
-    return plan_groups(compiled.tasks, parallel=parallel, probe=probe, known_mixing=_known_mixing(compiled))
+    return plan_groups(
+        compiled.tasks,
+        parallel=parallel,
+        probe=probe,
+        known_mixing=_known_mixing(compiled),
+        shared=not owns_endpoint(compiled),
+    )
+
+
+def owns_endpoint(compiled: CompiledConfig) -> bool:
+    """Whether the endpoint is the job's own: a deployment it starts that reports the job's identity (the
+    builtin server, vLLM). An existing endpoint (`none`), a generic command (it may front a shared server)
+    and Export-Deploy (it cannot report an identity) may answer other clients in the same batches."""
+    deployment = compiled.config.deployment
+    return not isinstance(deployment, NoDeployment) and _reports_identity(deployment)
 
 
 def _known_mixing(compiled: CompiledConfig) -> str:

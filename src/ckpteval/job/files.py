@@ -14,6 +14,7 @@ from ckpteval.config.executors import Launcher
 from ckpteval.config.preview import config_yaml
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import now_iso, write_text_atomic
+from ckpteval.job.build import owns_endpoint
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import render_job_script
 
@@ -133,7 +134,30 @@ def _deployment(compiled: CompiledConfig, plan: JobPlan) -> dict[str, Any]:
         "command": compiled.secrets.redact(step.command) if step else None,
         "served_model_name": getattr(compiled.config.deployment, "served_model_name", None),
         "url": None if step else compiled.config.target.api_endpoint.url,
+        # whether the endpoint is the job's own (else it is probed for mixing other clients' settings)
+        "endpoint_owned": owns_endpoint(compiled),
+        "serving": _serving(compiled, step.command if step else None),
     }
+
+
+def _serving(compiled: CompiledConfig, command: str | None) -> dict[str, Any]:
+    """How the deployment computes (what `compare` warns of when two runs differ): its device, dtype and
+    prefix cache, as configured (the command line's `--dtype`, else the server's own choice: `auto`)."""
+    import shlex
+
+    deployment = compiled.config.deployment
+    try:
+        words = shlex.split(command) if command else []
+    except ValueError:  # a generic command of the user's own that is no list of words: no dtype read from it
+        words = []
+    dtype = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--dtype"), None)
+    dtype = dtype or next((w.split("=", 1)[1] for w in words if w.startswith("--dtype=")), None)
+    out = {
+        "device": getattr(deployment, "device", None),
+        "dtype": dtype or ("auto" if command else None),
+        "prefix_cache": getattr(deployment, "prefix_cache", None),
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def job_files(

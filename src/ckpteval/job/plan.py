@@ -116,13 +116,16 @@ class RequestGroups:
     a `probe` (its shell command), the job probes the endpoint before any request, then opens the groups'
     turns all at once if it honours each request's settings, else one group after another; `known_mixing`
     says why the endpoint is known to mix settings (then one after another, whatever the probe says).
-    No probe: the grouping can change nothing (one group, or one task at a time), nothing waits.
+    No probe: the grouping can change nothing (one group, or one task at a time), nothing waits. `shared`:
+    the job does not own the endpoint (`deployment=none`, generic, Export-Deploy), so it probes it whatever
+    the groups, since other clients may share it.
     """
 
     groups: tuple[tuple[int, ...], ...]
     words: tuple[str, ...]
     probe: str = ""
     known_mixing: str = ""
+    shared: bool = False
 
     @property
     def order(self) -> tuple[int, ...]:

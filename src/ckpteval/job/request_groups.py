@@ -61,9 +61,13 @@ def request_settings(task: ResolvedTask) -> RequestSettings:
     return RequestSettings(key, f"{task.name}'s generations ({shown + ', ' if shown else ''}its stop words{extra})")
 
 
-def plan_groups(tasks: Sequence[ResolvedTask], *, parallel: int, probe: str, known_mixing: str = "") -> RequestGroups:
-    """Group `tasks` by their request settings (first appearance first). The probe runs only where its answer
-    could change something: two groups or more, and more than one task at a time."""
+def plan_groups(
+    tasks: Sequence[ResolvedTask], *, parallel: int, probe: str, known_mixing: str = "", shared: bool = False
+) -> RequestGroups:
+    """Group `tasks` by their request settings (first appearance first). The probe runs where its answer
+    could change something (two groups or more, and more than one task at a time) and, whatever the number
+    of groups, against an endpoint the job does not own (`shared`: other clients may send it requests of
+    other settings, which no grouping here prevents; its verdict goes into the results' provenance)."""
     keys: dict[str, list[int]] = {}
     words: dict[str, str] = {}
     for i, task in enumerate(tasks):
@@ -71,12 +75,13 @@ def plan_groups(tasks: Sequence[ResolvedTask], *, parallel: int, probe: str, kno
         keys.setdefault(settings.key, []).append(i)
         words.setdefault(settings.key, settings.words)
     groups = tuple(tuple(v) for v in keys.values())
-    needed = len(groups) > 1 and parallel > 1
+    needed = (len(groups) > 1 and parallel > 1) or shared
     return RequestGroups(
         groups=groups,
         words=tuple(words[k] for k in keys),
         probe=probe if needed else "",
         known_mixing=known_mixing if needed else "",
+        shared=shared,
     )
 
 
@@ -102,7 +107,17 @@ def describe(groups: RequestGroups, names: Sequence[str]) -> str:
         f"  group {g}: {', '.join(names[i] for i in group)} — {words}"
         for g, (group, words) in enumerate(zip(groups.groups, groups.words, strict=True), 1)
     )
+    if groups.shared:
+        listing += (
+            "\nThe job does not own this endpoint (others may send it requests): before"
+            "\nany task's first request it probes whether the endpoint answers each request"
+            "\nwith its own settings and records the verdict in results.json; an answer"
+            "\nwith another request's settings (a generation with its prompt echoed) is an"
+            "\nerror, not scored."
+        )
     if len(groups.groups) <= 1:
+        if groups.shared:
+            return f"Every task sends requests with the same settings: they run side by side.\n{listing}"
         return f"Every task sends requests with the same settings: they run side by side, no probe.\n{listing}"
     if not groups.probe:
         return f"Tasks run one at a time (evaluation.max_parallel_tasks=1): no request meets another task's.\n{listing}"
@@ -123,7 +138,7 @@ def request_groups_panel(plan: JobPlan) -> PreviewPanel | None:
     """The dry run's panel on how the tasks' requests go (None: no grouping planned)."""
     from ckpteval.config.preview import PreviewPanel
 
-    if plan.requests is None or len(plan.requests.groups) <= 1:
-        return None  # nothing to say: every request alike
+    if plan.requests is None or (len(plan.requests.groups) <= 1 and not plan.requests.shared):
+        return None  # nothing to say: every request alike, to an endpoint of the job's own
     body = describe(plan.requests, [t.name for t in plan.tasks])
     return PreviewPanel(title="request settings", body=body)

@@ -433,6 +433,16 @@ def _requests_section(plan: JobPlan) -> str:
         '  say "request settings probe: $line"',
     ]
     opens = [f"mark {q(JobDir.turn(g))} open" for g in range(1, n + 1)]
+    if n == 1:  # an endpoint the job does not own: probed for the record, nothing to take turns
+        lines += [
+            f'  mark {JobDir.REQUESTS} "one group of identical request settings (a shared endpoint): $line"',
+            f"  {opens[0]}",
+            "}",
+            f"rm -f state/turn-* {JobDir.REQUESTS}",
+            "settle_requests &",
+            "GATE_PID=$!",
+        ]
+        return "\n".join(lines) + "\n"
     if requests.known_mixing:
         lines.append(f"  local why={q(requests.known_mixing)}")
     else:

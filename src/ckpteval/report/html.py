@@ -25,6 +25,7 @@ th, td { padding: 0.25rem 0.5rem; border-bottom: 1px solid #eee; text-align: lef
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .better { color: #007a3d; font-weight: 600; } .worse { color: #c0002a; font-weight: 600; }
 .note { color: #555; font-size: 0.85rem; }
+.warning { color: #8a5a00; background: #fff8e1; padding: 0.2rem 0.4rem; margin: 0.2rem 0; }
 table.flips td { vertical-align: top; } table.flips td.answer { width: 30%; }
 table.flips pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; font-size: 0.8rem; max-height: 16rem;
                   overflow-y: auto; }
@@ -203,8 +204,11 @@ def _comparison(comparison: Comparison) -> str:
     notes = "".join(
         f"<li>{_e(r.candidate)} {_e(r.task)} {_e(r.metric)}: {_e(r.note)}</li>" for r in comparison.rows if r.note
     )
+    # the same lines, word for word, as `evaluate compare` prints (Comparison.warning_lines)
+    warnings = "".join(f'<li class="warning">{_e(line)}</li>' for line in comparison.warning_lines())
     return (
         f"<p>Baseline: <b>{_e(comparison.baseline)}</b>.</p>"
+        + (f'<ul id="comparison-warnings">{warnings}</ul>' if warnings else "")
         + _box(
             '<table id="comparison"><tr><th>candidate</th><th>task</th><th>metric</th><th class="num">baseline</th>'
             '<th class="num">candidate</th><th class="num">Δ</th><th class="num">95 % CI</th><th>test</th>'

@@ -27,6 +27,11 @@ CORRECTION = "holm"
 # `evaluate compare --fail-on-regression` exits with this code when a candidate is significantly worse
 # (1 and 2 are ckpteval's errors: a failure, a bad configuration or command line)
 REGRESSION_EXIT_CODE = 3
+# ... and with this one when nothing is significantly worse but the comparison cannot be trusted to say so: a
+# side's caveats (`ckpteval.results.caveats`) or a difference besides the model's (`--allow-caveats` lets it pass)
+UNTRUSTED_EXIT_CODE = 4
+NOT_ONLY_THE_MODEL = "the difference is not only the model's"
+CAVEAT, WARNING = "caveat", "warning"  # how each line of `Comparison.warning_lines` starts
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,22 @@ class Comparison:
     # what besides the model differs between the baseline and a candidate (tokenizer, task settings, harness
     # versions: `provenance_differences`), one sentence each: their difference is then not only the model's
     warnings: list[str] = field(default_factory=list)
+    # invocation -> its caveats, one line each (`ckpteval.results.caveats`): its numbers are not a verified
+    # score of its model (no provenance, an ignored origin mismatch, an unverified endpoint, ...)
+    caveats: dict[str, list[str]] = field(default_factory=dict)
+
+    def warning_lines(self) -> list[str]:
+        """Every warning a reader of this comparison must see, word for word as `evaluate compare` prints
+        them and `evaluate report` shows them: each invocation's caveats (`caveat: ...`), then each difference
+        besides the model (`warning: ...`)."""
+        return [
+            *(f"{CAVEAT}: {name}: {line}" for name, lines in self.caveats.items() for line in lines),
+            *(f"{WARNING}: {w}; {NOT_ONLY_THE_MODEL}" for w in self.warnings),
+        ]
+
+    def untrusted(self) -> list[str]:
+        """Why the gate (`--fail-on-regression`) cannot trust this comparison: the same lines."""
+        return self.warning_lines()
 
     def regressions(self, max_drop: float = 0.0) -> list[MetricComparison]:
         """Rows where the candidate is significantly worse (after correction) by more than `max_drop`."""
@@ -143,6 +164,7 @@ def compare(
 ) -> Comparison:
     """Compare each candidate with the baseline (Holm's correction within each candidate's comparisons), and
     say what besides the model differs between them (`Comparison.warnings`)."""
+    from ckpteval.results.caveats import caveats
     from ckpteval.results.provenance import provenance_differences
 
     rows: list[MetricComparison] = []
@@ -177,6 +199,7 @@ def compare(
         resamples=resamples,
         labels={x.name: x.results.label for x in (baseline, *candidates) if x.results.label},
         warnings=warnings,
+        caveats={x.name: lines for x in (baseline, *candidates) if (lines := [c.line() for c in caveats(x.results)])},
     )
 
 

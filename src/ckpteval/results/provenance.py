@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.invocation.jobdir import JobDir
+from ckpteval.tasks.harness_hook.ckpteval_responses import METRICS_FILE, VERSIONS_FILE
 
 NOT_VERIFIABLE = "not verifiable"
 # request settings that change how a task's requests are sent, not what they ask (and paths, which differ per
@@ -58,21 +59,20 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         from ckpteval.checkpoint.tokenizer_source import tokenizer_sha256
 
         tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
+    if "versions" in deployment:
+        deployment["versions_from"] = "the submitting machine (job.yaml)"
     images = submitted.get("task_images") or {}
-    endpoint = _endpoint(job_dir)
-    task_provenance = {name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks}
+    endpoint = _endpoint(job_dir, deployment.pop("endpoint_owned", None))
+    per_task = {name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks}
     return Provenance(
         checkpoint=served_checkpoint(job_dir, submitted.get("checkpoint")),
         tokenizer=tokenizer,
         origin=submitted.get("origin"),
         deployment=deployment,
         endpoint=endpoint,
-        harness={
-            "where": "each task's image" if images else "this machine",
-            "versions": {k: versions[k] for k in HARNESS_PACKAGES if k in versions},
-        },
-        tasks=task_provenance,
-        judge=_judge(submitted.get("judge"), endpoint, task_provenance),
+        harness=_harness(versions, per_task, bool(images)),
+        tasks=per_task,
+        judge=_judge(submitted.get("judge"), endpoint, per_task),
     )
 
 
@@ -190,17 +190,64 @@ def _judge(
     return out
 
 
-def _endpoint(job_dir: Path) -> dict[str, Any]:
-    from ckpteval.invocation.jobdir import JobDir
+def _harness(submitted: Mapping[str, Any], tasks: Mapping[str, dict[str, Any]], images: bool) -> dict[str, Any]:
+    """The harness's versions as recorded where its tasks ran (`ckpteval_versions.json`, written by the harness
+    hook in each task's environment: its image on a cluster), else as the submitting machine had them (a job
+    whose hook wrote none: an older job, a harness run through nemo-evaluator's proxy)."""
+    ran = [t["versions"] for t in tasks.values() if t.get("versions")]
+    where = "each task's image" if images else "this machine"
+    if ran:
+        versions = {k: ran[0][k] for k in (*HARNESS_PACKAGES, "python") if k in ran[0]}
+        return {"where": where, "versions": versions, "versions_from": "the job (where its tasks ran)"}
+    return {
+        "where": where,
+        "versions": {k: submitted[k] for k in HARNESS_PACKAGES if k in submitted},
+        "versions_from": "the submitting machine (job.yaml)",
+    }
 
+
+# what the request-settings probe can and cannot see (results.json: provenance.endpoint.settings_probe.limits)
+PROBE_LIMITS = (
+    "probed once, before the first request, with a few requests of its own sent together in 4 rounds; it "
+    "cannot see what other clients send the endpoint later. Every generation answer is checked for its prompt "
+    "echoed (another request's echo setting), counted as an error and retried; another request's max_tokens, "
+    "stop words or temperature applied later are not detected"
+)
+
+
+def _endpoint(job_dir: Path, owned: bool | None) -> dict[str, Any]:
     path = job_dir / JobDir.DEPLOYMENT_IDENTITY  # the job writes it once its health wait verified the identity
     try:
         identity = path.read_text(encoding="utf-8").strip()
     except OSError:
         identity = ""
-    if identity:
-        return {"identity": identity, "verified": True}
-    return {"identity": None, "verified": False, "note": NOT_VERIFIABLE}
+    out: dict[str, Any] = (
+        {"identity": identity, "verified": True}
+        if identity
+        else {"identity": None, "verified": False, "note": NOT_VERIFIABLE}
+    )
+    if owned is not None:
+        out["owned"] = owned
+    probe = _json(job_dir / JobDir.REQUEST_PROBE)
+    if probe.get("verdict"):
+        out["settings_probe"] = {
+            "verdict": probe["verdict"],
+            "reason": probe.get("reason"),
+            "seconds": probe.get("seconds"),
+            "left_out": probe.get("left_out") or [],
+            "limits": PROBE_LIMITS,
+        }
+    elif owned is False:
+        out["settings_probe"] = {"verdict": "not run", "reason": "no probe verdict in the job directory"}
+    return out
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _task(task_dir: Path, image: str | None) -> dict[str, Any]:
@@ -227,6 +274,14 @@ def _task(task_dir: Path, image: str | None) -> dict[str, Any]:
     served = task_served(task_dir)
     if served:
         out["served"] = served
+    ran_with = _json(task_dir / layout.output / VERSIONS_FILE)
+    if ran_with.get("packages"):
+        out["versions"] = {"python": ran_with.get("python"), **ran_with["packages"]}
+    stats = _json(task_dir / layout.output / METRICS_FILE).get("response_stats") or {}
+    if isinstance(stats, dict) and stats.get("echoed_count"):
+        out["echoed_answers"] = int(stats["echoed_count"])
+    if isinstance(stats, dict) and stats.get("without_logprobs_count"):
+        out["answers_without_logprobs"] = int(stats["without_logprobs_count"])
     if image:
         out["image"] = image
     return out
@@ -273,12 +328,15 @@ def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def provenance_differences(a: Provenance | None, b: Provenance | None, tasks: Sequence[str]) -> list[str]:
-    """What besides the model differs between two invocations (their difference is then not only the
-    model's): the tokenizer, each task's request settings (`tasks`: those both ran) and the harness's versions.
-    One sentence each; [] when nothing is known to differ."""
+    """What besides the model differs between two invocations, `a` the baseline (their difference is then not
+    only the model's): how the checkpoint's origin check ended, whether the endpoint was verified, the
+    deployment's kind, device, dtype and prefix cache, the tokenizer, each task's request settings (`tasks`:
+    those both ran) and the harness's versions. One sentence each; [] when nothing is known to differ; a side
+    without provenance is said, since then nothing can be compared."""
     if a is None or b is None:
-        return []
-    out = []
+        side = "neither side" if a is None and b is None else "the baseline" if a is None else "the candidate"
+        return [f"{side} records no provenance: nothing says what else differs"]
+    out = _setup_differences(a, b)
     ja, jb = a.judge or {}, b.judge or {}
     judged_by = [(j.get("kind"), j.get("model_id"), j.get("url")) for j in (ja, jb)]
     if (ja or jb) and judged_by[0] != judged_by[1]:
@@ -315,6 +373,39 @@ def provenance_differences(a: Provenance | None, b: Provenance | None, tasks: Se
     return out
 
 
+def _origin_verdict(p: Provenance) -> str:
+    origin = p.origin or {}
+    if not origin:
+        return "not checked"
+    if origin.get("mismatch_ignored"):
+        return f"mismatch with {origin.get('origin')} ignored"
+    return "disagrees" if origin.get("disagreements") else f"agrees with {origin.get('origin')}"
+
+
+def _setup_differences(a: Provenance, b: Provenance) -> list[str]:
+    """How the two were served, where it differs: origin check, endpoint verification, deployment."""
+    out = []
+    oa, ob = _origin_verdict(a), _origin_verdict(b)
+    if oa != ob:
+        out.append(f"the origin check differs ({oa} vs {ob})")
+    va, vb = (bool((p.endpoint or {}).get("verified")) for p in (a, b))
+    if va != vb:
+        words = {True: "verified", False: "not verified"}
+        out.append(f"the endpoint's identity differs ({words[va]} vs {words[vb]})")
+    da, db = a.deployment or {}, b.deployment or {}
+    if da.get("kind") != db.get("kind"):
+        out.append(f"the deployment kind differs ({da.get('kind')} vs {db.get('kind')})")
+    sa, sb = da.get("serving") or {}, db.get("serving") or {}
+    for key, name in (("device", "device"), ("dtype", "dtype"), ("prefix_cache", "prefix cache")):
+        if sa.get(key) != sb.get(key):
+            out.append(f"the deployment's {name} differs ({_word(sa.get(key))} vs {_word(sb.get(key))})")
+    return out
+
+
+def _word(value: Any) -> str:
+    return "not recorded" if value is None else {True: "on", False: "off"}.get(value, str(value))
+
+
 def provenance_summary(provenance: Provenance | None, task: str | None = None) -> dict[str, str]:
     """A few flat lines for places that show metadata as text (MLflow params, the report, Inspect logs): the
     checkpoint's identity, tokenizer, origin check, deployment, endpoint identity, harness versions, and with
@@ -349,9 +440,13 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
     out["endpoint"] = p.endpoint.get("identity") or p.endpoint.get("note") or NOT_VERIFIABLE
     if p.judge:
         out["judge"] = " ".join(str(v) for v in (p.judge.get("kind"), p.judge.get("model_id"), p.judge.get("url")) if v)
+    probe = p.endpoint.get("settings_probe") or {}
+    if probe.get("verdict"):
+        out["settings probe"] = f"{probe['verdict']}: {probe.get('reason') or ''}".rstrip(": ")
     versions = p.harness.get("versions") or {}
     if versions:
-        out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items())
+        where = f" ({p.harness['versions_from']})" if p.harness.get("versions_from") else ""
+        out["harness"] = ", ".join(f"{k} {v}" for k, v in versions.items()) + where
     if task and task in p.tasks:
         settings = _flat(p.tasks[task].get("settings") or {})
         out["settings"] = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k not in _TRANSPORT)

@@ -72,6 +72,9 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
             previous_mode = mode
     if with_modes:
         footnotes.append(REPEATS_NOTE)
+    from ckpteval.results.caveats import caveat_notes
+
+    footnotes.extend(caveat_notes(results))  # last: what the numbers cannot be trusted for
     return header, rows, footnotes
 
 

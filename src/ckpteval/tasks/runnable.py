@@ -87,7 +87,8 @@ def harness_installed(spec: TaskSpec, *, in_container: bool) -> Unmet | None:
     return Unmet(
         spec.name,
         "harness",
-        f"its harness ({spec.harness}) is not installed here (ckpteval installs nvidia-lm-eval's, and mtbench's with --extra judge)",
+        f"its harness ({spec.harness}) is not installed here"
+        " (ckpteval installs nvidia-lm-eval's, and mtbench's with --extra judge)",
         fix,
     )
 

@@ -22,6 +22,10 @@ Run as a script (the tests start it as a separate process so it can really die):
   `top_k` and the prompt's digest.
 - `--fail-after N`: the first N completion requests are served normally, then every request gets a 500,
   or the process exits (connection refused from then on), or the request hangs without an answer.
+- The job's request-settings probe (its fixed prompts, `ckpteval_settings_probe`: run before the first request
+  of every job on an endpoint it does not own) is answered (`A` for the answer modes that look prompts up) but
+  neither counted in `--count-file` and `--fail-after` nor logged in `--body-log`: those are what the tasks ask
+  (`--count-probe`: the probe's requests are requests like any other, for a test of the probe itself).
 - `--batch-window S`: batches as Export-Deploy 0.5+ does (Ray Serve's `serve.batch`, docs/deploy.md):
   completion requests arriving within S seconds of a batch's first request join its batch, which is
   answered when those S seconds are over, and the FIRST request's max_tokens, temperature, top_k, top_p,
@@ -43,6 +47,10 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from ckpteval.tasks.harness_hook.ckpteval_settings_probe import _GENERATE_PROMPT, _SCORE_PROMPT
+
+PROBE_PROMPTS = (_SCORE_PROMPT, _GENERATE_PROMPT)
 
 ESCAPE_MARKER = "/tmp/ckpteval-sandbox-escape-marker"
 # what Export-Deploy 0.5+ takes from a batch's first request for all of it
@@ -189,6 +197,8 @@ def _completion(state: State, request: dict[str, Any]) -> dict[str, Any]:
                     },
                 }
             )
+        elif prompt in PROBE_PROMPTS:
+            text = " A"
         else:
             text = _answer(state, str(prompt), request.get("seed"))
             choices.append({"index": i, "text": text, "finish_reason": "stop", "logprobs": None})
@@ -254,8 +264,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 return
             request = json.loads(body)
             prompt = request.get("prompt", "")
-            index = state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
-            if state.args.body_log:
+            probing = not state.args.count_probe and (
+                prompt in PROBE_PROMPTS
+                or any(isinstance(m, dict) and m.get("content") in PROBE_PROMPTS for m in request.get("messages") or [])
+            )
+            index = 0 if probing else state.next_index(prompt if isinstance(prompt, str) else json.dumps(prompt))
+            if state.args.body_log and not probing:
                 state.log_body(request)
             if state.args.batch_window is not None:
                 request = state.batched(request)
@@ -298,6 +312,7 @@ def make_server(argv: list[str] | None = None) -> ThreadingHTTPServer:
     parser.add_argument("--answer", default="A")
     parser.add_argument("--body-log")
     parser.add_argument("--fail-after", type=int)
+    parser.add_argument("--count-probe", action="store_true")
     parser.add_argument("--failure", choices=["500", "die", "hang"], default="500")
     parser.add_argument("--batch-window", type=float)
     parser.add_argument("--batch-log")

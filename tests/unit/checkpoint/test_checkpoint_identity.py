@@ -85,7 +85,7 @@ def test_results_json_records_what_produced_the_numbers(
     assert p.deployment["kind"] == "megatron/builtin" and "--checkpoint" in p.deployment["command"]
     assert p.deployment["versions"]["megatron-core"] != "not installed"
     assert p.deployment["prompt_tokens"] is None  # no deployment log (a server that never ran, or was killed)
-    assert p.endpoint == {"identity": None, "verified": False, "note": "not verifiable"}
+    assert p.endpoint == {"identity": None, "verified": False, "note": "not verifiable", "owned": True}
     assert set(p.harness["versions"]) >= {"nemo-evaluator", "nvidia-lm-eval"}
     mmlu = p.tasks["adlr_mmlu"]
     assert mmlu["settings_from"] == "harness output" and mmlu["endpoint_type"] == "completions"
@@ -97,7 +97,7 @@ def test_results_json_records_what_produced_the_numbers(
     (job_dir / "state" / "deployment_identity").write_text("abcd1234-5f2e\n")
     write_results(job_dir, collect_results(job_dir, tasks, invocation="abcd1234", created="now", model=None))
     on_disk = json.loads((job_dir / JobDir.RESULTS).read_text())["provenance"]
-    assert on_disk["endpoint"] == {"identity": "abcd1234-5f2e", "verified": True}
+    assert on_disk["endpoint"] == {"identity": "abcd1234-5f2e", "verified": True, "owned": True}
 
     # the builtin server's exit line: its prompt tokens, those computed, those its prefix cache served
     from ckpteval.server.scheduler import SchedulerStats

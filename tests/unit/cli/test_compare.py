@@ -15,6 +15,8 @@ from tests.support.comparisons import record_invocation, sample_rows
 
 runner = CliRunner(env={"COLUMNS": "220"})
 N = 200
+# the builtin server, its identity verified: a run without caveats
+SERVED = {"kind": "megatron/builtin", "identity": "ckpteval-xyz", "serving": {"device": "cpu", "dtype": "auto"}}
 
 
 def _scores(p_right: float, seed: int) -> list[float]:
@@ -38,7 +40,9 @@ def invocations(tmp_path: Path) -> dict[str, list[float]]:
     for i in wrong[:4]:
         noisy[i] = 1.0
     for name, scores in (("aaaa0001", base), ("bbbb0002", regressed), ("cccc0003", noisy)):
-        record_invocation(tmp_path / "jobs", name, {"mmlu": sample_rows("mmlu", {"exact_match": scores})})
+        record_invocation(
+            tmp_path / "jobs", name, {"mmlu": sample_rows("mmlu", {"exact_match": scores})}, served=SERVED
+        )
     return {"base": base, "regressed": regressed, "noisy": noisy}
 
 

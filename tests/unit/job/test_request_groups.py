@@ -101,3 +101,31 @@ def test_export_deploy_0_5_is_known_to_mix_settings_0_4_is_not(isolated_user: Pa
     probed_04 = with_entry_point(plan, compiled, v04)  # what a probe of a 0.4 image finds
     assert probed_04.requests is not None and probed_04.requests.known_mixing == ""
     assert with_entry_point(probed_04, compiled, DEFAULT_ENTRY_POINT).requests == plan.requests
+
+
+def test_an_endpoint_the_job_does_not_own_is_probed_whatever_its_tasks(isolated_user: Path, tmp_path: Path):
+    """One task, one request group: nothing of this invocation's could mix, but another invocation on the same
+    endpoint can. The job probes it anyway, and job.yaml says the endpoint is not the job's own."""
+    import yaml
+
+    from ckpteval.job.files import job_files
+
+    url = "http://10.0.0.5:9000/v1/completions"
+    compiled, plan = _plan(
+        tmp_path, ("hellaswag",), "deployment=none", f"target.api_endpoint.url={url}", "deployment.tokenizer=/t"
+    )
+    assert plan.requests is not None and plan.requests.shared and len(plan.requests.groups) == 1
+    argv = shlex.split(plan.requests.probe)
+    assert argv[argv.index("--completions") + 1] == url
+    script = render_job_script(plan)
+    assert "settle_requests &" in script and "CKPTEVAL_REQUEST_TURN" in script  # the task waits for the probe
+    assert "one group of identical request settings (a shared endpoint): $line" in script
+    panel = request_groups_panel(plan)
+    assert panel is not None and "The job does not own this endpoint" in panel.body
+    recorded = yaml.safe_load(job_files(compiled, plan, launcher="processes")["job.yaml"])
+    assert recorded["deployment"]["endpoint_owned"] is False
+
+    # the job's own builtin server, one task: no probe, nothing waits
+    compiled, own = _plan(tmp_path, ("hellaswag",))
+    assert own.requests is not None and own.requests.probe == "" and not own.requests.shared
+    assert yaml.safe_load(job_files(compiled, own, launcher="processes")["job.yaml"])["deployment"]["endpoint_owned"]

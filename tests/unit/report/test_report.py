@@ -320,3 +320,29 @@ def test_report_needs_an_invocation_or_a_watch_run(tmp_path: Path):
     assert result.exit_code == 2
     assert "Name the invocation(s) or watch run(s)" in result.output
     assert not (tmp_path / "r.html").exists()
+
+
+@needs_browser
+def test_the_report_shows_every_warning_compare_prints(tmp_path: Path):
+    """Runs whose request settings differ (limit_samples 1 vs 2), one of them without a verified endpoint: the
+    page shows, word for word, each `caveat:` and `warning:` line that `evaluate compare` prints."""
+    rows = {"mmlu": sample_rows("mmlu", {"exact_match": [1.0, 0.0] * 50})}
+    served = {"kind": "megatron/builtin", "identity": "ckpteval-1"}
+    record_invocation(tmp_path, "aaaa0001", rows, settings={"mmlu": {"limit_samples": 1}}, served=served)
+    record_invocation(tmp_path, "bbbb0002", rows, settings={"mmlu": {"limit_samples": 2}}, served={"kind": "none"})
+    compared = CliRunner(env={"COLUMNS": "1000"}).invoke(app, ["compare", "aaaa0001", "bbbb0002"])
+    assert compared.exit_code == 0, compared.output
+    printed = [line for line in compared.output.splitlines() if line.startswith(("caveat: ", "warning: "))]
+    assert any("request settings differ (limit_samples: 1 vs 2)" in line for line in printed), printed
+    assert any(line.startswith("caveat: bbbb0002: endpoint not verified") for line in printed), printed
+    assert len(printed) >= 4  # + the endpoint's identity and the deployment kind differ
+
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "aaaa0001", "bbbb0002", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = _Text()
+    page.feed(dump_dom(out.as_uri()))
+    for line in printed:
+        assert line in page.text, line  # each its own line on the page, as compare prints it
+    # and each run's own caveats under the score table
+    assert any(t.startswith("⚠ bbbb0002: endpoint not verified") for t in page.text), page.text

@@ -62,3 +62,47 @@ def test_the_wandb_config_and_the_report_carry_it() -> None:
     assert config["ckpteval"]["provenance"] == dataclasses.asdict(PROVENANCE)
     page = _invocations([RESULTS, dataclasses.replace(RESULTS, invocation="old00001", provenance=None)])
     assert "produced by" in page and "endpoint: abcd1234-5f2e" in page and "old00001" in page
+
+
+def test_what_the_job_recorded_where_it_ran(tmp_path) -> None:
+    """The harness's versions as its task's environment had them (not the submitting machine's), the probe's
+    verdict on an endpoint the job does not own, with its limits, and the echoed answers a task refused."""
+    import json
+
+    import yaml
+
+    from ckpteval.results.caveats import caveats
+    from ckpteval.results.provenance import PROBE_LIMITS, read_provenance
+
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "versions": {"nvidia-lm-eval": "0.0.1-the-laptop", "nemo-evaluator": "0.0.1-the-laptop"},
+                "deployment": {"kind": "none", "endpoint_owned": False},
+            }
+        )
+    )
+    output = tmp_path / "tasks" / "gsm8k" / "output"
+    output.mkdir(parents=True)
+    ran = {"python": "3.10.12", "packages": {"nvidia-lm-eval": "25.9", "nemo-evaluator": "0.2.3"}}
+    (output / "ckpteval_versions.json").write_text(json.dumps(ran))
+    (output / "eval_factory_metrics.json").write_text(json.dumps({"response_stats": {"echoed_count": 8}}))
+    (tmp_path / "state").mkdir()
+    probe = {"verdict": "mixed", "reason": "5 of 20 answers differ", "seconds": 3.1, "left_out": []}
+    (tmp_path / "state" / "request_probe.json").write_text(json.dumps(probe))
+
+    p = read_provenance(tmp_path, [("gsm8k", "tasks/gsm8k")])
+    assert p.harness["versions"] == {"nemo-evaluator": "0.2.3", "nvidia-lm-eval": "25.9", "python": "3.10.12"}
+    assert p.harness["versions_from"] == "the job (where its tasks ran)"
+    assert p.endpoint["owned"] is False and "endpoint_owned" not in p.deployment
+    assert p.endpoint["settings_probe"] == {**probe, "limits": PROBE_LIMITS}
+    assert p.tasks["gsm8k"]["echoed_answers"] == 8
+    results = dataclasses.replace(RESULTS, tasks={}, provenance=p)
+    assert [c.kind for c in caveats(results)] == ["endpoint not verified", "settings mixed", "echoed answers"]
+    assert provenance_summary(p)["settings probe"] == "mixed: 5 of 20 answers differ"
+
+    # a job whose tasks recorded nothing: the submitting machine's, said so
+    (output / "ckpteval_versions.json").unlink()
+    older = read_provenance(tmp_path, [("gsm8k", "tasks/gsm8k")])
+    assert older.harness["versions"]["nvidia-lm-eval"] == "0.0.1-the-laptop"
+    assert older.harness["versions_from"] == "the submitting machine (job.yaml)"

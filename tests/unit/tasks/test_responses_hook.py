@@ -126,3 +126,92 @@ def test_a_cache_line_cut_short_by_a_kill_is_skipped(server: str, tmp_path: Path
     cache.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # the last write cut short
     run(server, out, concurrent=2, n=3, params={"seed": 0})
     assert len(_Handler.bodies) == 4  # only the request whose line was cut is asked again
+
+
+class _EchoOnce(_Handler):
+    """Answers each prompt's first request with the prompt echoed in front (what a batch that applied a
+    log-likelihood request's `echo` to it returns), every later one as asked."""
+
+    seen: ClassVar[set[str]] = set()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]
+        with self.lock:
+            self.bodies.append(body)
+            first = prompt not in self.seen
+            self.seen.add(prompt)
+        text = f"{prompt} answer" if first else " answer"
+        data = json.dumps({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+ECHO_HARNESS = HARNESS.replace("max_retries=1", "max_retries=3").replace(
+    '(f"p{i}", dict(gen))', '(f"A question long enough to tell, number {i}:", dict(gen))'
+)
+
+
+@pytest.mark.parametrize("concurrent", [3, 1])
+def test_a_generation_answered_with_its_prompt_echoed_is_an_error_not_a_score(tmp_path: Path, concurrent: int) -> None:
+    _EchoOnce.bodies, _EchoOnce.seen = [], set()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EchoOnce)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    out = tmp_path / "output"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_") and k != "PYTHONPATH"}
+    env.update({"PYTHONPATH": hook_dir(), responses.OUTPUT_ENV: str(out)})
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1/completions"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ECHO_HARNESS, url, str(concurrent), "3"],
+            capture_output=True, text=True, env=env, timeout=180,
+        )  # fmt: skip
+    finally:
+        httpd.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    # every echoed answer was refused and asked again: what lm-eval scores is the model's own answer
+    assert json.loads(done.stdout.splitlines()[-1]) == [" answer"] * 3
+    assert len(_EchoOnce.bodies) == 6
+    assert done.stderr.count("came back with its prompt echoed") == 3
+    stats = json.loads((out / "eval_factory_metrics.json").read_text())["response_stats"]
+    assert (stats["echoed_count"], stats["successful_count"]) == (3, 3)
+    cached = [json.loads(line)["response"] for line in (out / responses.CACHE_FILE).read_text().splitlines()]
+    assert [c["choices"][0]["text"] for c in cached] == [" answer"] * 3  # no echoed answer kept for a resume
+    # the harness's versions, as installed where it ran
+    ran = json.loads((out / responses.VERSIONS_FILE).read_text())
+    assert ran["python"] == ".".join(map(str, sys.version_info[:3])) and "nvidia-lm-eval" in ran["packages"]
+
+
+def test_what_counts_as_another_request_s_settings(tmp_path: Path) -> None:
+    """The two answers a batch with another request's settings gives lm-eval: a generation with its prompt in
+    front, a log-likelihood request without log-probabilities. Neither is replayed from the cache either."""
+    prompt = "A question long enough to tell:"
+    generation = {"prompt": prompt, "max_tokens": 4}
+    scoring = {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1}
+
+    def answer(text: str, logprobs: dict | None = None) -> dict:
+        return {"choices": [{"index": 0, "text": text, "logprobs": logprobs}]}
+
+    assert responses.echoed(generation, answer(prompt + " B"))
+    assert not responses.echoed(generation, answer(" B"))
+    assert not responses.echoed(scoring, answer(prompt + " B", {"token_logprobs": [-1.0]}))  # it asked for the echo
+    assert not responses.echoed({"prompt": "Q:", "max_tokens": 4}, answer("Q: A"))  # too short to tell
+    assert not responses.echoed({"prompt": [1, 2, 3]}, answer("[1, 2, 3]"))  # token ids: not checked
+    assert responses.without_logprobs(scoring, answer(prompt + " B"))
+    assert not responses.without_logprobs(scoring, answer(prompt + " B", {"token_logprobs": [-1.0]}))
+    assert not responses.without_logprobs(generation, answer(" B"))
+
+    recorder = responses.Recorder(tmp_path)
+    with pytest.raises(responses.EchoedPrompt):
+        recorder.check_echo(scoring, answer(prompt + " B"))
+    with pytest.raises(responses.EchoedPrompt):
+        recorder.check_echo(generation, answer(prompt + " B"))
+    recorder.check_echo(generation, answer(" B"))
+    assert (recorder.echoed, recorder.without_logprobs) == (1, 1)
+    # a bad answer a run before this check cached is asked again, not replayed
+    key = responses.request_key(generation)
+    recorder._answers[key] = answer(prompt + " B")
+    assert recorder.cached(generation) == (key, None)

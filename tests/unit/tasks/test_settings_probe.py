@@ -61,7 +61,7 @@ def test_an_endpoint_that_honours_each_request_passes(endpoint: Callable[..., st
 
 
 def test_an_endpoint_that_answers_nothing_is_unknown(endpoint: Callable[..., str]) -> None:
-    url = endpoint("--fail-after", "0")  # every completions request: HTTP 500
+    url = endpoint("--fail-after", "0", "--count-probe")  # every completions request: HTTP 500
     verdict = settings_probe.probe({"completions": url}, "fake", timeout=10)
     assert verdict.verdict == "unknown"
     assert all("fails even alone (HTTP 500" in line for line in verdict.left_out)

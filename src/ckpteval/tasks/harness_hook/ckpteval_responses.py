@@ -23,6 +23,16 @@ output directory:
 - **progress**: `<output_dir>/progress` holds the number of requests answered so far, the previous runs' count
   included (what they answered is replayed or answered by lm-eval's own cache, uncounted), rewritten at most
   every 0.5 s and at exit;
+- **echoed prompts**: a generation (a completions request that did not ask for `echo`) answered with its own
+  prompt in front is what an endpoint that batches requests and applies another request's settings to the
+  batch returns (Export-Deploy 0.5+ behind a log-likelihood request of another client): it is counted
+  (`echoed_count`), neither cached nor scored, and raised as an error, which lm-eval retries; so is a request
+  that asked for log-probabilities (a log-likelihood request) answered without them (`without_logprobs_count`:
+  the same batch behind another client's generation), which would otherwise be cached and replayed to every
+  retry;
+- **versions where the task ran**: `<output_dir>/ckpteval_versions.json`, the Python and the packages that decide
+  a score as installed in the harness's own environment (a task image's on a cluster), for the results'
+  provenance (the submitting machine's versions may differ);
 - **response stats**: at exit, `response_stats` in `<output_dir>/eval_factory_metrics.json` (the keys the
   proxy wrote that nemo-evaluator and our benchmarks read: `count`, `successful_count`, `inference_time`,
   `inference_run_times` with each run's first and last request time).
@@ -61,8 +71,46 @@ SERVED_FILE = "served.json"
 CACHE_FILE = "cache/ckpteval_responses.jsonl"
 PROGRESS_FILE = "progress"
 METRICS_FILE = "eval_factory_metrics.json"
+VERSIONS_FILE = "ckpteval_versions.json"
+# what decides a score in the harness's environment (read from package metadata: nothing is imported)
+VERSIONED = ("nemo-evaluator", "nemo-evaluator-launcher", "nvidia-lm-eval", "lm-eval", "transformers", "datasets")
 PROGRESS_INTERVAL_S = 0.5
 _MARK = "__ckpteval_responses__"
+# a prompt this short may be repeated by a model on its own: not taken for an echo
+ECHO_MIN_CHARS = 16
+
+
+class EchoedPrompt(RuntimeError):
+    """A generation answered with its own prompt echoed: another request's settings were applied to it."""
+
+
+def without_logprobs(payload: Any, answer: Any) -> bool:
+    """Whether `answer` to `payload`, which asked for log-probabilities, has a choice without them."""
+    if not isinstance(payload, dict) or payload.get("logprobs") in (None, False) or not isinstance(answer, dict):
+        return False
+    choices = answer.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and not c.get("logprobs") for c in choices)
+
+
+def echoed(payload: Any, answer: Any) -> bool:
+    """Whether `answer` to the completions request `payload` (that asked for no echo) starts with its prompt
+    (a prompt of token ids is not checked: its text is not known here)."""
+    if not isinstance(payload, dict) or payload.get("echo") or not isinstance(answer, dict):
+        return False
+    prompt = payload.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        return False
+    for position, choice in enumerate(answer.get("choices") or []):
+        if not isinstance(choice, dict):
+            continue
+        index = choice.get("index", position)
+        text = choice.get("text")
+        if not isinstance(index, int) or not 0 <= index < len(prompts) or not isinstance(text, str):
+            continue
+        if len(prompts[index]) >= ECHO_MIN_CHARS and text.startswith(prompts[index]):
+            return True
+    return False
 
 
 def _log(message: str) -> None:
@@ -84,6 +132,28 @@ def _write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_versions(output_dir: Path) -> None:
+    """`VERSIONS_FILE`: this Python and the `VERSIONED` packages as installed where the harness runs."""
+    import importlib.metadata
+    import platform
+
+    packages: dict[str, str] = {}
+    for name in VERSIONED:
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    record = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "host": platform.node(),
+        "packages": packages,
+    }
+    with contextlib.suppress(OSError):  # provenance, not the score: never fail the task over it
+        output_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(output_dir / VERSIONS_FILE, json.dumps(record, indent=1))
 
 
 def _iso(stamp: float) -> str:
@@ -108,6 +178,8 @@ class Recorder:
         self.deployment: str | None = None  # what the endpoint's answers named (headers)
         self.checkpoint: str | None = None
         self._serving: str | bool | None = False  # the content the deployment serves now (False: not asked yet)
+        self.echoed = 0  # generations answered with their prompt echoed: errors, retried
+        self.without_logprobs = 0  # requests for log-probabilities answered without them: errors, retried
         self.first: float | None = None
         self.last: float | None = None
         self._progress_written = 0.0
@@ -190,9 +262,30 @@ class Recorder:
             if answer is not None and self._answered_by.get(key) != serving:
                 answer = None  # answered by another checkpoint content: asked again
                 self.not_replayed += 1
+            if answer is not None and (echoed(payload, answer) or without_logprobs(payload, answer)):
+                answer = None  # kept by a run before answers were checked: asked again
             if answer is not None:
                 self.replayed += 1
         return key, copy.deepcopy(answer) if answer is not None else None
+
+    def check_echo(self, payload: Any, answer: Any) -> None:
+        """Raise `EchoedPrompt` (counted) when `answer` is `payload`'s prompt echoed back, or an answer without
+        the log-probabilities `payload` asked for."""
+        if without_logprobs(payload, answer):
+            with self._lock:
+                self.without_logprobs += 1
+            _log("a request for log-probabilities came back without them: counted as an error, not scored")
+            raise EchoedPrompt("the endpoint answered a request for log-probabilities without them")
+        if not echoed(payload, answer):
+            return
+        with self._lock:
+            self.echoed += 1
+        prompt = payload.get("prompt")
+        first = prompt if isinstance(prompt, str) else prompt[0]
+        _log(f"a generation came back with its prompt echoed ({first[:40]!r}...): counted as an error, not scored")
+        raise EchoedPrompt(
+            "the endpoint answered a generation with its prompt echoed (another request's settings applied)"
+        )
 
     def sending(self) -> None:
         with self._lock:
@@ -251,7 +344,7 @@ class Recorder:
                 self._out.close()
             if self.answered:
                 self._write_progress()
-            if self.first is not None or self.replayed:
+            if self.first is not None or self.replayed or self.echoed or self.without_logprobs:
                 try:
                     self._write_stats()
                 except (OSError, ValueError) as exc:
@@ -311,6 +404,8 @@ class Recorder:
                 "count": int(stats.get("count") or 0) + self.answered,
                 "successful_count": int(stats.get("successful_count") or 0) + self.answered,
                 "replayed_count": int(stats.get("replayed_count") or 0) + self.replayed + self.lm_eval_replayed,
+                "echoed_count": int(stats.get("echoed_count") or 0) + self.echoed,
+                "without_logprobs_count": int(stats.get("without_logprobs_count") or 0) + self.without_logprobs,
                 "inference_time": float(stats.get("inference_time") or 0.0) + spent,
                 "inference_run_times": runs,
                 "recorded_by": "ckpteval harness hook (no interceptor proxy)",
@@ -359,10 +454,11 @@ class _AsyncReplayedResponse(_ReplayedResponse):
 class _RecordedResponse:
     """The endpoint's aiohttp response; its parsed JSON is recorded when the answer is a success."""
 
-    def __init__(self, response: Any, recorder: Recorder, key: str | None) -> None:
+    def __init__(self, response: Any, recorder: Recorder, key: str | None, payload: Any) -> None:
         self._response = response
         self._recorder = recorder
         self._key = key
+        self._payload = payload
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._response, name)
@@ -370,6 +466,7 @@ class _RecordedResponse:
     async def json(self, *args: Any, **kwargs: Any) -> Any:
         answer = await self._response.json(*args, **kwargs)
         if self._response.ok:
+            self._recorder.check_echo(self._payload, answer)
             self._recorder.answered_with(self._key, answer, self._response.headers)
         return answer
 
@@ -396,7 +493,7 @@ class _Post:
             if response.ok:
                 self._recorder.answered_with(None, None, response.headers)
             return response
-        return _RecordedResponse(response, self._recorder, key)
+        return _RecordedResponse(response, self._recorder, key, self._payload)
 
     async def __aexit__(self, *exc: Any) -> Any:
         if self._inner is not None:
@@ -440,6 +537,7 @@ class _Requests:
                 parsed = response.json() if key is not None else None
             except ValueError:
                 parsed = None  # lm-eval reports the unparsable answer itself
+            self._recorder.check_echo(payload, parsed)
             self._recorder.answered_with(key, parsed, response.headers)
         return response
 
@@ -486,6 +584,7 @@ def recorder() -> Recorder | None:
                     raise RuntimeError(f"{PARAMS_ENV} must hold a JSON object, not {raw[:200]!r}")
                 params = loaded
             _recorder = Recorder(output, params)
+            write_versions(_recorder.output_dir)
             atexit.register(_recorder.close)
         return _recorder
 
