@@ -239,7 +239,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
 
 def _vllm_verdict(architecture: dict[str, Any], where: str) -> BackendVerdict:
     """vLLM (and SGLang) serve Hugging Face directories: a Megatron checkpoint only through an export."""
-    from ckpteval.hfexport.config import export_verdict
+    from ckpteval.checkpoint.hf_export_config import export_verdict
 
     family, via_export = export_verdict(architecture, where=where)
     hint = "Use deployment=megatron (builtin or export-deploy)"

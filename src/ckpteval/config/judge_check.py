@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckpteval.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ckpteval.config.compile import ResolvedTask
     from ckpteval.config.schema import EvalConfig
+    from ckpteval.tasks.catalog import TaskSpec
 
 
-def check_judged_tasks(config: EvalConfig, tasks: Sequence[ResolvedTask]) -> None:
+class JudgedTask(Protocol):
+    """What the check reads of a task (`config.compile.ResolvedTask`, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def spec(self) -> TaskSpec: ...
+    @property
+    def evaluator_config(self) -> dict[str, Any]: ...
+
+
+def check_judged_tasks(config: EvalConfig, tasks: Sequence[JudgedTask]) -> None:
     """Refuse, in one line that says what to set, a task scored by a judge model (`TaskSpec.needs_judge`) when
     the config names no judge, or names one its harness cannot be told about (it takes only its own
     `extra.judge` settings, which the task does not set)."""

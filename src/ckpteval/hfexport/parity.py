@@ -160,15 +160,17 @@ def check_parity(checkpoint: str | Path, hf_dir: str | Path, *, tokenizer: str |
 
 
 def _compare_config(arch: Any, config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    from ckpteval.checkpoint.hf_export_config import legacy_view
     from ckpteval.checkpoint.origin import compare_with_origin
-    from ckpteval.hfexport.config import legacy_view
 
     view = legacy_view(config)
     fields = asdict(arch)
     if arch.is_moe and arch.moe_layer_freq == 1 and view.get("model_type") == "mixtral":
         # every MLP is experts: Mixtral's intermediate_size is theirs, and the dense size computes nothing
         fields["ffn_hidden_size"] = arch.moe_ffn_hidden_size
-    compared, disagreements = compare_with_origin(fields, view)
+    # what config.json does not say is listed by the origin check as not compared: the export writes every
+    # setting the args hold, so those are the ones transformers has no key for (they compute nothing here)
+    compared, disagreements, _not_compared = compare_with_origin(fields, view)
     differences = [str(d).replace(" in it", " in config.json") for d in disagreements]
     window = None if arch.window_size is None else arch.window_size[0] + 1
     theirs = view.get("sliding_window") if view.get("use_sliding_window", True) else None
@@ -215,7 +217,7 @@ def _load_megatron(checkpoint: str | Path, tokenizer: str | None, dtype: str) ->
 
 
 def _compare_tensors(model: Any, info: Any, config: dict[str, Any], stored: dict[str, Any]) -> tuple[list[str], int]:
-    from ckpteval.hfexport.config import hf_family
+    from ckpteval.checkpoint.hf_export_config import hf_family
     from ckpteval.hfexport.weights import megatron_to_hf
 
     arch = info.architecture

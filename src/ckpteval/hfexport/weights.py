@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ckpteval.checkpoint.architecture import ModelArchitecture
+from ckpteval.checkpoint.hf_export_config import HfFamily
 from ckpteval.errors import DeploymentError
-from ckpteval.hfexport.config import HfFamily
 
 
 def megatron_to_hf(

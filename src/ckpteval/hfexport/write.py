@@ -4,11 +4,11 @@ The checkpoint is read the way the builtin server reads it (`server.checkpoint.l
 args or run_config.yaml, tokenizer; `server.model`: the GPTModel built from the args and its weights loaded
 by megatron's own resharding, so TP/PP/EP saves, legacy `torch` saves and Megatron-Bridge saves all export),
 then written under the family's names (`hfexport.weights`) with config.json and generation_config.json
-(`hfexport.config`) and the tokenizer the server would serve with (its files, chat template included).
+(`checkpoint.hf_export_config`) and the tokenizer the server would serve with (its files, chat template included).
 
 The directory is written beside the output and renamed into place, under a lock; a manifest records the
-checkpoint's identity (`checkpoint.identity`: its metadata and file listing) and the dtype, so exporting the
-same checkpoint again to the same place writes nothing (`HfExport.reused`).
+checkpoint's content identity (`checkpoint.identity.content_identity`: its files' bytes) and the dtype, so
+exporting the same checkpoint again to the same place writes nothing (`HfExport.reused`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class HfExport:
 
     output: Path
     checkpoint: Path  # the iteration directory exported
-    identity: str  # the checkpoint's content identity (metadata and file listing hashes)
+    identity: str  # the checkpoint's content identity (its files' bytes: `checkpoint_content_id`)
     family: str  # the Hugging Face model_type
     architecture: str  # the transformers class
     dtype: str  # of the safetensors
@@ -66,12 +66,13 @@ class HfExport:
 
 
 def checkpoint_content_id(iter_dir: Path) -> str:
-    """The identity of the checkpoint's content, as results record it: its metadata files' hash and the hash
-    of its file listing with sizes (`checkpoint.identity`); the key of an export cache."""
-    from ckpteval.checkpoint.identity import checkpoint_identity
+    """The identity of the checkpoint's content, as the builtin server reports it and results record it (a
+    SHA-256 over its files' bytes, larger ones sampled above 8 GiB: `checkpoint.identity.content_identity`):
+    the key of an export cache. Two saves of one training differ here, where names and sizes do not."""
+    from ckpteval.checkpoint.identity import content_identity
 
-    identity = checkpoint_identity(iter_dir)
-    return f"{identity.metadata_sha256 or 'legacy'}:{identity.files_sha256}"
+    identity = content_identity(iter_dir)
+    return f"{identity.method}:{identity.sha256}"
 
 
 def stored_dtype(iter_dir: Path) -> str:
@@ -131,7 +132,7 @@ def export_checkpoint(
     reading a weight, an architecture no Hugging Face family computes, and a non-empty `output` that is not an
     export. Nothing half-written is ever left at `output`.
     """
-    from ckpteval.hfexport.config import hf_family
+    from ckpteval.checkpoint.hf_export_config import hf_family
     from ckpteval.server.checkpoint import load_checkpoint_info
 
     if dtype not in DTYPES:
@@ -159,7 +160,7 @@ def export_checkpoint(
 
 
 def _write(info: Any, family: Any, staging: Path, output: Path, identity: str, saved_in: str, dtype: str) -> HfExport:
-    from ckpteval.hfexport.config import generation_config, hf_config
+    from ckpteval.checkpoint.hf_export_config import generation_config, hf_config
     from ckpteval.hfexport.weights import megatron_to_hf
     from ckpteval.server.model import build_gpt_model, load_weights
     from ckpteval.server.runtime import init_runtime, quiet_library_logs, torch_dtype

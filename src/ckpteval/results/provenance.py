@@ -77,7 +77,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
 
 
 def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str, Any] | None:
-    """results.json's `checkpoint`: what the server reported it loaded (`state/served_checkpoint.json`,
+    """The record's `checkpoint` (results.json): what the server reported it loaded (`state/served_checkpoint.json`,
     `source: "server"`, `verified: true`), with the description made before submission under `planned` and
     every difference between the two under `mismatch` (`collect_results` refuses to score then: see
     docs/results.md); the description alone (`source: "description before submission"`, `verified: false`)

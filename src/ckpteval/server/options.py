@@ -140,7 +140,7 @@ class Flag:
 FLAGS: tuple[Flag, ...] = (
     Flag(
         "checkpoint",
-        "The checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* directory.",
+        "The checkpoint root (the iteration its tracker file names) or an iter_* directory.",
         always=True,
     ),
     Flag(

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from ckpteval.checkpoint.architecture import ModelArchitecture
+from ckpteval.checkpoint.hf_export_config import hf_config, hf_family, legacy_view
 from ckpteval.errors import DeploymentError
-from ckpteval.hfexport.config import hf_config, hf_family, legacy_view
 from ckpteval.server.packaged import TINY_ARCHITECTURE
 
 LLAMA = dataclasses.replace(TINY_ARCHITECTURE, rotary_base=500000.0)

@@ -21,7 +21,7 @@ LAYERS = [
     ["export"],
     ["report", "cluster", "results", "job"],
     ["invocation"],
-    ["deploy"],
+    ["deploy", "hfexport"],
     ["server"],
     ["checkpoint"],
     ["config"],
