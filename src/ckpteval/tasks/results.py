@@ -226,9 +226,17 @@ def read_task_result(task_output_dir: str | Path, *, log_path: str | Path | None
 
 
 def _evaluator_only(results_yml: dict[str, Any], out: Path) -> bool:
-    """A harness that leaves no lm-eval results file, only nemo-evaluator's scores (MT-Bench, ...)."""
-    has_lm_eval = any(p.is_file() for p in out.rglob("results*.json"))  # as _latest_lm_eval_results finds it
-    return bool(results_yml.get("results")) and not has_lm_eval
+    """A harness other than lm-eval (MT-Bench, ...), which leaves only nemo-evaluator's scores. Asked of the run
+    config the task ran with, not of the files present: an lm-eval task whose results file is missing is
+    incomplete, never scored from results.yml alone."""
+    import yaml
+
+    try:
+        ran = yaml.safe_load((out / "run_config.yml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        ran = {}
+    harness = str(ran.get("framework_name") or "") if isinstance(ran, dict) else ""
+    return bool(results_yml.get("results")) and bool(harness) and harness != "lm-evaluation-harness"
 
 
 def _evaluator_scores(entry: dict[str, Any]) -> dict[str, Metric]:

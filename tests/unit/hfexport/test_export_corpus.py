@@ -96,7 +96,10 @@ def test_a_checkpoint_whose_rope_base_changed_since_the_export_is_refused_naming
     edited = with_args(checkpoints["llama3"], tmp_path / "edited", rotary_base=10000.0)
     report = check_parity(edited, exports["llama3"].output)
     assert not report.passed
-    assert report.config_differences == ("rotary_base=10000 in the checkpoint, rope_theta=500000 in config.json",)
+    # named in the config.json's own format (transformers 5: rope_parameters)
+    assert report.config_differences == (
+        "rotary_base=10000 in the checkpoint, rope_parameters.rope_theta=500000 in config.json",
+    )
     assert report.tensor_differences == () and report.max_abs_logit_diff > report.tolerance
     with pytest.raises(DeploymentError, match="rotary_base=10000 in the checkpoint, rope_theta=500000") as caught:
         report.refuse()

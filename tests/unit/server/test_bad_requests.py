@@ -142,7 +142,8 @@ def test_unknown_route_and_wrong_method(tiny_server: RunningServer) -> None:
 def test_still_serving_after_bad_requests(tiny_server: RunningServer) -> None:
     for _, path, body, *_ in CASES:
         tiny_server.post(path, body)
-    assert tiny_server.get("/v1/health") == (200, {"status": "healthy"})
+    status, health = tiny_server.get("/v1/health")
+    assert status == 200 and health["status"] == "healthy" and health["checkpoint"]["content"]["sha256"]
     status, payload = tiny_server.post("/v1/completions", {"prompt": "still here", "max_tokens": 2, "temperature": 0})
     assert status == 200 and payload["choices"][0]["finish_reason"] in ("length", "stop")
     assert tiny_server.process.poll() is None

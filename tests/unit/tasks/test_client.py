@@ -83,6 +83,7 @@ def test_hook_dir_holds_only_the_hook_modules() -> None:
         "ckpteval_request_turn.py",
         "ckpteval_settings_probe.py",
         "ckpteval_dataset_ids.py",
+        "ckpteval_judge.py",
         "ckpteval_documents.py",
     }
     assert os.path.isabs(hook_dir())

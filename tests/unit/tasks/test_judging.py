@@ -5,6 +5,7 @@ judge's key reaches the task only through an owner-only file."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -181,6 +182,9 @@ def test_mtbench_result_of_a_named_judge_is_read_with_its_judge_errors(tmp_path:
     from ckpteval.tasks.results import read_task_result
 
     results_yml = {"config": {"type": "mtbench"}, "results": result.model_dump(exclude_none=True)}
+    # the run config nemo-evaluator writes when the task starts (its harness: not lm-eval), then its results
+    (tmp_path / "run_config.yml").write_text(yaml.dump({"framework_name": "mtbench", "config": {"type": "mtbench"}}))
+    os.utime(tmp_path / "run_config.yml", (1_000_000_000, 1_000_000_000))
     (tmp_path / "results.yml").write_text(yaml.dump(results_yml))
     read = read_task_result(tmp_path)
     assert read.harness_task == "mtbench:judge-x"

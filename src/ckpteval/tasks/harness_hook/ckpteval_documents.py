@@ -250,7 +250,7 @@ def patch_model(module: ModuleType) -> None:
     original = getattr(caching, "__getattr__", None)
     if original is None or getattr(original, _MARK, False):
         return
-    init = caching.__dict__["__init__"]
+    init = caching.__init__
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
