@@ -254,7 +254,9 @@ def test_the_dry_run_shows_each_tasks_data_without_connecting(offline_profile, f
     monkeypatch.setenv("CKPTEVAL_DATA_CACHE", str(fetched[0]))
     monkeypatch.setenv("COLUMNS", "300")
     env = offline_profile(host="cluster.invalid")
-    shown = cli(*tiny_args(env, "piqa", "adlr_mmlu", "adlr_winogrande_5_shot", "simpleqa"), "--run", "CI", "--dry-run")
+    # simpleqa is scored by a judge: the model judges itself here (the dry run asks for one)
+    tasks = tiny_args(env, "piqa", "adlr_mmlu", "adlr_winogrande_5_shot", "simpleqa")
+    shown = cli(*tasks, "judge=self", "--run", "CI", "--dry-run")
     assert shown.exit_code == 0, shown.output
     rows = {line.strip("│ ").split()[0]: line for line in shown.output.splitlines() if line.strip("│ ")}
     assert "unchecked" in rows["piqa"] and "baber/piqa" in rows["piqa"]
