@@ -44,11 +44,13 @@ def start_task(
     offline_data: str = "auto",
     adapter_config: dict[str, Any] | None = None,
     hook: bool = True,
+    health: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Write the run config and start the client exactly as the job script does (bash, env, log).
 
     `hook=False` leaves out the variables that switch on the harness hook's response cache and progress
-    (for benchmarks that measure lm-eval alone)."""
+    (for benchmarks that measure lm-eval alone). `health`: the deployment's /v1/health URL, which the job
+    gives its clients: the hook replays a cached answer only when it reports the content that gave it."""
     paths = TaskPaths(task_dir)
     spec = load_catalog().get(task)
     endpoint = EndpointSpec(url=url, model_id=model_id, type="completions")
@@ -64,6 +66,7 @@ def start_task(
         **(client_hook_env(run_config) if hook else {}),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
+        **({"CKPTEVAL_DEPLOYMENT_HEALTH": health} if health else {}),
     }
     with open(paths.log, "ab") as log:
         return subprocess.Popen(["bash", "-c", command], env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -60,8 +60,11 @@ def test_rerun_sends_no_request_again(
     for cache in run.paths.output_dir.glob("lm_cache*"):
         shutil.rmtree(cache) if cache.is_dir() else cache.unlink()
     params = {"limit_samples": 5, "extra": {"tokenizer": model.tokenizer, "tokenizer_backend": "huggingface"}}
-    # the cache key is the request body, which does not contain the URL: a different URL still hits it
-    again = run_task("hellaswag", run.paths.task_dir, url=proxy.url, params={**params, **SLOW_ENDPOINT})
+    # the cache key is the request body, which does not contain the URL: a different URL still hits it, as
+    # long as the deployment reports the checkpoint content that gave the cached answers (its /v1/health,
+    # here through the proxy; the job gives its clients that URL)
+    health = proxy.url.rsplit("/v1/", 1)[0] + "/v1/health"
+    again = run_task("hellaswag", run.paths.task_dir, url=proxy.url, params={**params, **SLOW_ENDPOINT}, health=health)
     assert again.returncode == 0, again.paths.log.read_text()[-3000:]
     received = proxy.received()
     # only nemo-evaluator's capability check (a fixed probe prompt) reached the server; no task request did

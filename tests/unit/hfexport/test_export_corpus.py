@@ -102,7 +102,7 @@ def test_a_checkpoint_whose_rope_base_changed_since_the_export_is_refused_naming
     )
     assert report.tensor_differences == () and report.max_abs_logit_diff > report.tolerance
     with pytest.raises(
-        DeploymentError, match="rotary_base=10000 in the checkpoint, rope_parameters.rope_theta=500000"
+        DeploymentError, match=r"rotary_base=10000 in the checkpoint, rope_parameters\.rope_theta=500000"
     ) as caught:
         report.refuse()
     assert "logits: long prompt" in caught.value.message
