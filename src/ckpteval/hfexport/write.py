@@ -16,18 +16,15 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
-import fcntl
 import json
-import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import DeploymentError
+from ckpteval.server.prepare import current_umask, locked, swap_into_place
 
 MANIFEST_FILE = "ckpteval_export.json"
 MANIFEST_VERSION = 1  # bump when what is written for the same checkpoint changes
@@ -144,16 +141,16 @@ def export_checkpoint(
     identity = checkpoint_content_id(info.iter_dir)
     output = Path(output).expanduser().absolute()
     output.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(output.parent / f".{output.name}.lock"):
+    with locked(output.parent / f".{output.name}.lock"):
         found = None if force else _existing(output, identity, target_dtype, tokenizer_dir=info.tokenizer_dir)
         if found is not None:
             return found
         _check_replaceable(output, force=force)
         staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-        staging.chmod(0o777 & ~_umask())  # an export is read by other users' jobs, as a checkpoint is
+        staging.chmod(0o777 & ~current_umask())  # an export is read by other users' jobs, as a checkpoint is
         try:
             result = _write(info, family, staging, output, identity, saved_in, target_dtype)
-            _swap_into_place(staging, output)
+            swap_into_place(staging, output)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return result
@@ -296,29 +293,3 @@ def _check_replaceable(output: Path, *, force: bool) -> None:
             "tokenizer).",
             hint="Pass --force to replace it, or choose another output directory.",
         )
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-@contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _swap_into_place(new: Path, output: Path) -> None:
-    old = None
-    if output.exists():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.rename(output, old)
-    os.rename(new, output)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

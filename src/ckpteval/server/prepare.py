@@ -80,16 +80,16 @@ def prepare_checkpoint(name: PackagedModel, output: Path, *, force: bool = False
     if not force and is_prepared(output, name):
         return output
     output.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(output.parent / f".{output.name}.lock"):
+    with locked(output.parent / f".{output.name}.lock"):
         if not force and is_prepared(output, name):  # another process prepared it while we waited
             return output
         _check_replaceable(output, name, force=force)
         tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; a checkpoint is read by other users' jobs
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; a checkpoint is read by other users' jobs
         try:
             _run_builder(name, tmp)
             (tmp / MANIFEST_FILE).write_text(json.dumps(_manifest(name), indent=2) + "\n")
-            _swap_into_place(tmp, output)
+            swap_into_place(tmp, output)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return output
@@ -100,14 +100,16 @@ def ensure_prepared(name: PackagedModel, path: Path) -> Path:
     return prepare_checkpoint(name, path, force=False)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """This process's umask (reading it means setting it: set back at once)."""
     current = os.umask(0)
     os.umask(current)
     return current
 
 
 @contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` (created if missing) while the block runs: one writer at a time."""
     with open(lock_path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -136,7 +138,8 @@ def _check_replaceable(output: Path, name: str, *, force: bool) -> None:
         )
 
 
-def _swap_into_place(new: Path, output: Path) -> None:
+def swap_into_place(new: Path, output: Path) -> None:
+    """Rename directory `new` to `output`, replacing what was there (moved aside first, then removed)."""
     old = None
     if output.exists():
         old = output.with_name(f".{output.name}.old-{os.getpid()}")
