@@ -118,30 +118,25 @@ def task_yaml_dir(work: Path) -> Path:
 
 
 def run_tree(argv: list[str], *, env: dict[str, str], log: Path, cwd: Path) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the whole process tree) of one command, its output in `log`."""
-    import psutil
+    """(wall seconds, CPU seconds of the whole process tree) of one command, its output in `log`.
 
-    cpu: dict[int, float] = {}
+    The CPU seconds are this process's RUSAGE_CHILDREN before and after: every descendant that its parent
+    waited for, counted once (summing each process's own and children's times would count a child at every
+    ancestor)."""
+    import resource
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    cpu_before = children_cpu()
     start = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                tree = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                tree = []
-            for p in tree:
-                try:
-                    t = p.cpu_times()
-                    cpu[p.pid] = t.user + t.system + t.children_user + t.children_system
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.5)
+        returncode = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv[0]} failed ({proc.returncode}); see {log}")
-    return wall, sum(cpu.values())
+    if returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed ({returncode}); see {log}")
+    return wall, children_cpu() - cpu_before
 
 
 def samples(samples_dir: Path) -> dict[tuple[str, int], tuple[str, str]]:
@@ -307,6 +302,9 @@ def report(args: argparse.Namespace, rows: list[tuple[int, str, dict[str, Any]]]
     prompts_same = all({k: p for k, (p, _) in x.items()} == {k: p for k, (p, _) in first.items()} for x in everything)
     answers_same = all({k: a for k, (_, a) in x.items()} == {k: a for k, (_, a) in first.items()} for x in everything)
     print(f"- every run: the same {len(first)} prompts: {prompts_same}; the same answers: {answers_same}")
+    differ = sorted({k for x in everything for k, (p, _) in x.items() if p != first.get(k, (None,))[0]})
+    for subject, doc in differ:  # the harnesses' few-shot samplers can pick other examples for a document
+        print(f"  - prompt differs between runs: {subject} document {doc}")
     for round_, sides in sorted(by_round.items()):
         if len(sides) == 2:
             c, u = sides["ckpteval"], sides["upstream"]
