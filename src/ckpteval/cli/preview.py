@@ -159,10 +159,22 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
     else:
         profile = f"{compiled.profile.name} ({compiled.profile.executor}, {mode})"
         results = f"{output_dir}/{invocation}/ on the cluster"
+    judge = data.get("judge") or {}
+    judged = []
+    if judge.get("type") == "megatron":  # deployed beside the model, as a second server
+        where = "a second server"
+        if compiled.config.execution.on_cluster:  # Slurm: on nodes of its own, after the model's
+            first = int(deployment.get("num_nodes") or 1) + 1
+            last = first + int(judge.get("num_nodes") or 1) - 1
+            where += f" on node {first}" if first == last else f" on nodes {first}-{last}"
+            where += " of the allocation"
+        served_judge = f"{judge.get('served_model_name')}: {judge.get('checkpoint_path')}"
+        judged = [("judge", f"{served_judge} (megatron, {judge.get('backend')} backend, {where})")]
     return [
         ("invocation", invocation),
         ("model", str(model)),
         ("served by", served),
+        *judged,
         ("tasks", tasks_with_documents(compiled)),
         ("profile", profile),
         ("results", results),
