@@ -52,7 +52,7 @@ def test_a_judge_runs_on_a_node_of_its_own_in_the_same_allocation(
         *("judge=builtin", f"judge.checkpoint_path={smollm2_checkpoint}", f"judge.port={free_port()}"),
         *("deployment.access_log=true", "judge.access_log=true"),
         *(f"{PARAMS}.limit_samples=1", f"{PARAMS}.max_new_tokens=8", f"{PARAMS}.parallelism=1"),
-        *("judge.max_error_rate=1.0", f"{PARAMS}.extra.judge.max_tokens=16"),
+        *("judge.max_error_rate=1.0", f"+{PARAMS}.extra.judge.max_tokens=16"),
     ]
     shown = cli(*argv, "--dry-run")
     assert shown.exit_code == 0, shown.output

@@ -121,7 +121,7 @@ def test_a_builtin_judge_is_a_second_server_of_the_job(tmp_path: Path) -> None:
         # each server logs every request it answers: they are counted below
         *("deployment.access_log=true", "judge.access_log=true"),
         # a 135M judge rarely writes MT-Bench's [[rating]]: its replies are counted, not required
-        *("judge.max_error_rate=1.0", f"{PARAMS}.extra.judge.max_tokens=16"),
+        *("judge.max_error_rate=1.0", f"+{PARAMS}.extra.judge.max_tokens=16"),
     )
     job = _job_dir(tmp_path)
     log = (job / "tasks" / "mtbench" / "client.log").read_text(errors="replace")
