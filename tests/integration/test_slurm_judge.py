@@ -20,7 +20,9 @@ from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
 from tests.integration.test_slurm_evaluate import cli, job_profile  # noqa: F401  (a fixture)
 
 pytest.importorskip("core_evals.mtbench")
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# about 20 minutes at load ~25 (two SmolLM2 servers on CPU, one MT-Bench question and its judgments): the
+# long tier, like tests/e2e/tasks/test_judged.py
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(2400)]
 
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
 
@@ -45,7 +47,7 @@ def test_a_judge_runs_on_a_node_of_its_own_in_the_same_allocation(
     infra,
     smollm2_checkpoint: str,
 ) -> None:  # type: ignore[no-untyped-def]
-    env = job_profile(nodes=1)  # the job asks for the two nodes its two deployments need
+    env = job_profile(nodes=1, time="00:40:00")  # the job asks for the two nodes its two deployments need
     argv = [
         *("-c", "tiny", "--env-file", str(env), "-t", "mtbench", "--batch", "CI"),
         *(f"run.model={smollm2_checkpoint}", f"deployment.port={free_port()}"),
@@ -67,7 +69,7 @@ def test_a_judge_runs_on_a_node_of_its_own_in_the_same_allocation(
         return json.loads(cli("status", invocation, "--json").stdout)[0]
 
     final = wait_for(
-        lambda: (s := status()["state"]) not in ("pending", "running") and s, timeout=900, interval=5, what="end"
+        lambda: (s := status()["state"]) not in ("pending", "running") and s, timeout=2100, interval=5, what="end"
     )
     log = cli("logs", invocation).output
     assert final == "succeeded", log[-4000:] + cli("logs", invocation, "-s", "mtbench").output[-4000:]
