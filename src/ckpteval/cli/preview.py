@@ -43,6 +43,8 @@ def render_preview(
         room = console.width - 4 - len("invocation") - 2  # inside the panel's border, after the labels
         summary.add_row("overrides", "\n".join(_override_lines(redact(o), room) for o in compiled.request.overrides))
     summary.add_row("tasks", tasks_with_documents(compiled))
+    if judge := deployed_judge_row(compiled):
+        summary.add_row("judge", judge)
     for note in compiled.notes:
         summary.add_row("note", note)
     console.print(Panel(summary, title="[bold green]evaluate[/]", border_style="green", expand=False))
@@ -139,6 +141,22 @@ def render_header(compiled: CompiledConfig, invocation: str, console: Any) -> No
     console.print("[dim]the compiled config and job script: --show-config (or --dry-run)[/]")
 
 
+def deployed_judge_row(compiled: CompiledConfig) -> str | None:
+    """A judge deployed beside the model, and where (None: none is): its served name, checkpoint, backend,
+    and on Slurm the node(s) of its own it runs on, after the model's."""
+    data = compiled.data
+    judge = data.get("judge") or {}
+    if judge.get("type") != "megatron":
+        return None
+    where = "a second server"
+    if compiled.config.execution.on_cluster:
+        first = int((data.get("deployment") or {}).get("num_nodes") or 1) + 1
+        last = first + int(judge.get("num_nodes") or 1) - 1
+        where += (f" on node {first}" if first == last else f" on nodes {first}-{last}") + " of the allocation"
+    served = f"{judge.get('served_model_name')}: {judge.get('checkpoint_path')}"
+    return f"{served} (megatron, {judge.get('backend')} backend, {where})"
+
+
 def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, str]]:
     """(label, value) rows of the run header, in words."""
     data = compiled.data
@@ -159,10 +177,12 @@ def header_rows(compiled: CompiledConfig, invocation: str) -> list[tuple[str, st
     else:
         profile = f"{compiled.profile.name} ({compiled.profile.executor}, {mode})"
         results = f"{output_dir}/{invocation}/ on the cluster"
+    judged = [("judge", row)] if (row := deployed_judge_row(compiled)) else []
     return [
         ("invocation", invocation),
         ("model", str(model)),
         ("served by", served),
+        *judged,
         ("tasks", tasks_with_documents(compiled)),
         ("profile", profile),
         ("results", results),

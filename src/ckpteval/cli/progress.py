@@ -45,6 +45,8 @@ def render_progress(snapshot: JobSnapshot, rates: Rates, width: int = 120):
     table.add_column(no_wrap=True)
     dep = snapshot.deployment or "not started"
     table.add_row("[bold]deployment[/]", _color(dep), "")
+    for role, state in snapshot.others:  # a judge deployed beside the model
+        table.add_row(f"[bold]{role}[/]", _color(state), "")
     for t in tasks:
         docs = _docs_text(t)
         total, done = (t.docs_total, t.docs) if t.docs is not None else (t.total, t.done)

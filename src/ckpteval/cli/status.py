@@ -57,6 +57,8 @@ def status_command(
             table.add_column(col)
         if s.snapshot:
             table.add_row("deployment", s.snapshot.deployment or "not started", "")
+            for role, state in s.snapshot.others:  # a judge deployed beside the model
+                table.add_row(role, state, "")
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, count_text(t))
         console.print(table)
@@ -180,6 +182,8 @@ def _as_json(s) -> dict:
         "created": s.record.created,
         "model": s.record.model,
         "deployment": s.snapshot.deployment if s.snapshot else None,
+        # every deployment's state by role (the model's, and a judge deployed beside it)
+        "deployments": s.snapshot.deployments if s.snapshot else None,
         "requests": (s.snapshot.requests or None) if s.snapshot else None,
         "tasks": tasks,
     }

@@ -21,7 +21,7 @@ from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.schema import SlurmExecution
 from ckpteval.errors import ConfigError
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.job.plan import JobPlan, Step
+from ckpteval.job.plan import DeploymentPlan, JobPlan, Step
 from ckpteval.job.script import render_job_script
 
 if TYPE_CHECKING:
@@ -38,10 +38,11 @@ def remote_job_dir(compiled: CompiledConfig, invocation: str) -> str:
 
 
 def sbatch_spec(compiled: CompiledConfig, invocation: str, job_dir: str) -> SbatchSpec:
-    """The Slurm request of the invocation's job: the profile's resources (nodes: enough for the deployment)."""
+    """The Slurm request of the invocation's job: the profile's resources (nodes: enough for the deployments,
+    each role's on nodes of its own: the model's, then a judge's)."""
     execution = compiled.config.execution
     assert isinstance(execution, SlurmExecution)
-    deployment_nodes = getattr(compiled.config.deployment, "num_nodes", 1)
+    deployment_nodes = deployment_node_count(compiled)
     return SbatchSpec(
         invocation=invocation,
         job_script=JobDir(job_dir).join(JobDir.SCRIPT),
@@ -55,11 +56,24 @@ def sbatch_spec(compiled: CompiledConfig, invocation: str, job_dir: str) -> Sbat
     )
 
 
+def deployment_node_count(compiled: CompiledConfig) -> int:
+    """Nodes the job's deployments take on Slurm: each role's own (`num_nodes`, 1 for a server without it),
+    one after the other (`ckpteval.job.build` places them so)."""
+    from ckpteval.config.schema import NoDeployment
+    from ckpteval.job.roles import deployed_roles
+
+    sections = [s for _role, s in deployed_roles(compiled.config) if not isinstance(s, NoDeployment)]
+    return max(1, sum(int(getattr(s, "num_nodes", 1)) for s in sections))
+
+
 def job_images(plan: JobPlan) -> list[ImageRef]:
-    """Every registry image the job's steps run in (the deployment's, each task's), for squashing."""
+    """Every registry image the job's steps run in (each role's deployment's: the model's, a judge's; each
+    task's), for squashing."""
     refs = []
-    if plan.deployment.step and plan.deployment.step.image and is_squashable(plan.deployment.step.image):
-        refs.append(ImageRef(dotpath="deployment.image", image=plan.deployment.step.image))
+    for role, dep in plan.deployments.items():
+        if dep.step and dep.step.image and is_squashable(dep.step.image):
+            where = "deployment" if role == "model" else role  # the config section that names the image
+            refs.append(ImageRef(dotpath=f"{where}.image", image=dep.step.image))
     for i, task in enumerate(plan.tasks):
         image = task.runs[0].step.image  # every run (repeat) of a task uses the task's container
         if image and is_squashable(image):
@@ -73,14 +87,17 @@ def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
     def swap(step: Step) -> Step:
         return dataclasses.replace(step, image=mapping.get(step.image, step.image)) if step.image else step
 
-    deployment = plan.deployment
-    if deployment.step is not None:
-        deployment = dataclasses.replace(deployment, step=swap(deployment.step))
+    def swapped(deployment: DeploymentPlan) -> DeploymentPlan:
+        if deployment.step is None:
+            return deployment
+        return dataclasses.replace(deployment, step=swap(deployment.step))
+
     tasks = tuple(
         dataclasses.replace(t, runs=tuple(dataclasses.replace(r, step=swap(r.step)) for r in t.runs))
         for t in plan.tasks
     )
-    return dataclasses.replace(plan, deployment=deployment, tasks=tasks)
+    others = tuple(swapped(d) for d in plan.others)
+    return dataclasses.replace(plan, deployment=swapped(plan.deployment), tasks=tasks, others=others)
 
 
 def check_no_secrets(compiled: CompiledConfig, plan: JobPlan) -> None:

@@ -123,14 +123,18 @@ def compile_config(
 
 
 def _settle_backend(data: dict[str, Any]) -> list[str]:
-    """`backend: auto` means builtin on this machine and export-deploy on a cluster."""
-    deployment = data.get("deployment") or {}
-    if deployment.get("type") != "megatron" or deployment.get("backend") != "auto":
-        return []
-    section = EXECUTION_TYPES.get((data.get("execution") or {}).get("type"))
-    chosen = "builtin" if section is not None and not section.runs_containers else "export-deploy"
-    deployment["backend"] = chosen
-    return [f"deployment.backend auto -> {chosen}"]
+    """`backend: auto` means builtin on this machine and export-deploy on a cluster (the model's deployment,
+    and a Megatron judge deployed beside it)."""
+    notes = []
+    for key in ("deployment", "judge"):
+        deployment = data.get(key) or {}
+        if deployment.get("type") != "megatron" or deployment.get("backend") != "auto":
+            continue
+        section = EXECUTION_TYPES.get((data.get("execution") or {}).get("type"))
+        chosen = "builtin" if section is not None and not section.runs_containers else "export-deploy"
+        deployment["backend"] = chosen
+        notes.append(f"{key}.backend auto -> {chosen}")
+    return notes
 
 
 # The served name a packaged model's deployment config gives it; a user's checkpoint never borrows it.
@@ -320,7 +324,48 @@ def check_config(
     _check_tasks(config, tasks)
     check_judged_tasks(config, tasks)
     _check_deployment(config, tasks, cwd=cwd)
+    _check_judge_deployment(config, cwd=cwd)
     _check_export(config)
+
+
+def _check_judge_deployment(config: EvalConfig, *, cwd: Path) -> None:
+    """A judge deployed beside the model (`judge=builtin`): a backend ckpteval can start as a second server,
+    a port of its own, a checkpoint that exists (here), and GPUs that fit beside the model's."""
+    from ckpteval.config.schema import deployed_judge
+
+    judge = deployed_judge(config)
+    if judge is None:
+        return
+    if judge.backend != "builtin":
+        raise ConfigError(
+            f"judge.backend={judge.backend}: a judge deployed in the job is served by the builtin server for now.",
+            hint="Use judge=builtin (judge.backend=builtin), or a judge that runs already: judge=api judge.url=... "
+            "judge.model_id=...",
+        )
+    if not 1 <= judge.port <= MAX_PORT:
+        raise ConfigError(f"judge.port must be between 1 and {MAX_PORT}, not {judge.port}.", hint="Set judge.port=N.")
+    if judge.port == getattr(config.deployment, "port", None):
+        raise ConfigError(
+            f"judge.port and deployment.port are both {judge.port}: each deployment of the job has a port of its own.",
+            hint=f"Set judge.port={judge.port + 1} (a taken port moves the server to a free one, said in its log).",
+        )
+    if not config.execution.on_cluster:
+        path = Path(judge.checkpoint_path).expanduser()
+        path = path if path.is_absolute() else cwd / path
+        if not path.exists():
+            raise ConfigError(
+                f"The judge's checkpoint {judge.checkpoint_path} does not exist.",
+                hint="Pass judge.checkpoint_path=/path/to/checkpoint (a Megatron checkpoint dir), or "
+                "`evaluate prepare smollm2` to make one.",
+            )
+    node_gpus = config.execution.node_gpus()
+    model_gpus = getattr(config.deployment, "num_gpus", 0) or 0
+    if node_gpus is not None and judge.num_gpus > node_gpus * judge.num_nodes:
+        raise ConfigError(
+            f"judge.num_gpus={judge.num_gpus} is more than {judge.num_nodes} node(s) × {node_gpus} GPUs "
+            f"(the judge runs on nodes of its own, beside the model's {model_gpus} GPUs).",
+            hint="Lower judge.num_gpus, or raise judge.num_nodes.",
+        )
 
 
 MAX_PORT = 65535

@@ -179,6 +179,7 @@ class MegatronDeployment:
     max_batch_size: int = 16
     prefix_cache: bool = True  # builtin only: compute each shared token prefix once
     prefix_cache_mib: int | None = None  # builtin only: the prefix cache's memory; None: sized to the machine
+    access_log: bool = False  # builtin only: log every request in the deployment's log
     # export-deploy speed settings (see docs/deploy.md); None/False: Export-Deploy's default
     micro_batch_size: int | None = None
     enable_cuda_graphs: bool = False
@@ -280,7 +281,23 @@ class SelfJudge:
     max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
 
 
-Judge = NoJudge | ApiJudge | SelfJudge
+@register_judge_section
+@dataclass(frozen=True, kw_only=True)
+class MegatronJudge(MegatronDeployment):
+    """A Megatron judge deployed in the same job as the model, as a second server (`judge=builtin
+    judge.checkpoint_path=...`): the keys of `deployment=megatron`, its own port, identity and log (the role
+    `judge` of `ckpteval.job.roles`). Its served model name is the judge model id the tasks are told."""
+
+    max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
+
+
+Judge = NoJudge | ApiJudge | SelfJudge | MegatronJudge
+
+
+def deployed_judge(config: EvalConfig) -> MegatronJudge | None:
+    """The judge the job deploys beside the model (None: an API, the model itself, or none)."""
+    judge = config.judge
+    return judge if isinstance(judge, MegatronDeployment) else None
 
 
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.

@@ -46,6 +46,9 @@ class LaunchContext:
     # backend that `takes_iteration`; None: not described before the job (prepared by it), or an endpoint
     iteration: str | None = None
     report_file: str | None = None  # where to write what it loaded, where the backend `reports_checkpoint`
+    # the address it listens on: 127.0.0.1 beside the job's first node; all of a node's addresses when it runs
+    # on nodes of its own (a judge on Slurm), reached at that node's name
+    host: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ def _builtin(deployment: MegatronDeployment, context: LaunchContext) -> Launch:
         port_file=context.port_file,
         iteration=context.iteration,
         report_file=context.report_file,
+        host=context.host,
     )
     # builtin runs ckpteval itself: no container needed beyond the profile's image, if any
     image = deployment.image if context.containers else None

@@ -28,17 +28,19 @@ def builtin_command(
     port_file: str | None = None,
     iteration: str | None = None,
     report_file: str | None = None,
+    host: str = "127.0.0.1",
 ) -> str:
-    """The builtin server on 127.0.0.1:`port`, run by `python` (which must import ckpteval); it writes the
-    tokenizer it serves with to `publish_tokenizer` first, for the task clients. `identity`: the token it
-    reports; `port_file`: where it writes the port it holds (`port`, or another if that one is taken);
+    """The builtin server on `host`:`port` (127.0.0.1 by default), run by `python` (which must import
+    ckpteval); it writes the tokenizer it serves with to `publish_tokenizer` first, for the task clients.
+    `identity`: the token it reports; `port_file`: where it writes the port it holds (`port`, or another if
+    that one is taken);
     `iteration`: the one it serves (pinned by the job), whatever the tracker names when it loads;
     `report_file`: where it writes what it loaded (`ckpteval.server.loaded`)."""
     options = ServeOptions(
         checkpoint=Path(deployment.checkpoint_path),
         iteration=iteration,
         port=port,
-        host="127.0.0.1",
+        host=host,
         served_model_name=deployment.served_model_name,
         device=deployment.device,
         max_batch_size=deployment.max_batch_size,
@@ -53,6 +55,7 @@ def builtin_command(
         port_file=None if port_file is None else Path(port_file),
         port_fallback=port_file is not None,
         report_file=None if report_file is None else Path(report_file),
+        access_log=deployment.access_log,
     )
     argv = options.to_argv(python)
     return "exec " + shlex.join(argv)

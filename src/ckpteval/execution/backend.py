@@ -254,20 +254,27 @@ class HostsScripts(Protocol):
 
 
 def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], bool] | None = None) -> str:
-    """The log file (relative to the job dir) of `source`: job, deployment, or a task (the newest started
-    repeat of a repeated task when `exists` (a predicate on the relative path) is given, else its first)."""
+    """The log file (relative to the job dir) of `source`: job, deployment (the model's), a role's deployment
+    (judge, model), or a task (the newest started repeat of a repeated task when `exists` (a predicate on the
+    relative path) is given, else its first)."""
     from ckpteval.errors import EvaluationError
     from ckpteval.invocation.jobdir import JobDir
+    from ckpteval.job.roles import role_by_stem, roles
 
     if source == "job":
         return JobDir.JOB_LOG
-    if source == "deployment":
-        return JobDir.DEPLOYMENT_LOG
     task = record.task(source)
+    deployed = role_by_stem(source)
+    if task is None and deployed is not None:
+        return deployed.log
     if task is None:
         raise EvaluationError(
             f"Invocation {record.id} has no task '{source}'.",
-            hint="Choose job, deployment, or one of: " + ", ".join(record.task_names) + ".",
+            hint="Choose job, deployment, "
+            + ", ".join(r.name for r in roles() if not r.evaluated)
+            + ", or one of: "
+            + ", ".join(record.task_names)
+            + ".",
         )
     from ckpteval.tasks.repeats import current_log, run_layouts
 

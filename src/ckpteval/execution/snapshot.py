@@ -63,6 +63,13 @@ class JobSnapshot:
     finished: int | None  # the job's exit code once it has ended
     requests: str = ""  # how the tasks' requests go, side by side or in groups, and why (state/requests)
     ended: str = ""  # when the job ended (UTC, ISO 8601, state/ended): "" while it runs, or when nothing says
+    # the other roles' deployments the job started (a judge beside the model): (role, state), registry order
+    others: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def deployments(self) -> dict[str, str]:
+        """Every deployment's state, keyed by role, the model's first."""
+        return {"model": self.deployment, **dict(self.others)}
 
     @property
     def succeeded(self) -> bool:
@@ -94,7 +101,27 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, **counts, **why))
     requests = (view.read_text(JobDir.REQUESTS) or "").strip()
     ended = (view.read_text(JobDir.ENDED) or "").strip() if finished is not None else ""
-    return JobSnapshot(deployment=deployment, tasks=tuple(snaps), finished=finished, requests=requests, ended=ended)
+    return JobSnapshot(
+        deployment=deployment,
+        tasks=tuple(snaps),
+        finished=finished,
+        requests=requests,
+        ended=ended,
+        others=_other_deployments(view),
+    )
+
+
+def _other_deployments(view: JobView) -> tuple[tuple[str, str], ...]:
+    """(role, state) of each other role's deployment the job started (its state file exists)."""
+    from ckpteval.job.roles import roles
+
+    out = []
+    for r in roles():
+        if not r.evaluated:
+            state = (view.read_text(r.state_file) or "").strip()
+            if state:
+                out.append((r.name, state))
+    return tuple(out)
 
 
 def _failure(view: JobView, task_dir: str) -> dict[str, str]:
@@ -121,7 +148,11 @@ def settle_tasks(snapshot: JobSnapshot, active: bool, state: str | None = None) 
         dataclasses.replace(t, state="cancelled") if t.state == "running" or (cancelled and t.state == "pending") else t
         for t in snapshot.tasks
     )
-    deployment = snapshot.deployment
-    if deployment in ("starting", "ready") or (cancelled and not deployment):
-        deployment = "cancelled" if cancelled else "stopped"
-    return dataclasses.replace(snapshot, deployment=deployment, tasks=tasks)
+
+    def settled(deployment: str) -> str:
+        if deployment in ("starting", "ready") or (cancelled and not deployment):
+            return "cancelled" if cancelled else "stopped"
+        return deployment
+
+    others = tuple((name, settled(state)) for name, state in snapshot.others)
+    return dataclasses.replace(snapshot, deployment=settled(snapshot.deployment), tasks=tasks, others=others)

@@ -8,6 +8,8 @@
   hook/                       the harness's offline-data hook (Slurm: uploaded beside the job)
   .secrets/                   owner-only files the job reads (the W&B key of a detached export)
   state/{started,deployment,ended,finished,slurm_job}   started/ended: UTC times the job script wrote
+  state/deployment_port, state/deployment_identity, state/served_checkpoint.json   the model's server's
+  state/<role>{,_port,_identity,_served_checkpoint.json}, logs/<role>.log   another role's (judge: state/judge)
   state/requests              how the tasks' requests go: side by side, or in groups (and why)
   state/request_probe.json    the request-settings probe's verdict and what it saw; state/turn-<g>: group g may send
   logs/{job.log,deployment.log,request_probe.log}
@@ -70,6 +72,28 @@ class JobDir:
     def path(self, rel: str = "") -> Path:
         """`rel` under the root, as a local path."""
         return Path(self.root) / rel if rel else Path(self.root)
+
+    # Each deployment's files, by its role's stem (`ckpteval.job.roles`): the model's stem is "deployment",
+    # so its names are the ones above, which every earlier job wrote.
+    @staticmethod
+    def deployment_state(stem: str) -> str:
+        return f"{JobDir.STATE}/{stem}"
+
+    @staticmethod
+    def deployment_port(stem: str) -> str:
+        return f"{JobDir.STATE}/{stem}_port"
+
+    @staticmethod
+    def deployment_identity(stem: str) -> str:
+        return f"{JobDir.STATE}/{stem}_identity"
+
+    @staticmethod
+    def deployment_log(stem: str) -> str:
+        return f"{JobDir.LOGS}/{stem}.log"
+
+    @staticmethod
+    def served_checkpoint(stem: str) -> str:
+        return JobDir.SERVED_CHECKPOINT if stem == "deployment" else f"{JobDir.STATE}/{stem}_served_checkpoint.json"
 
     @staticmethod
     def task(dir_name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeploy
 from ckpteval.deploy.backends import LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
+from ckpteval.job.roles import JUDGE, Role, deployed_roles
 
 HOOK_SUBDIR = JobDir.HOOK
 
@@ -75,12 +77,6 @@ def _pinned_tracker(deployment: object, pinned: str | None) -> str | None:
     return f"{checkpoint.rstrip('/')}/{TRACKER_FILE}"
 
 
-def _port_file(deployment: object, job_dir: str) -> str | None:
-    """A backend that holds its own port takes it when it starts (the planned one, or any free one if that is
-    taken: no race with another job on the machine) and writes it here for the job."""
-    return JobDir(job_dir).join(JobDir.DEPLOYMENT_PORT) if backend_for(deployment).holds_port else None
-
-
 def build_plan(
     compiled: CompiledConfig,
     *,
@@ -93,47 +89,27 @@ def build_plan(
     """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm). `pinned`: the
     checkpoint iteration to serve ("1000", "release"), as described before submission."""
     config = compiled.config
-    deployment = config.deployment
-    readiness = config.execution.endpoint_readiness_timeout
     mounts = _mounts(compiled, job_dir=job_dir if launcher == "srun-containers" else None)
-
-    if isinstance(deployment, NoDeployment):
-        dep_plan = DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness)
-        base_url = None
-    else:
-        from ckpteval.server.identity import new_identity
-
-        port = deployment.port
-        base_url = f"http://127.0.0.1:{port}"
-        identity = new_identity(invocation) if _reports_identity(deployment) else None
-        port_file = _port_file(deployment, job_dir)
-        step, kind = _deployment_step(
-            compiled,
-            port=port,
-            toolchain=toolchain,
-            launcher=launcher,
-            mounts=mounts,
-            job_dir=job_dir,
-            identity=identity,
-            port_file=port_file,
-            pinned=pinned,
+    plans: list[DeploymentPlan] = []
+    for role, section in deployed_roles(config):
+        plans.append(
+            _deployment_plan(
+                compiled,
+                role,
+                section,
+                invocation=invocation,
+                job_dir=job_dir,
+                toolchain=toolchain,
+                launcher=launcher,
+                mounts=mounts,
+                pinned=pinned if role.evaluated else None,
+                # on Slurm each role's server has nodes of its own, after those of the roles before it
+                node_offset=sum(p.step.nodes for p in plans if p.step) if launcher == "srun-containers" else 0,
+            )
         )
-        health_url = base_url + deployment.endpoints.health
-        dep_plan = DeploymentPlan(
-            kind=kind,
-            step=step,
-            health_url=health_url,
-            readiness_timeout=readiness,
-            port=port,
-            identity=identity,
-            identity_url=(base_url + "/v1/models" if backend_for(deployment).identity_route == "models" else health_url)
-            if identity
-            else None,
-            port_file=port_file,
-            pinned_iteration=pinned,
-            pinned_tracker=_pinned_tracker(deployment, pinned),
-            names_answers=bool(identity) and backend_for(deployment).reports_checkpoint,
-        )
+    dep_plan, others = plans[0], tuple(plans[1:])
+    base_url = f"http://127.0.0.1:{dep_plan.port}" if dep_plan.port is not None else None
+    judge_plan = next((p for p in others if p.role == JUDGE), None)
 
     tasks = tuple(
         _task_plan(
@@ -145,6 +121,7 @@ def build_plan(
             launcher=launcher,
             mounts=mounts,
             deployment_plan=dep_plan,
+            judge_plan=judge_plan,
         )
         for task in compiled.tasks
     )
@@ -162,6 +139,71 @@ def build_plan(
         requests=_request_groups(
             compiled, tasks, parallel=parallel, job_dir=job_dir, toolchain=toolchain, deployment=dep_plan
         ),
+        others=others,
+    )
+
+
+def _deployment_plan(
+    compiled: CompiledConfig,
+    role: Role,
+    deployment: Any,
+    *,
+    invocation: str,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    mounts: tuple[str, ...],
+    pinned: str | None,
+    node_offset: int = 0,
+) -> DeploymentPlan:
+    """How the job serves `role` with `deployment` (its config section): its step, port, identity, files;
+    with a `node_offset`, on nodes of its own after the job's first `node_offset` (reached at its node's name)."""
+    readiness = compiled.config.execution.endpoint_readiness_timeout
+    if isinstance(deployment, NoDeployment):
+        return DeploymentPlan(kind="none", step=None, health_url=None, readiness_timeout=readiness, role=role.name)
+    from ckpteval.server.identity import new_identity
+
+    backend = backend_for(deployment)
+    port = deployment.port
+    base_url = f"http://127.0.0.1:{port}"
+    identity = new_identity(invocation) if backend.reports_identity else None
+    # a backend that holds its own port takes it when it starts (the planned one, or any free one if that is
+    # taken: no race with another job, or another role, on the machine) and writes it here for the job
+    port_file = JobDir(job_dir).join(role.port_file) if backend.holds_port else None
+    step, kind = _deployment_step(
+        compiled,
+        deployment,
+        role,
+        port=port,
+        toolchain=toolchain,
+        launcher=launcher,
+        mounts=mounts,
+        job_dir=job_dir,
+        identity=identity,
+        port_file=port_file,
+        pinned=pinned,
+        host="0.0.0.0" if node_offset else "127.0.0.1",
+    )
+    if node_offset:
+        step = dataclasses.replace(step, node_offset=node_offset)
+    health_url = base_url + deployment.endpoints.health
+    return DeploymentPlan(
+        kind=kind,
+        step=step,
+        health_url=health_url,
+        readiness_timeout=readiness,
+        port=port,
+        identity=identity,
+        identity_url=(base_url + "/v1/models" if backend.identity_route == "models" else health_url)
+        if identity
+        else None,
+        port_file=port_file,
+        pinned_iteration=pinned,
+        pinned_tracker=_pinned_tracker(deployment, pinned),
+        names_answers=bool(identity) and backend.reports_checkpoint,
+        role=role.name,
+        served_model_name=getattr(deployment, "served_model_name", None),
+        host_var=f"{role.var}_HOST" if node_offset else None,
     )
 
 
@@ -260,21 +302,25 @@ def client_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
 
 def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]:
     """Container mounts on Slurm: the job directory (run configs, outputs, logs, the hook), the profile's,
-    execution.mounts, and the checkpoint at the same path (so paths in the config, like the tokenizer dir,
-    mean the same inside and outside) — read-only, unless it is to be prepared there first."""
+    execution.mounts, and each deployment's checkpoint (the model's, a judge's) at the same path (so paths in the
+    config, like the tokenizer dir, mean the same inside and outside) — read-only, unless it is to be prepared
+    there first."""
     config = compiled.config
     out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
     out.extend(compiled.profile.mounts)
     out.extend(f"{src}:{dst}" for src, dst in config.execution.container_mounts().items())
-    checkpoint = getattr(config.deployment, "checkpoint_path", None)
-    if checkpoint:
-        prepared_here = getattr(config.deployment, "prepare", None) is not None
-        out.append(f"{checkpoint}:{checkpoint}" if prepared_here else f"{checkpoint}:{checkpoint}:ro")
+    for _role, deployment in deployed_roles(config):
+        checkpoint = getattr(deployment, "checkpoint_path", None)
+        if checkpoint:
+            prepared_here = getattr(deployment, "prepare", None) is not None
+            out.append(f"{checkpoint}:{checkpoint}" if prepared_here else f"{checkpoint}:{checkpoint}:ro")
     return tuple(dict.fromkeys(out))
 
 
 def _deployment_step(
     compiled: CompiledConfig,
+    deployment: Any,
+    role: Role,
     *,
     port: int,
     toolchain: Toolchain,
@@ -284,19 +330,21 @@ def _deployment_step(
     identity: str | None,
     port_file: str | None,
     pinned: str | None,
+    host: str = "127.0.0.1",
 ) -> tuple[Step, str]:
-    """The deployment's step, as its registered backend launches it, and the backend's kind."""
-    deployment = compiled.config.deployment
+    """`role`'s deployment step, as its registered backend launches it, and the backend's kind. Only the
+    model's server publishes its tokenizer (the task clients read it)."""
     backend = backend_for(deployment)
     context = LaunchContext(
         python=toolchain.python,
         port=port,
         identity=identity,
         port_file=port_file,
-        publish_tokenizer=published_tokenizer(compiled, job_dir),
+        publish_tokenizer=published_tokenizer(compiled, job_dir) if role.evaluated else None,
         containers=launcher == "srun-containers",
         iteration=pinned if backend.takes_iteration else None,
-        report_file=JobDir(job_dir).join(JobDir.SERVED_CHECKPOINT) if backend.reports_checkpoint else None,
+        report_file=JobDir(job_dir).join(role.served_file) if backend.reports_checkpoint else None,
+        host=host,
     )
     launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})
@@ -320,6 +368,7 @@ def _task_plan(
     launcher: Launcher,
     mounts: tuple[str, ...],
     deployment_plan: DeploymentPlan,
+    judge_plan: DeploymentPlan | None = None,
 ) -> TaskPlan:
     from ckpteval.tasks.client import client_command, client_env
     from ckpteval.tasks.runconfig import EndpointSpec, build_run_config, client_hook_env
@@ -347,13 +396,15 @@ def _task_plan(
         client_tokenizer(compiled, job_dir),
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
-    evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url)
-    overrides = _judge_overrides(compiled, task, deployment_plan)
+    evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url, judge_plan=judge_plan)
+    overrides = _judge_overrides(compiled, task, deployment_plan, judge_plan)
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}
     if task.spec.judge is not None and config.judge.type != "none":
         from ckpteval.tasks.harness_hook.ckpteval_judge import MAX_ERROR_RATE_ENV
 
         env.setdefault(MAX_ERROR_RATE_ENV, str(config.judge.max_error_rate))
+        if judge_plan is not None and judge_plan.identity:
+            env.update(_deployed_judge_env(judge_plan))
     if launcher == "processes":
         env.update(_local_cache_env(task))
     image = task.container if launcher == "srun-containers" else None
@@ -377,7 +428,7 @@ def _task_plan(
             model_url=deployment_plan.on_published_port(url) if deployment_plan.port_file else None,
             overrides=overrides,
         )
-        command = _with_judge_client(compiled, task, command, job_dir, toolchain)
+        command = _with_judge_client(compiled, task, command, job_dir, toolchain, judge_plan)
         run_env = {**env, **client_hook_env(run_config, request_params)}
         step = Step(command=command, env=run_env, image=image, mounts=mounts if image else ())
         runs.append(TaskRun(run_config=run_config, step=step, layout=layout))
@@ -387,6 +438,17 @@ def _task_plan(
 # The variable a judge-scored task's harness reads the judge's key from, in the job: the job sets it from
 # the owner-only file the key was staged into (`judge_key_file`), never from the script or the config.
 JUDGE_API_KEY_ENV = "CKPTEVAL_JUDGE_API_KEY"
+# A judge deployed beside the model: its base URL on the port it published, the identity the job gave it, how
+# long its clients wait for it to load (the harness hook `ckpteval_judge` reads them; it spells them too)
+JUDGE_URL_ENV = "CKPTEVAL_JUDGE_URL"
+JUDGE_IDENTITY_ENV = "CKPTEVAL_JUDGE_IDENTITY"
+JUDGE_WAIT_ENV = "CKPTEVAL_JUDGE_WAIT_S"
+
+
+def _deployed_judge_env(judge_plan: DeploymentPlan) -> dict[str, str]:
+    """What a judged task's client checks its deployed judge by (its URL is set by the command, on the port
+    the judge published)."""
+    return {JUDGE_IDENTITY_ENV: judge_plan.identity or "", JUDGE_WAIT_ENV: str(judge_plan.readiness_timeout)}
 
 
 def judge_key_file(job_dir: str) -> str:
@@ -394,11 +456,13 @@ def judge_key_file(job_dir: str) -> str:
     return JobDir(job_dir).join(f"{JobDir.SECRETS}/judge_api_key")
 
 
-def _judge_endpoint(compiled: CompiledConfig, *, base_url: str | None) -> Any:
+def _judge_endpoint(compiled: CompiledConfig, *, base_url: str | None, judge_plan: DeploymentPlan | None) -> Any:
     """The judge the tasks are told about (a `JudgeEndpoint`), or None when the config names none."""
     from ckpteval.tasks.judging import JudgeEndpoint
 
     judge = compiled.config.judge
+    if judge_plan is not None and judge_plan.port is not None:  # deployed beside the model, on its planned port
+        return JudgeEndpoint(url=f"http://127.0.0.1:{judge_plan.port}/v1", model_id=judge_plan.served_model_name or "")
     if judge.type == "api":
         return JudgeEndpoint(
             url=judge.url, model_id=judge.model_id, api_key_env=JUDGE_API_KEY_ENV if judge.api_key_name else None
@@ -411,14 +475,19 @@ def _judge_endpoint(compiled: CompiledConfig, *, base_url: str | None) -> Any:
 
 
 def _with_judge(
-    compiled: CompiledConfig, task: ResolvedTask, evaluator_config: dict[str, Any], *, base_url: str | None
+    compiled: CompiledConfig,
+    task: ResolvedTask,
+    evaluator_config: dict[str, Any],
+    *,
+    base_url: str | None,
+    judge_plan: DeploymentPlan | None = None,
 ) -> dict[str, Any]:
     """A judge-scored task's evaluator config with `config.params.extra.judge` filled from the judge (the
     user's own values win); other tasks' as they are."""
     from ckpteval.tasks.judging import judge_params
 
     use = task.spec.judge
-    endpoint = _judge_endpoint(compiled, base_url=base_url)
+    endpoint = _judge_endpoint(compiled, base_url=base_url, judge_plan=judge_plan)
     if use is None or endpoint is None or not use.fillable:
         return evaluator_config
     params = (evaluator_config.get("config") or {}).get("params") or {}
@@ -431,28 +500,47 @@ def _with_judge(
     return out
 
 
-def _judge_overrides(compiled: CompiledConfig, task: ResolvedTask, deployment: DeploymentPlan) -> dict[str, str]:
-    """When the model judges itself on the port it published at run time, the judge URL on that port."""
+def _judge_overrides(
+    compiled: CompiledConfig, task: ResolvedTask, deployment: DeploymentPlan, judge_plan: DeploymentPlan | None
+) -> dict[str, str]:
+    """The judge URL on the port its server published at run time: a judge deployed beside the model (on the
+    judge's port), or the model judging itself (on the model's)."""
     use = task.spec.judge
-    if compiled.config.judge.type != "self" or use is None or not use.fillable or not deployment.port_file:
+    if use is None or not use.fillable:
+        return {}
+    served = judge_plan if judge_plan is not None else deployment if compiled.config.judge.type == "self" else None
+    if served is None or not served.port_file:
         return {}
     own = ((task.evaluator_config.get("config") or {}).get("params") or {}).get("extra", {}).get("judge") or {}
     if "url" in own:
         return {}
-    url = deployment.on_published_port(f"http://127.0.0.1:{deployment.port}/v1{use.route}")
+    url = served.on_published_port(f"http://127.0.0.1:{served.port}/v1{use.route}")
     return {"config.params.extra.judge.url": url}
 
 
 def _with_judge_client(
-    compiled: CompiledConfig, task: ResolvedTask, command: str, job_dir: str, toolchain: Toolchain
+    compiled: CompiledConfig,
+    task: ResolvedTask,
+    command: str,
+    job_dir: str,
+    toolchain: Toolchain,
+    judge_plan: DeploymentPlan | None = None,
 ) -> str:
     """A task's command with what its API judge needs: the key read from its owner-only file into
     JUDGE_API_KEY_ENV, and, for a judged task, a check before its harness sends anything that the judge
     serves the model named (`/v1/models`, with that key): the judge's identity, as the job checks the model's.
-    (The evaluated model judging itself was verified by the job's health wait.)"""
+    A judge deployed beside the model is waited for (its health), then checked the same way and for the
+    identity the job gave it. (The evaluated model judging itself was verified by the job's health wait.)"""
     import shlex
 
     judge = compiled.config.judge
+    if judge_plan is not None:
+        if task.spec.judge is None or toolchain.hook_dir is None or judge_plan.port is None:
+            return command
+        url = judge_plan.on_published_port(f"http://127.0.0.1:{judge_plan.port}/v1")
+        check = shlex.join([toolchain.script_python, f"{toolchain.hook_dir}/ckpteval_judge.py", "check"])
+        model_id = shlex.quote(judge_plan.served_model_name or "")
+        return f'export {JUDGE_URL_ENV}="{url}"; {check} "${JUDGE_URL_ENV}" {model_id} && {command}'
     if judge.type != "api":
         return command
     prefix = ""

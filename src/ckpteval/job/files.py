@@ -65,21 +65,35 @@ def provenance(
         "versions": versions(),
         **checked_checkpoint(checkpoint, compiled),
         "deployment": _deployment(compiled, plan),
-        "judge": _judge(compiled),
+        "judge": _judge(compiled, plan),
         "task_images": {t.name: t.runs[0].step.image for t in plan.tasks if t.runs and t.runs[0].step.image},
     }
 
 
-def _judge(compiled: CompiledConfig) -> dict[str, Any] | None:
+def _judge(compiled: CompiledConfig, plan: JobPlan) -> dict[str, Any] | None:
     """The judge of the judge-scored tasks (None: none is configured): its role, kind, the model it serves and
-    where (the API's URL; the evaluated model's identity when it judges itself). Each task's request settings to
-    the judge are in its run config (`config.params.extra.judge`)."""
+    where (the API's URL; the evaluated model's identity when it judges itself; the deployment the job starts
+    beside the model: its kind, checkpoint and command). Each task's request settings to the judge are in its run
+    config (`config.params.extra.judge`)."""
     judge = compiled.config.judge
     if judge.type == "none":
         return None
     judged = [t.name for t in compiled.tasks if t.spec.judge is not None]
     if judge.type == "api":
         return {"role": "judge", "kind": "api", "model_id": judge.model_id, "url": judge.url, "tasks": judged}
+    deployed = plan.deployments.get("judge")
+    if deployed is not None:
+        step = deployed.step
+        return {
+            "role": "judge",
+            "kind": "deployed",
+            "deployment": deployed.kind,
+            "model_id": deployed.served_model_name,
+            "checkpoint_path": getattr(judge, "checkpoint_path", None),
+            "image": step.image if step else None,
+            "command": compiled.secrets.redact(step.command) if step else None,
+            "tasks": judged,
+        }
     return {"role": "judge", "kind": "self", "model_id": compiled.config.target.api_endpoint.model_id, "tasks": judged}
 
 

@@ -3,6 +3,10 @@
 A plan is plain data made from a compiled config; `ckpteval.job.script` renders it into the bash
 script that runs on this machine or inside a Slurm allocation. Both places run the same steps:
 deploy once, wait for health, run every task's client against the one deployment, stop it.
+
+A job deploys one server per role (`ckpteval.job.roles`): the model's (`JobPlan.deployment`, the one the
+task clients evaluate) and any other (`JobPlan.others`: a judge deployed beside it), each with its own
+port, published port file, identity and log; `JobPlan.deployments` has them all, keyed by role.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class Step:
     mounts: tuple[str, ...] = ()  # "host:container[:ro]"
     nodes: int = 1
     ntasks_per_node: int = 1
+    # on Slurm, the job's nodes before this step's own (a judge deployed on nodes of its own, after the
+    # model's); 0: from the job's first node on
+    node_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,26 @@ class DeploymentPlan:
     # the deployment names itself and the checkpoint content it serves on every answer (the builtin server):
     # the task clients then refuse an answer that does not (`ckpteval_responses`)
     names_answers: bool = False
+    role: str = "model"  # the role it plays (`ckpteval.job.roles`)
+    served_model_name: str | None = None  # the model id it serves (a judge's: what the judged tasks send)
+    # it runs on nodes of its own (`step.node_offset`): the job reaches it at the host in this shell variable
+    # (its first node, set by the job script before it starts), not at 127.0.0.1
+    host_var: str | None = None
+
+    @property
+    def port_var(self) -> str:
+        """The shell variable holding the port it published (`DEPLOY_PORT` for the model)."""
+        from ckpteval.job.roles import role
+
+        return role(self.role).port_var
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it
-        publishes one (a shell expansion of $DEPLOY_PORT, for a double-quoted word)."""
+        publishes one (a shell expansion of $DEPLOY_PORT, or its role's variable, for a double-quoted word)."""
         if self.port_file is None or self.port is None:
             return url
-        return url.replace(f"127.0.0.1:{self.port}", "127.0.0.1:${DEPLOY_PORT}", 1)
+        host = f"${{{self.host_var}}}" if self.host_var else "127.0.0.1"
+        return url.replace(f"127.0.0.1:{self.port}", f"{host}:${{{self.port_var}}}", 1)
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,13 @@ class JobPlan:
     # detached cluster job); their failure never changes the job's outcome
     after_tasks: tuple[str, ...] = ()
     requests: RequestGroups | None = None  # tasks grouped by request settings; None: no grouping
+    # the deployments of the other roles (a judge beside the model), in the registry's order
+    others: tuple[DeploymentPlan, ...] = ()
+
+    @property
+    def deployments(self) -> dict[str, DeploymentPlan]:
+        """Every deployment of the job, keyed by role, the model's first."""
+        return {self.deployment.role: self.deployment, **{d.role: d for d in self.others}}
 
     def task(self, dir_name: str) -> TaskPlan:
         return next(t for t in self.tasks if t.dir_name == dir_name)

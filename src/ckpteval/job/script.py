@@ -35,7 +35,8 @@ import shlex
 
 from ckpteval.config.executors import Launcher
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.job.plan import JobPlan, RequestGroups, Step, TaskPlan
+from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan
+from ckpteval.job.roles import Role, role
 
 _PRELUDE = r"""set -uo pipefail
 cd "$JOB_DIR" || exit 2
@@ -45,10 +46,10 @@ mkdir -p state logs
 # Slurm: the job's output goes to its own log in the job dir; steps start on nodes from this one on.
 _SLURM_PRELUDE = r"""exec >> logs/job.log 2>&1
 export PRIMARY_NODE="${SLURMD_NODENAME:-$(hostname)}"
-step_nodes() {  # the first $1 nodes of the job, this one first (the deployment's rank 0 is local)
+step_nodes() {  # $1 nodes of the job after its first ${2:-0}, this one first (the deployment's rank 0 is local)
   { echo "$PRIMARY_NODE"
     scontrol show hostnames "${SLURM_JOB_NODELIST:-$PRIMARY_NODE}" | grep -vxF "$PRIMARY_NODE"
-  } | head -n "$1" | paste -sd, -
+  } | tail -n "+$((${2:-0} + 1))" | head -n "$1" | paste -sd, -
 }
 """
 
@@ -145,8 +146,10 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
 }
 JOB_RC=1
 GATE_PID=""
+STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
+stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
-  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
 }
 trap finish EXIT
@@ -189,7 +192,8 @@ def _launch(step: Step, launcher: Launcher, *, name: str) -> str:
         if step.mounts:
             args.append("--container-mounts=" + ",".join(step.mounts))
         args.append("--no-container-mount-home")
-    nodelist = f'--nodelist="$(step_nodes {int(step.nodes)})"'
+    offset = f" {int(step.node_offset)}" if step.node_offset else ""
+    nodelist = f'--nodelist="$(step_nodes {int(step.nodes)}{offset})"'
     return f"{shlex.join(args)} {nodelist} bash -c {shlex.quote(inner)}"
 
 
@@ -277,22 +281,124 @@ def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
     ]
 
 
-def _published_port(port_file: str, timeout: int) -> list[str]:
-    """Wait (bounded) for the port the deployment holds; it writes it once it listens, before it loads
-    anything, so this takes the server's start-up (a second), not the model's load."""
+def _published_port(port_file: str, timeout: int, role: Role | None = None) -> list[str]:
+    """Wait (bounded) for the port the deployment (of `role`; the model's by default) holds; it writes it once
+    it listens, before it loads anything, so this takes the server's start-up (a second), not the model's load."""
     path = shlex.quote(port_file)
+    label, var, log, state = ("deployment", "DEPLOY", JobDir.DEPLOYMENT_LOG, JobDir.DEPLOYMENT_STATE)
+    if role is not None:
+        label, var, log, state = role.label, role.var, role.log, role.state_file
     return [
         f"port_deadline=$((SECONDS + {timeout}))",
         f"until [ -s {path} ]; do",
-        '  if ! kill -0 "$DEPLOY_PID" 2>/dev/null || [ "$SECONDS" -ge "$port_deadline" ]; then',
-        '    say "the deployment did not take a port; last lines of logs/deployment.log:"',
-        "    tail -n 40 logs/deployment.log; mark state/deployment failed; JOB_RC=3; exit 3",
+        f'  if ! kill -0 "${var}_PID" 2>/dev/null || [ "$SECONDS" -ge "$port_deadline" ]; then',
+        f'    say "the {label} did not take a port; last lines of {log}:"',
+        f"    tail -n 40 {log}; mark {state} failed; JOB_RC=3; exit 3",
         "  fi",
         "  sleep 0.2",
         "done",
-        f"DEPLOY_PORT=$(cat {path}); export DEPLOY_PORT",
-        'say "the deployment holds port $DEPLOY_PORT"',
+        f"{var}_PORT=$(cat {path}); export {var}_PORT",
+        f'say "the {label} holds port ${var}_PORT"',
     ]
+
+
+def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
+    """Another role's deployment (a judge beside the model): started, its port published, watched until it is
+    healthy and reports the identity it was given, stopped on every exit path, each in its own names (its
+    variables, functions, state, port, identity and log files: `ckpteval.job.roles`). Its failure stops the
+    job as the model's does (USR1)."""
+    if dep.step is None:
+        return ""
+    r = role(dep.role)
+    v, q = r.var, shlex.quote
+    fn = r.stem
+    timeout = int(dep.readiness_timeout)
+    if launcher == "srun-containers":
+        signal = [
+            f"signal_{fn}() {{",
+            "  local step",
+            "  step=$(squeue -h -s -j \"${SLURM_JOB_ID:-0}\" -o '%i %j' 2>/dev/null | "
+            f"awk '$2 == \"{r.step_name}\" {{print $1; exit}}')",
+            '  if [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null; then return; fi',
+            f'  kill -TERM "${v}_PID" 2>/dev/null',
+            "}",
+        ]
+    else:
+        signal = [f'signal_{fn}() {{ kill -TERM -- "-${v}_PID" 2>/dev/null || kill -TERM "${v}_PID" 2>/dev/null; }}']
+    lines = [
+        f"# the {r.name}'s deployment ({dep.kind}): its own process group, port, identity and log",
+        f'{v}_PID=""',
+        f'{v}_WATCH_PID=""',
+        *signal,
+        f"stop_{fn}() {{",
+        f'  [ -z "${v}_WATCH_PID" ] || {{ kill "${v}_WATCH_PID" 2>/dev/null; {v}_WATCH_PID=""; }}',
+        f'  if [ -n "${v}_PID" ] && kill -0 "${v}_PID" 2>/dev/null; then',
+        f"    say {q('stopping the ' + r.label)}",
+        f"    signal_{fn}",
+        f'    for _ in $(seq 1 30); do kill -0 "${v}_PID" 2>/dev/null || break; sleep 1; done',
+        f'    kill -KILL -- "-${v}_PID" 2>/dev/null || kill -KILL "${v}_PID" 2>/dev/null',
+        "  fi",
+        f'  {v}_PID=""',
+        "}",
+        f"STOPS+=(stop_{fn})",
+        f"rm -f {r.state_file} {r.port_file} {r.identity_file}",
+    ]
+    if dep.host_var and dep.step.node_offset:  # on nodes of its own: the job reaches it at its first node's name
+        first = int(dep.step.node_offset)
+        no_node = f"the {r.label} runs on a node of its own, and this allocation has no node after its first {first}"
+        lines += [
+            f'{dep.host_var}="$(step_nodes 1 {first})"; export {dep.host_var}',
+            f'if [ -z "${dep.host_var}" ]; then',
+            f"  say {q(no_node)}",
+            f"  mark {r.state_file} failed; JOB_RC=3; exit 3",
+            "fi",
+            f'say "the {r.label} runs on its own node(s) from ${dep.host_var} on"',
+        ]
+    lines += [
+        f"say {q('starting the ' + r.label + ' (' + dep.kind + ')')}",
+        f"setsid {_launch(dep.step, launcher, name=r.step_name)} > {r.log} 2>&1 &",
+        f"{v}_PID=$!",
+        f"mark {r.state_file} starting",
+    ]
+    if dep.port_file:
+        lines += _published_port(dep.port_file, timeout, r)
+    if not dep.health_url:
+        return "\n".join([*lines, f"mark {r.state_file} ready"]) + "\n"
+    lines += [f'{v}_HEALTH_URL="{dep.on_published_port(dep.health_url)}"']
+    check = []
+    if dep.identity and dep.identity_url:
+        lines += [f"{v}_IDENTITY={q(dep.identity)}", f'{v}_IDENTITY_URL="{dep.on_published_port(dep.identity_url)}"']
+        check = [
+            f'  case "$(fetch "${v}_IDENTITY_URL")" in *"${v}_IDENTITY"*) ;; *)',
+            f'    {fn}_gave_up "${{{v}_HEALTH_URL%/v1/*}} answers for another deployment: it does not report '
+            f"this job's {r.label} identity ${v}_IDENTITY\"; return 3 ;;",
+            "  esac",
+            f'  mark {r.identity_file} "${v}_IDENTITY"',
+        ]
+    lines += [
+        f"watch_{fn}() {{",
+        f"  local deadline=$((SECONDS + {timeout}))",
+        f"  {fn}_gave_up() {{",
+        f'    say "$1; last lines of {r.log}:"',
+        f"    tail -n 40 {r.log}; mark {r.state_file} failed; kill -USR1 $$",
+        "  }",
+        f'  until health_ok "${v}_HEALTH_URL"; do',
+        f'    if ! kill -0 "${v}_PID" 2>/dev/null; then',
+        f'      {fn}_gave_up "the {r.label} exited before it became healthy"; return 3',
+        "    fi",
+        '    if [ "$SECONDS" -ge "$deadline" ]; then',
+        f'      {fn}_gave_up "the {r.label} did not become healthy within {timeout} s"; return 3',
+        "    fi",
+        "    sleep 1",
+        "  done",
+        *check,
+        f"  mark {r.state_file} ready",
+        f'  say "{r.label} healthy: ${v}_HEALTH_URL${{{v}_IDENTITY:+ (identity ${v}_IDENTITY verified)}}"',
+        "}",
+        f"watch_{fn} &",
+        f"{v}_WATCH_PID=$!",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _clients_need(plan: JobPlan) -> str:
@@ -498,12 +604,14 @@ def render_job_script(plan: JobPlan, *, launcher: Launcher = "processes", header
         _env_prefix(plan.env),
         f"TASK_DIRS=({' '.join(shlex.quote(t.dir) for t in plan.tasks)})\n",
         _deployment_section(plan, launcher),
+        *(_other_section(dep, launcher) for dep in plan.others),
         *(_task_function(i, t, launcher, _turn_of(plan, i)) for i, t in enumerate(plan.tasks)),
         _clients_need(plan),
         _requests_section(plan),
         f"FAILED=0\nMAX_PARALLEL_TASKS={int(plan.max_parallel_tasks)}\n",
         f"run_tasks {' '.join(f'task_{i}' for i in _run_order(plan))}\n" if plan.tasks else "",
         "stop_deployment\n",
+        "stop_others\n" if plan.others else "",
         'if [ "$FAILED" -eq 0 ]; then JOB_RC=0; say "all tasks succeeded"; '
         'else JOB_RC=1; say "$FAILED task(s) failed"; fi\n',
         *(f"{line}\n" for line in plan.after_tasks),

@@ -72,7 +72,7 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         endpoint=endpoint,
         harness=_harness(versions, per_task, bool(images)),
         tasks=per_task,
-        judge=_judge(submitted.get("judge"), endpoint, per_task),
+        judge=_judge(submitted.get("judge"), endpoint, per_task, job_dir),
     )
 
 
@@ -165,19 +165,45 @@ def _prompt_tokens(job_dir: Path) -> dict[str, float] | None:
 
 
 def _judge(
-    submitted: Mapping[str, Any] | None, endpoint: Mapping[str, Any], tasks: Mapping[str, Mapping[str, Any]]
+    submitted: Mapping[str, Any] | None,
+    endpoint: Mapping[str, Any],
+    tasks: Mapping[str, Mapping[str, Any]],
+    job_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     """The judge as job.yaml names it, with what was verified of it and the settings each task sent it.
 
-    The evaluated model judging itself is the endpoint whose identity the job verified; an API judge is named
-    by its URL and model id, which each judged task checked (`/v1/models`) before its harness sent anything:
-    a task whose check failed never ran."""
+    The evaluated model judging itself is the endpoint whose identity the job verified; a judge deployed beside
+    the model is its own deployment, with the identity the job verified it reports (`state/judge_identity`) and
+    what its server loaded (`state/judge_served_checkpoint.json`); an API judge is named by its URL and model
+    id, which each judged task checked (`/v1/models`) before its harness sent anything: a task whose check
+    failed never ran."""
     if not submitted:
         return None
     out = dict(submitted)
     if out.get("kind") == "self":
         out["verified"] = bool(endpoint.get("verified"))
         out["identity"] = endpoint.get("identity")
+    elif out.get("kind") == "deployed":
+        from ckpteval.job.roles import JUDGE, role
+
+        judge_role = role(JUDGE)
+        identity = ""
+        if job_dir is not None:
+            try:
+                identity = (job_dir / judge_role.identity_file).read_text(encoding="utf-8").strip()
+            except OSError:
+                identity = ""
+        out["identity"] = identity or None
+        out["verified"] = bool(identity)
+        out["verified_by"] = (
+            "its health reported the identity the job gave it, and each judged task checked it again (and its "
+            "/v1/models) before its first request and on every answer"
+            if identity
+            else NOT_VERIFIABLE
+        )
+        loaded = _json(job_dir / judge_role.served_file) if job_dir is not None else {}
+        if loaded:
+            out["served_checkpoint"] = loaded
     else:
         out["verified"] = True
         out["verified_by"] = "its /v1/models lists model_id (each judged task checked it before its first request)"

@@ -314,6 +314,8 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 timeout_graceful_shutdown=10,
                 backlog=1024,
             )
+            if options.access_log:  # uvicorn logs requests at INFO: under log_level warning they were dropped
+                logging.getLogger("uvicorn.access").setLevel(logging.INFO)
             server = uvicorn.Server(config)
             url = f"http://{options.host}:{bound_port(sock)}"
             ready()

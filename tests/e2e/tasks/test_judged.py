@@ -1,6 +1,7 @@
 """A judge-scored task end to end: `evaluate -c tiny -t mtbench judge=api ...` against a real OpenAI-shaped
 judge over HTTP (tests/support/judge_standin.py), the model being SmolLM2 served by the job's own builtin
-deployment (`-c tiny`), on one MT-Bench question (two turns, two judgments).
+deployment (`-c tiny`), on one MT-Bench question (two turns, two judgments); and `judge=builtin`: SmolLM2 as
+the judge too, a second builtin server the job starts beside the model, every request counted at each server.
 
 Every judge request reaches the judge, with the judge's model id and the key from the owner-only file; the
 score is the judge's verdict; results.json names the judge. A judge whose replies hold no rating past the
@@ -29,7 +30,7 @@ KEY = "s3cret-judge-key-0123"
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
 
 
-def _evaluate(judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _evaluate(judge: JudgeStandIn | None, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
         "XDG_STATE_HOME": str(cwd / "state"),
@@ -37,9 +38,17 @@ def _evaluate(judge: JudgeStandIn, cwd: Path, *extra: str) -> subprocess.Complet
         "MY_JUDGE_KEY": KEY,
         "COLUMNS": "80",
     }
+    api = ()
+    if judge is not None:
+        api = (
+            "judge=api",
+            f"judge.url={judge.url}",
+            f"judge.model_id={judge.model_id}",
+            "judge.api_key_name=MY_JUDGE_KEY",
+        )
     argv = [
         *("-c", "tiny", "-t", "mtbench"),
-        *("judge=api", f"judge.url={judge.url}", f"judge.model_id={judge.model_id}", "judge.api_key_name=MY_JUDGE_KEY"),
+        *api,
         *(f"{PARAMS}.limit_samples=1", f"{PARAMS}.max_new_tokens=8", f"{PARAMS}.parallelism=1"),
         *extra,
     ]
@@ -94,3 +103,48 @@ def test_a_judge_that_gives_no_rating_fails_the_task(tmp_path: Path) -> None:
     assert "judge errors 2 of 2" in log and "I cannot decide." in log
     results = json.loads((_job_dir(tmp_path) / "results.json").read_text())
     assert results["tasks"]["mtbench"]["status"] == "failed"
+
+
+def _chat_requests(log: Path) -> int:
+    """POSTs a builtin server answered on its chat route, from its access log (`access_log: true`)."""
+    return sum('"POST /v1/chat/completions' in line for line in log.read_text(errors="replace").splitlines())
+
+
+def test_a_builtin_judge_is_a_second_server_of_the_job(tmp_path: Path) -> None:
+    from tests.e2e.conftest import packaged_checkpoint
+
+    judge_checkpoint = packaged_checkpoint("smol")
+    proc = _evaluate(
+        None,
+        tmp_path,
+        *("judge=builtin", f"judge.checkpoint_path={judge_checkpoint}"),
+        # each server logs every request it answers: they are counted below
+        *("deployment.access_log=true", "judge.access_log=true"),
+        # a 135M judge rarely writes MT-Bench's [[rating]]: its replies are counted, not required
+        *("judge.max_error_rate=1.0", f"+{PARAMS}.extra.judge.max_tokens=16"),
+    )
+    job = _job_dir(tmp_path)
+    log = (job / "tasks" / "mtbench" / "client.log").read_text(errors="replace")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
+    state = job / "state"
+    # two servers, each on its own port, each verified as the job's own (two identities)
+    ports = {(state / "deployment_port").read_text().strip(), (state / "judge_port").read_text().strip()}
+    identities = {(state / "deployment_identity").read_text().strip(), (state / "judge_identity").read_text().strip()}
+    assert len(ports) == 2 and len(identities) == 2
+    judge_port = (state / "judge_port").read_text().strip()
+    # the harness was told the judge, and checked it before sending it anything
+    assert f"judge judge at http://127.0.0.1:{judge_port}/v1 verified (identity " in log
+    # counted at each server: the model answered the two turns and nothing else; the judge the harness's
+    # validation and every judgment (MT-Bench asks again, up to 5 times, for a reply that holds no rating)
+    judgments = (job / "tasks" / "mtbench" / "output").rglob("judgements/*_single.jsonl")
+    rows = [json.loads(line) for path in judgments for line in path.read_text().splitlines() if line.strip()]
+    assert len(rows) == 2
+    assert _chat_requests(job / "logs" / "deployment.log") == 2
+    unreadable = sum(r["score"] == -1 for r in rows)
+    assert 1 + len(rows) <= _chat_requests(job / "logs" / "judge.log") <= 1 + len(rows) + 4 * unreadable
+    results = json.loads((job / "results.json").read_text())
+    judge = results["provenance"]["judge"]
+    assert (judge["kind"], judge["model_id"], judge["verified"]) == ("deployed", "judge", True)
+    assert judge["identity"] == (state / "judge_identity").read_text().strip()
+    assert judge["checkpoint_path"] == str(judge_checkpoint)
+    assert "judge_judgments" in json.dumps(results["tasks"]["mtbench"])

@@ -118,3 +118,20 @@ def test_slurm_dry_run_shows_the_speed_settings_it_passes(isolated_user: Path, w
     out = unboxed(proc.stdout)
     assert "--num_replicas 1 --max_batch_size 64 --micro_batch_size 8 --enable_cuda_graphs --enable_flash_decode" in out
     assert "--num_layers_in_first_pipeline_stage 15" in out
+
+
+def test_slurm_dry_run_places_a_judge_on_a_node_of_its_own(isolated_user: Path, write_env):
+    """judge=builtin on Slurm: the allocation holds the model's node and the judge's (the profile asks for
+    one), the judge's step runs on the second, reached at its name; the run header says where."""
+    write_env(PROFILE.replace("nodes = 2", "nodes = 1"))
+    proc = dry_run(
+        "-t", "mtbench", "run.model=/lustre/me/ckpt", "export.wandb.enabled=false",
+        "judge=builtin", "judge.checkpoint_path=/lustre/me/judge",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = unboxed(proc.stdout)
+    assert "judge: /lustre/me/judge (megatron, builtin backend, a second server on node 2 of the allocation)" in out
+    assert "#SBATCH --nodes=2" in out
+    assert "--job-name=judge" in out and '--nodelist="$(step_nodes 1 1)"' in out
+    assert 'JUDGE_HOST="$(step_nodes 1 1)"; export JUDGE_HOST' in out
+    assert "--host 0.0.0.0" in out and "/lustre/me/judge" in out

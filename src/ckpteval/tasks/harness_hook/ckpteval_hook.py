@@ -252,6 +252,10 @@ def _patch_mtbench_output(module: ModuleType) -> None:
     _hook_module("ckpteval_judge").patch_mtbench_output(module)
 
 
+def _patch_judge_client(module: ModuleType) -> None:
+    _hook_module("ckpteval_judge").patch_judge_client(module)
+
+
 def _patch_evaluator_input(module: ModuleType) -> None:
     _hook_module("ckpteval_wait_ready").patch_input(module)
 
@@ -267,6 +271,9 @@ _HARNESS_PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "nemo_evaluator.core.input": _patch_evaluator_input,
     "lm_eval.filters.sanitize": _patch_sanitize,
     "core_evals.mtbench.output": _patch_mtbench_output,
+    # MT-Bench's judge client, as its judging subprocess imports it (from its own directory) and as a package
+    "fastchat.clients.openai": _patch_judge_client,
+    "mtbench_evaluator.fastchat.fastchat.clients.openai": _patch_judge_client,
 }
 
 

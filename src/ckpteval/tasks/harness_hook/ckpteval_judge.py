@@ -21,6 +21,13 @@ from types import ModuleType
 from typing import Any
 
 MAX_ERROR_RATE_ENV = "CKPTEVAL_JUDGE_MAX_ERROR_RATE"
+# a judge the job deployed beside the model (ckpteval.job.build spells these too): the identity it was given,
+# its base URL on the port it published, and how long to wait for it to load
+JUDGE_IDENTITY_ENV = "CKPTEVAL_JUDGE_IDENTITY"
+JUDGE_URL_ENV = "CKPTEVAL_JUDGE_URL"
+JUDGE_WAIT_ENV = "CKPTEVAL_JUDGE_WAIT_S"
+DEPLOYMENT_HEADER = "x-ckpteval-deployment"  # ckpteval.server.identity's
+JUDGE_CHANGED_EXIT = 3
 LAST_REPLIES = 3
 
 
@@ -97,17 +104,90 @@ def judge_identity_problem(url: str, model_id: str, api_key: str | None, timeout
     return None
 
 
+def deployed_judge_problem(url: str, identity: str, wait_s: float, poll_s: float = 1.0) -> str | None:
+    """Why the judge the job deployed at `url` (`.../v1`) is not ready as this job's judge (None: its health
+    answers, naming `identity`), after waiting up to `wait_s` for it to load."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    health = url.rstrip("/").rsplit("/v1", 1)[0] + "/v1/health"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with opener.open(health, timeout=10) as response:
+                body = json.loads(response.read() or b"{}")
+            break
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            if time.monotonic() >= deadline:
+                return (
+                    f"the judge at {url} did not become healthy within {wait_s:.0f} s ({getattr(exc, 'reason', exc)})"
+                )
+            time.sleep(poll_s)
+    reported = body.get("deployment") if isinstance(body, dict) else None
+    if reported != identity:
+        return (
+            f"the judge at {url} reports deployment {reported or '(none)'}, not this job's judge {identity}: "
+            "another server answers on its port"
+        )
+    return None
+
+
+def patch_judge_client(module: ModuleType) -> None:
+    """MT-Bench's OpenAI client (`fastchat.clients.openai`, which answers the model and judges its answers):
+    every answer from the judge the job deployed (a request to CKPTEVAL_JUDGE_URL) must name its identity in
+    its `x-ckpteval-deployment` header, as every task client checks the model's answers (`ckpteval_responses`);
+    another server on the judge's port stops the task at once. Nothing to check without a deployed judge."""
+    identity = os.environ.get(JUDGE_IDENTITY_ENV, "").strip()
+    base = os.environ.get(JUDGE_URL_ENV, "").strip().rstrip("/")
+    real = getattr(module, "OpenAI", None)
+    if not identity or not base or real is None or getattr(real, "__ckpteval_patched__", False):
+        return
+    try:  # the client openai makes by default (its timeouts, limits, redirects), with our check
+        from openai import DefaultHttpxClient as http_client_class
+    except ImportError:
+        from httpx import Client as http_client_class
+
+    def check(response: Any) -> None:
+        if not str(response.request.url).startswith(base):
+            return
+        named = response.headers.get(DEPLOYMENT_HEADER)
+        if named != identity:
+            print(
+                f"ckpteval: the judge changed mid-task: an answer at {response.request.url} came from deployment "
+                f"{named or '(none named)'}, not this job's judge {identity}. The task is stopped; none of its "
+                "judgments is scored.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(JUDGE_CHANGED_EXIT)
+
+    def client(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("http_client", http_client_class(event_hooks={"response": [check]}))
+        return real(*args, **kwargs)
+
+    client.__ckpteval_patched__ = True  # type: ignore[attr-defined]
+    module.OpenAI = client  # type: ignore[attr-defined]
+
+
 def main(argv: list[str]) -> int:
-    """`python ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]`: exit 0 when the judge is the one named."""
+    """`python ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]`: exit 0 when the judge is the one named
+    (and, for a judge the job deployed, CKPTEVAL_JUDGE_IDENTITY set, once it is healthy with that identity)."""
     if len(argv) < 3 or argv[0] != "check":
         print("usage: ckpteval_judge.py check URL MODEL_ID [KEY_VARIABLE]", file=sys.stderr)
         return 2
     key = os.environ.get(argv[3]) if len(argv) > 3 else None
-    problem = judge_identity_problem(argv[1], argv[2], key)
+    identity = os.environ.get(JUDGE_IDENTITY_ENV, "").strip()
+    problem = None
+    if identity:
+        wait_s = float(os.environ.get(JUDGE_WAIT_ENV) or 600)
+        problem = deployed_judge_problem(argv[1], identity, wait_s)
+    problem = problem or judge_identity_problem(argv[1], argv[2], key)
     if problem:
         print(f"ckpteval: {problem}; no request was sent to it", file=sys.stderr)
         return 1
-    print(f"ckpteval: judge {argv[2]} at {argv[1]} verified")
+    print(f"ckpteval: judge {argv[2]} at {argv[1]} verified" + (f" (identity {identity})" if identity else ""))
     return 0
 
 

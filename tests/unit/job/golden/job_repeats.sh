@@ -85,8 +85,10 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
 }
 JOB_RC=1
 GATE_PID=""
+STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
+stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
-  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
 }
 trap finish EXIT

@@ -6,10 +6,10 @@ cd "$JOB_DIR" || exit 2
 mkdir -p state logs
 exec >> logs/job.log 2>&1
 export PRIMARY_NODE="${SLURMD_NODENAME:-$(hostname)}"
-step_nodes() {  # the first $1 nodes of the job, this one first (the deployment's rank 0 is local)
+step_nodes() {  # $1 nodes of the job after its first ${2:-0}, this one first (the deployment's rank 0 is local)
   { echo "$PRIMARY_NODE"
     scontrol show hostnames "${SLURM_JOB_NODELIST:-$PRIMARY_NODE}" | grep -vxF "$PRIMARY_NODE"
-  } | head -n "$1" | paste -sd, -
+  } | tail -n "+$((${2:-0} + 1))" | head -n "$1" | paste -sd, -
 }
 signal_deployment() {
   local step
@@ -95,8 +95,10 @@ deployment_failed() {  # the watcher's signal: no client has sent a request yet;
 }
 JOB_RC=1
 GATE_PID=""
+STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
+stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
-  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
 }
 trap finish EXIT

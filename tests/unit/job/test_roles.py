@@ -1,0 +1,218 @@
+"""Deployments keyed by role: a judge deployed beside the model is a second deployment of the job, with its own
+port (and published port file), identity, log and state; a third role is one registry entry; the job script
+starts, checks and stops each (real processes, real HTTP)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ckpteval.config.compile import compile_config
+from ckpteval.config.compose import CompileRequest
+from ckpteval.errors import ConfigError
+from ckpteval.execution.backend import task_log
+from ckpteval.execution.snapshot import LocalJobView, settle_tasks, take_snapshot
+from ckpteval.job.build import Toolchain, build_plan
+from ckpteval.job.plan import DeploymentPlan, Step
+from ckpteval.job.roles import Role, register_role, role, roles, unregister_role
+from ckpteval.job.script import render_job_script
+from tests.unit.job.test_script import GOLDEN, UPDATE, free_port, make_plan, run_job, state, write_job
+
+TOOLCHAIN = Toolchain(python="/venv/bin/python", evaluator="/venv/bin/nemo-evaluator", hook_dir="/hook")
+JUDGE = ("judge=builtin",)
+
+
+def _compile(tmp_path: Path, *overrides: str, tasks: tuple[str, ...] = ("mtbench",)):
+    return compile_config(CompileRequest(configs=("tiny",), tasks=tasks, overrides=overrides, cwd=tmp_path))
+
+
+def _plan(tmp_path: Path, *overrides: str):
+    compiled = _compile(tmp_path, *overrides)
+    return compiled, build_plan(
+        compiled, invocation="i", job_dir=str(tmp_path / "job"), toolchain=TOOLCHAIN, launcher="processes"
+    )
+
+
+@pytest.fixture
+def judge_checkpoint(tmp_path: Path) -> str:
+    path = tmp_path / "judge-ckpt"
+    path.mkdir()
+    return str(path)
+
+
+def test_a_builtin_judge_is_a_second_deployment_of_the_job(isolated_user: Path, judge_checkpoint: str) -> None:
+    _, plan = _plan(isolated_user, *JUDGE, f"judge.checkpoint_path={judge_checkpoint}")
+    assert list(plan.deployments) == ["model", "judge"]
+    model, judge = plan.deployments["model"], plan.deployments["judge"]
+    assert plan.deployment is model and judge.kind == "megatron/builtin"
+    # each its own port, published port file, identity, and what it loaded
+    assert (model.port, judge.port) == (8000, 8001)
+    assert model.port_file.endswith("state/deployment_port") and judge.port_file.endswith("state/judge_port")
+    assert model.identity and judge.identity and model.identity != judge.identity
+    assert judge_checkpoint in judge.step.command and "--port 8001" in judge.step.command
+    assert "state/judge_port" in judge.step.command and "state/judge_served_checkpoint.json" in judge.step.command
+    assert "--publish-tokenizer" not in judge.step.command  # only the model's clients read a tokenizer
+    # the task's harness is told the judge (not the model), on the port the judge publishes at run time
+    [run] = plan.tasks[0].runs
+    told = run.run_config["config"]["params"]["extra"]["judge"]
+    assert (told["url"], told["model_id"]) == ("http://127.0.0.1:8001/v1", "judge")
+    assert "config.params.extra.judge.url=http://127.0.0.1:${JUDGE_PORT}/v1" in run.step.command
+    # and waits for it, then checks its identity, before its harness sends anything
+    assert 'CKPTEVAL_JUDGE_URL="http://127.0.0.1:${JUDGE_PORT}/v1"' in run.step.command
+    assert 'ckpteval_judge.py check "$CKPTEVAL_JUDGE_URL" judge && ' in run.step.command
+    assert run.step.env["CKPTEVAL_JUDGE_IDENTITY"] == judge.identity
+    script = render_job_script(plan)
+    assert "starting the judge (megatron/builtin)" in script and "> logs/judge.log 2>&1 &" in script
+    assert "JUDGE_PORT=$(cat" in script and "STOPS+=(stop_judge)" in script
+    # the model's own lines are those of a job without a judge
+    assert "> logs/deployment.log 2>&1 &" in script and "DEPLOY_PORT=$(cat" in script
+
+
+def test_a_judge_deployment_is_refused_before_anything_when_it_cannot_run(
+    isolated_user: Path, judge_checkpoint: str
+) -> None:
+    with pytest.raises(ConfigError, match="both 8000: each deployment of the job has a port of its own"):
+        _compile(isolated_user, *JUDGE, f"judge.checkpoint_path={judge_checkpoint}", "judge.port=8000")
+    with pytest.raises(ConfigError, match="The judge's checkpoint /nowhere/judge does not exist"):
+        _compile(isolated_user, *JUDGE, "judge.checkpoint_path=/nowhere/judge")
+    with pytest.raises(ConfigError, match="served by the builtin server for now"):
+        _compile(isolated_user, *JUDGE, f"judge.checkpoint_path={judge_checkpoint}", "judge.backend=export-deploy")
+
+
+@pytest.fixture
+def reward_role() -> Iterator[Role]:
+    """A third role (a reward endpoint) added through the registry alone: the model's checkpoint on its own port."""
+
+    def section(config):
+        return dataclasses.replace(config.deployment, port=8002, served_model_name="reward")
+
+    added = register_role(Role(name="reward", section=section, stem="reward", var="REWARD"))
+    try:
+        yield added
+    finally:
+        unregister_role("reward")
+    assert [r.name for r in roles()] == ["model", "judge"]
+
+
+def test_a_third_role_is_one_registry_entry(isolated_user: Path, judge_checkpoint: str, reward_role: Role) -> None:
+    _, plan = _plan(isolated_user, *JUDGE, f"judge.checkpoint_path={judge_checkpoint}")
+    assert list(plan.deployments) == ["model", "judge", "reward"]
+    reward = plan.deployments["reward"]
+    assert reward.port == 8002 and reward.port_file.endswith("state/reward_port") and reward.identity
+    script = render_job_script(plan)
+    for line in ("starting the reward (megatron/builtin)", "> logs/reward.log 2>&1 &", "REWARD_PORT=$(cat"):
+        assert line in script
+    assert "STOPS+=(stop_reward)" in script
+    # its log and state are read like the judge's
+    record = SimpleNamespace(id="i", task=lambda name: None, task_names=["mtbench"])  # no task named so
+    assert task_log(record, "reward") == "logs/reward.log"  # type: ignore[arg-type]
+    assert task_log(record, "judge") == "logs/judge.log"  # type: ignore[arg-type]
+    assert task_log(record, "deployment") == "logs/deployment.log"  # type: ignore[arg-type]
+    job = isolated_user / "job"
+    (job / "state").mkdir(parents=True)
+    (job / "state" / "reward").write_text("ready\n")
+    snapshot = take_snapshot(LocalJobView(job), [], None)
+    assert snapshot.deployments == {"model": "", "reward": "ready"}
+    assert settle_tasks(snapshot, active=False, state="cancelled").deployments["reward"] == "cancelled"
+
+
+def _with_judge(plan, job_dir: Path, *, judge_port: int, reports: str, identity: str = "judge-id") -> object:
+    """`plan` with a judge beside its model: the same health server, on its own port, reporting `reports`."""
+    port_file = str(job_dir / "state" / "judge_port")
+    judge = DeploymentPlan(
+        kind="megatron/builtin",
+        step=Step(
+            command=f"exec {sys.executable} server.py {judge_port} {port_file}",
+            env={"HITS": str(job_dir / "judge-hits.log"), "REPORTS": reports},
+        ),
+        health_url=f"http://127.0.0.1:{judge_port}/v1/health",
+        readiness_timeout=30,
+        port=judge_port,
+        identity=identity,
+        identity_url=f"http://127.0.0.1:{judge_port}/v1/health",
+        port_file=port_file,
+        role="judge",
+    )
+    return dataclasses.replace(plan, others=(judge,))
+
+
+def test_the_job_starts_checks_and_stops_both_servers(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    port = free_port()
+    # the task reaches the judge on the port the judge published (planned 0: it takes any free one), once it
+    # answers (as a judged task's check waits for it)
+    judge_url = "http://127.0.0.1:$JUDGE_PORT/v1/health"
+    wait_then_ask = f'until curl -sf "{judge_url}" > /dev/null; do sleep 0.2; done; curl -sf "{judge_url}" > judged'
+    plan = make_plan(job_dir, port=port, tasks=[("t1", wait_then_ask)])
+    plan = _with_judge(plan, job_dir, judge_port=0, reports="judge-id")
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert state(job_dir, "state/judge") == "ready" and state(job_dir, "state/judge_identity") == "judge-id"
+    assert state(job_dir, "state/deployment") == "ready"
+    judge_port = int(state(job_dir, "state/judge_port"))
+    assert judge_port not in (0, port)
+    assert json.loads((job_dir / "judged").read_text())["deployment"] == "judge-id"
+    log = proc.stdout
+    assert f"the judge holds port {judge_port}" in log and "stopping the judge" in log
+    assert "judge healthy" in log and "(identity judge-id verified)" in log
+    assert (job_dir / "judge-hits.log").read_text().count("/v1/health") >= 1
+
+
+def test_a_judge_that_reports_another_identity_stops_the_job(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    plan = make_plan(job_dir, port=free_port(), tasks=[("t1", "sleep 30")])
+    plan = _with_judge(plan, job_dir, judge_port=0, reports="someone-else")
+    proc = run_job(write_job(tmp_path, plan))
+    assert proc.returncode == 3
+    assert state(job_dir, "state/judge") == "failed"
+    log = proc.stdout + proc.stderr
+    assert "answers for another deployment: it does not report this job's judge identity judge-id" in log
+    assert not (job_dir / "state" / "judge_identity").exists()
+
+
+def test_the_model_role_keeps_the_names_of_earlier_jobs() -> None:
+    model = role("model")
+    assert (model.state_file, model.port_file, model.identity_file, model.log, model.port_var) == (
+        "state/deployment",
+        "state/deployment_port",
+        "state/deployment_identity",
+        "logs/deployment.log",
+        "DEPLOY_PORT",
+    )
+    assert model.served_file == "state/served_checkpoint.json"
+
+
+@pytest.mark.parametrize("launcher", ["processes", "srun-containers"])
+def test_golden_with_a_judge(launcher: str) -> None:
+    """A job with a judge beside the model: on Slurm the judge's step runs on the node after the model's and is
+    reached at that node's name; here, beside it on 127.0.0.1."""
+    on_slurm = launcher == "srun-containers"
+    plan = make_plan(Path("/jobs/abcd1234"), port=8000, tasks=[("mtbench", "echo judged")])
+    judge = DeploymentPlan(
+        kind="megatron/builtin",
+        step=Step(command="exec python -m ckpteval.server serve --port 8001", node_offset=1 if on_slurm else 0),
+        health_url="http://127.0.0.1:8001/v1/health",
+        readiness_timeout=600,
+        port=8001,
+        identity="abcd1234-judge0123456",
+        identity_url="http://127.0.0.1:8001/v1/health",
+        port_file="/jobs/abcd1234/state/judge_port",
+        role="judge",
+        host_var="JUDGE_HOST" if on_slurm else None,
+    )
+    text = render_job_script(dataclasses.replace(plan, others=(judge,)), launcher=launcher)  # type: ignore[arg-type]
+    golden = GOLDEN / f"job_judge_{launcher}.sh"
+    if UPDATE:
+        golden.write_text(text)
+    assert text == golden.read_text()
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    if on_slurm:
+        assert '--nodelist="$(step_nodes 1 1)"' in text and 'JUDGE_HOST="$(step_nodes 1 1)"' in text
+        assert 'JUDGE_HEALTH_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"' in text
