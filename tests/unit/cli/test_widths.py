@@ -1,6 +1,6 @@
 """Every table readable at 80 columns (and still a table at 140): no line wider than the terminal, no cell
-or header cut to a few letters (`…`), every header and value there in full; and what `status` and
-`resume` say about finished and stopped invocations."""
+or header cut to a few letters (`…`), every header and value there in full; what a score means (its chance
+level, an n too small for a CI); and what `status` and `resume` say about finished and stopped invocations."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ckpteval.cli.main import app
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import load_record
 from tests.support.comparisons import record_invocation, sample_rows
+from tests.support.lm_eval_runs import hellaswag_run, mmlu_str_run, record_run
 
 WIDTHS = (80, 140)
 
@@ -123,6 +124,36 @@ def test_status_lists_model_and_duration(recorded, width):
     assert flat.count("n=100") == 6 and "adlr_mmlu 0." in flat and "hellaswag 0." in flat, out
     single = _render(["status", "aaaa0001"], width)
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
+
+
+@pytest.fixture
+def choice_tasks(isolated_user: Path) -> Path:
+    """Invocations collected from lm-eval's own output of choice tasks: MMLU (a letter among 4 choices) with 25
+    of 100 right, HellaSwag (4 endings) with 32 of 40 right; and HellaSwag on 2 documents."""
+    jobs = isolated_user / "jobs"
+    record_run(
+        jobs,
+        "dddd0004",
+        {
+            "adlr_mmlu": lambda d: mmlu_str_run(d, [i % 4 == 0 for i in range(100)]),
+            "hellaswag": lambda d: hellaswag_run(d, [i % 5 != 0 for i in range(40)]),
+        },
+    )
+    record_run(jobs, "eeee0005", {"hellaswag": lambda d: hellaswag_run(d, [True, False])})
+    return jobs
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_score_says_its_chance_level_and_an_n_too_small_for_a_ci(choice_tasks, width):
+    out = " ".join(_render(["results", "dddd0004"], width).split())
+    # MMLU's 0.25 is what guessing scores: its CI includes chance, and the table says so beside the score
+    assert "0.2500 ± 0.0435 (at chance: 0.25)" in out, out
+    assert out.count("0.8000 ± 0.0641 (chance 0.25)") == 2, out  # hellaswag acc and acc_norm: above chance
+    tiny = " ".join(_render(["results", "eeee0005"], width).split())
+    assert "0.5000 (n too small for a CI; chance 0.25)" in tiny and "± 0.0000" not in tiny, tiny
+    listed = " ".join(_render(["status"], width).split())
+    assert "adlr_mmlu 0.2500 n=100 (at chance: 0.25)" in listed, listed
+    assert "hellaswag 0.5000 n=2 (chance 0.25)" in listed, listed
 
 
 def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
