@@ -60,6 +60,8 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, count_text(t))
         console.print(table)
+        if s.snapshot and s.snapshot.moved:
+            console.print(f"[yellow]{escape(s.snapshot.moved)}[/]", highlight=False)
         if s.snapshot and s.snapshot.requests:
             console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
         from ckpteval.views import CAVEAT_MARK, recorded_caveats

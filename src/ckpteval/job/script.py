@@ -153,7 +153,7 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 
@@ -207,7 +207,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
         "mark state/deployment starting",
     ]
     if dep.port_file:
-        lines += _published_port(dep.port_file, timeout)
+        lines += _published_port(dep.port_file, timeout, dep.port)
     if dep.health_url:
         url = dep.on_published_port(dep.health_url)
         lines += [f'HEALTH_URL="{url}"']
@@ -277,10 +277,21 @@ def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
     ]
 
 
-def _published_port(port_file: str, timeout: int) -> list[str]:
+def _published_port(port_file: str, timeout: int, planned: int | None) -> list[str]:
     """Wait (bounded) for the port the deployment holds; it writes it once it listens, before it loads
-    anything, so this takes the server's start-up (a second), not the model's load."""
+    anything, so this takes the server's start-up (a second), not the model's load. Another port than the
+    `planned` one (it was taken) is said in the job's log and marked for `evaluate status`."""
     path = shlex.quote(port_file)
+    moved = f"port {planned} was taken: the deployment serves on port $DEPLOY_PORT instead"
+    held = 'say "the deployment holds port $DEPLOY_PORT"'
+    said = (  # a planned port 0 is any port the kernel assigns
+        [held]
+        if not planned
+        else [
+            f'if [ "$DEPLOY_PORT" = {planned} ]; then {held}',
+            f'else mark {JobDir.DEPLOYMENT_MOVED} "{moved}"; say "{moved}"; fi',
+        ]
+    )
     return [
         f"port_deadline=$((SECONDS + {timeout}))",
         f"until [ -s {path} ]; do",
@@ -291,7 +302,7 @@ def _published_port(port_file: str, timeout: int) -> list[str]:
         "  sleep 0.2",
         "done",
         f"DEPLOY_PORT=$(cat {path}); export DEPLOY_PORT",
-        'say "the deployment holds port $DEPLOY_PORT"',
+        *said,
     ]
 
 
