@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import config_yaml
     from ckpteval.invocation.record import InvocationRecord
+    from ckpteval.job.request_groups import requests_in_words
     from ckpteval.results.answers import shorten
     from ckpteval.results.caveats import CAVEAT_MARK, caveat_notes, caveats
     from ckpteval.results.compare import REGRESSION_EXIT_CODE, UNTRUSTED_EXIT_CODE
@@ -40,6 +41,7 @@ _WHERE = {
     "caveats": "ckpteval.results.caveats",
     "caveat_notes": "ckpteval.results.caveats",
     "table_rows": "ckpteval.results.table",
+    "requests_in_words": "ckpteval.job.request_groups",
     "verdict_lines": "ckpteval.watch.verdicts",
 }
 

@@ -179,18 +179,54 @@ def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
     assert "2m 05s" in _render(["status"], 80)
 
 
-def test_status_after_cancel_says_cancelled_not_running(recorded):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_after_cancel_says_cancelled_not_running(recorded, width):
     # a job stopped under its tasks: no exit code, no process, the state files still say running and ready
     job = recorded / "bbbb0002"
     (job / "state").mkdir(exist_ok=True)
     (job / JobDir.DEPLOYMENT_STATE).write_text("ready\n")
     (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("running\n")
-    out = _render(["status", "bbbb0002"], 80)
+    # how its requests went, as the job script marks it after the request-settings probe
+    probe = "honoured: 4 rounds of concurrent requests (adlr_mmlu, hellaswag) each answered as when sent alone"
+    (job / JobDir.REQUESTS).write_text(f"side by side: {probe}\n")
+    out = _render(["status", "bbbb0002"], width)
     lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.startswith("│")}
     assert "cancelled" in out.splitlines()[0]
     assert "cancelled" in lines["deployment"] and "ready" not in lines["deployment"]
     assert "cancelled" in lines["adlr_mmlu"] and "running" not in out
     assert "cancelled" in lines["hellaswag"]  # never started: cancelled too (resume still runs it)
+    # the requests in words, not the job's mark ("requests: side by side: honoured: 4 rounds...")
+    flat = " ".join(out.split())
+    assert "side by side: honoured" not in flat, out
+    assert (
+        "task requests: side by side; the endpoint answered each with its own settings (probe: 4 rounds of "
+        "concurrent requests (adlr_mmlu, hellaswag) each answered as when sent alone)" in flat
+    ), out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_says_the_deployment_serves_on_another_port(recorded, width):
+    # the job's mark when the planned port was taken (tests/unit/job/test_script.py: the job writes it)
+    job = recorded / "aaaa0001"
+    (job / "state").mkdir(exist_ok=True)
+    moved = "port 8000 was taken: the deployment serves on port 41873 instead"
+    (job / JobDir.DEPLOYMENT_MOVED).write_text(f"{moved}\n")
+    assert moved in " ".join(_render(["status", "aaaa0001"], width).split())
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_without_an_id_lists_then_shows_the_latest_in_full(recorded, width):
+    from ckpteval.invocation.record import list_records
+
+    latest = list_records()[0].id
+    job = recorded / latest
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("succeeded\n")
+    out = _render(["status"], width)
+    listing, _, full = out.partition(f"the latest invocation ({latest})")
+    assert all(i in listing for i in ("aaaa0001", "bbbb0002", "cccc0003")), out
+    assert full.splitlines()[1].startswith(f"{latest}  "), full  # as `evaluate status ID` shows it
+    assert full.strip().splitlines()[1:] == _render(["status", latest], width).strip().splitlines(), full
 
 
 def test_resume_of_a_succeeded_invocation_does_nothing(recorded):
