@@ -89,6 +89,12 @@ def evaluate_command(
             "--check", help="With --dry-run on a cluster: ask it, read-only, which images are squashed already."
         ),
     ] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the results (results.json's content) on stdout; the rest, the table too, on stderr."
+        ),
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     overrides: Annotated[
         list[str] | None,
@@ -141,14 +147,23 @@ def evaluate_command(
         tasks=tuple(name.strip() for value in task or () for name in value.split(",") if name.strip()),
         env_file=env_file,
     )
+    if json_output and (dry_run or batch):
+        raise ConfigError(
+            f"--json goes with a run that ends with results, not with {'--dry-run' if dry_run else '--batch'}.",
+            hint="`evaluate results ID --json` prints a finished invocation's results.",
+        )
     if check and not dry_run:
         raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
     started = time.monotonic()
-    with ConsoleReporter(show_config=show_config) as reporter:
+    with ConsoleReporter(show_config=show_config, json_output=json_output) as reporter:
         outcome = run_invocation(
             request, reporter=reporter, dry_run=dry_run, force_squash=force_squash, check_squash=check
         )
     render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
+    if json_output and outcome.results is not None:
+        import json
+
+        print(json.dumps(outcome.results.to_json(), indent=2), flush=True)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
 
