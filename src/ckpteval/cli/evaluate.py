@@ -66,6 +66,15 @@ def evaluate_command(
             "of each task's documents (0.1), or none for all: the config's limit_samples, as lm-eval's --limit.",
         ),
     ] = None,
+    num_fewshot: Annotated[
+        int | None,
+        typer.Option(
+            "--num-fewshot",
+            metavar="N",
+            min=0,
+            help="Few-shot examples per document, as lm-eval's --num_fewshot (its tasks' params.extra.num_fewshot).",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", metavar="PATH|ARTIFACT", help="The checkpoint to evaluate (run.model)."),
@@ -112,8 +121,8 @@ def evaluate_command(
       evaluate -c sft --batch MY-CLUSTER          [dim]# submit, print the invocation id[/]
       evaluate -c sft --run MY-CLUSTER --dry-run  [dim]# show everything, do nothing[/]
       evaluate -c sft -t adlr_mmlu,hellaswag --limit 10 deployment=vllm
-      evaluate -c tiny --limit none               [dim]# every document (the config's limit_samples=null)[/]
-      evaluate -c sft +evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=5  [dim]# few-shot[/]
+      evaluate -c tiny --limit none               [dim]# every document[/]
+      evaluate -c sft -t adlr_mmlu --num-fewshot 0  [dim]# zero-shot (few-shot: N)[/]
     """
     import time
 
@@ -143,7 +152,9 @@ def evaluate_command(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
-        overrides=shortcut_overrides(limit=limit_value, model=model) + tuple(override or ()) + tuple(overrides or ()),
+        overrides=shortcut_overrides(limit=limit_value, model=model, num_fewshot=num_fewshot)
+        + tuple(override or ())
+        + tuple(overrides or ()),
         tasks=tuple(name.strip() for value in task or () for name in value.split(",") if name.strip()),
         env_file=env_file,
     )
@@ -194,11 +205,16 @@ def parse_limit(text: str) -> str:
     )
 
 
-def shortcut_overrides(*, limit: str | None, model: str | None) -> tuple[str, ...]:
-    """The overrides that `--limit` and `--model` stand for (first, so an explicit override wins)."""
+def shortcut_overrides(*, limit: str | None, model: str | None, num_fewshot: int | None = None) -> tuple[str, ...]:
+    """The overrides that `--limit`, `--model` and `--num-fewshot` stand for (first, so an explicit override
+    wins)."""
+    from ckpteval.cli.habits import FEWSHOT_KEY
+
     out = []
     if limit is not None:
         out.append(f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}")
+    if num_fewshot is not None:  # `++`: set whether or not the config has the key
+        out.append(f"++{FEWSHOT_KEY}={num_fewshot}")
     if model is not None:
         out.append(f"run.model={_quoted(model)}")
     return tuple(out)
