@@ -358,6 +358,19 @@ def test_a_taken_port_is_said_in_the_job_log_and_kept_for_status(tmp_path: Path)
     assert held != str(port) and said in proc.stdout
     assert state(job, "state/deployment_moved") == said
     assert "abcd1234-0123456789ab" in (job / "out-a.txt").read_text()  # the client found it there
+    # an attached run on this machine shows the job's state, not its log: the progress's deployment row says it
+    import io
+
+    from rich.console import Console
+
+    from ckpteval.cli.progress import Rates, render_progress
+    from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+
+    snapshot = take_snapshot(LocalJobView(job), [("a", "a")], None)
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render_progress(snapshot, Rates(), 80))
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("deployment"))
+    assert row.split() == ["deployment", "ready", "on", "port", held, f"({port}", "was", "taken)"], out.getvalue()
 
 
 def test_a_port_answered_by_another_deployment_stops_the_job_before_any_task_request(tmp_path: Path):
