@@ -273,6 +273,8 @@ def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint,
     # the long override whole: its key on one line, its value on the next where it does not fit
     header = "".join(ln.strip(" │") for ln in lines[: lines.index(next(ln for ln in lines if "tasks" in ln))])
     assert LONG_OVERRIDE in header.replace(" ", ""), header
+    # its invocation id is this dry run's alone: the real run gets its own
+    assert "(thisdryrun's;therungetsitsown)" in header.replace(" ", ""), header
 
 
 @pytest.mark.parametrize("width", WIDTHS)
