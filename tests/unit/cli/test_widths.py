@@ -336,3 +336,26 @@ def test_resume_says_which_invocation_and_what_it_skips_replays_and_runs(recorde
     assert "skips (finished): adlr_mmlu" in text
     assert "hellaswag" in text.split("skips (finished): adlr_mmlu", 1)[1]  # replayed or run, never skipped
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+FIRST_HOUR_MISTAKES = [
+    (["-c", "tiny", "-t", "mtbench", "-d"], "mtbench is scored by a judge model and no judge is set: add judge=api"),
+    (["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
+    (["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
+    (["-c", "tiny", "--model_args", "pretrained=x"], "the checkpoint is --model PATH (run.model=PATH)"),
+    (["-c", "tiny", "-d", "exection.x=1"], "No section 'exection': did you mean execution? Its keys: type, output_dir,"),
+    (["version"], "Did you mean `evaluate --version`?"),
+    (["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
+    (["-c", "tiny", "--limit", "2x"], "--limit takes a number of documents per task (5), a fraction"),
+]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize(("argv", "said"), FIRST_HOUR_MISTAKES, ids=[" ".join(a) for a, _ in FIRST_HOUR_MISTAKES])
+def test_a_first_hour_mistake_is_one_line_with_the_fix_at_any_width(isolated_user, argv, said, width):
+    """The mistakes of issue 42's first hour, each refused before anything is done (exit 2) with the fix in its
+    one line, whole: an error line is not wrapped by us (the terminal wraps it; nothing is cut)."""
+    result = CliRunner().invoke(app, argv, terminal_width=width, env={"COLUMNS": str(width)})
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output and "…" not in result.output, result.output
+    assert not (isolated_user / "results").exists()
