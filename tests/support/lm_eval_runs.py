@@ -71,8 +71,9 @@ def hellaswag_run(task_dir: Path, right: Sequence[bool]) -> None:
                 "doc": doc,
                 "target": i % 4,
                 "arguments": args,
-                "resps": [[[ll, False]] for ll in lls],
-                "filtered_resps": [[ll, False] for ll in lls],
+                # as lm-eval 0.4 logs them: the log-likelihood and is-greedy of each ending as strings
+                "resps": [[[str(ll), "False"]] for ll in lls],
+                "filtered_resps": [[str(ll), "False"] for ll in lls],
                 "filter": "none",
                 "metrics": ["acc", "acc_norm"],
                 "doc_hash": _hash(doc),

@@ -127,12 +127,18 @@ def _requests(arguments: Any) -> list[list[Any]]:
 
 
 def _log_likelihoods(filtered_resps: Any, n_requests: int) -> list[float] | None:
-    """A multiple-choice sample's log-likelihood of each choice (`[[ll, is_greedy], ...]`), None otherwise."""
+    """A multiple-choice sample's log-likelihood of each choice (`[[ll, is_greedy], ...]`; lm-eval 0.4 logs both
+    as strings, `[["-59.19", "False"], ...]`), None otherwise."""
     if not isinstance(filtered_resps, list) or n_requests < 2 or len(filtered_resps) != n_requests:
         return None
     out = []
     for resp in filtered_resps:
         value = resp[0] if isinstance(resp, (list, tuple)) and resp else resp
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
         out.append(float(value))
