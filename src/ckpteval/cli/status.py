@@ -95,7 +95,8 @@ def status_command(
     # no vertical rules, no outer padding: the list fits 80 columns
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
-        table.add_column(col, no_wrap=col != "scores", overflow="fold")  # the scores wrap between tasks
+        # the scores wrap between tasks; narrower than a task's summary, the list is stacked instead
+        table.add_column(col, no_wrap=col != "scores", overflow="fold", min_width=32 if col == "scores" else None)
     rows = []
     for s in statuses:
         rows.append(
