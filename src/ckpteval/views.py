@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.preview import config_yaml
     from ckpteval.invocation.record import InvocationRecord
+    from ckpteval.job.request_groups import requests_in_words
     from ckpteval.results.answers import shorten
     from ckpteval.results.caveats import CAVEAT_MARK, caveat_notes, caveats
     from ckpteval.results.compare import REGRESSION_EXIT_CODE, UNTRUSTED_EXIT_CODE
@@ -40,6 +41,7 @@ _WHERE = {
     "caveats": "ckpteval.results.caveats",
     "caveat_notes": "ckpteval.results.caveats",
     "table_rows": "ckpteval.results.table",
+    "requests_in_words": "ckpteval.job.request_groups",
     "verdict_lines": "ckpteval.watch.verdicts",
 }
 
@@ -171,9 +173,11 @@ def planned_documents(compiled: CompiledConfig) -> dict[str, str]:
 
 def score_summary(record: InvocationRecord) -> str:
     """An invocation's scores in a few words, from the results.json this machine holds ("" where it holds
-    none): each task's first metric and the documents behind it, `adlr_mmlu 0.2456 n=57`."""
+    none): each task's first metric, the documents behind it and, for a choice task, what guessing scores:
+    `adlr_mmlu 0.2456 n=57 (at chance: 0.25)`."""
     from ckpteval.errors import CkptevalError
     from ckpteval.results.store import read_results
+    from ckpteval.results.table import chance_text
 
     path = results_file(record)
     if path is None or not path.is_file():
@@ -189,7 +193,10 @@ def score_summary(record: InvocationRecord) -> str:
             parts.append(f"{name} {outcome.status}")
             continue
         n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
-        parts.append(f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else ""))
+        chance = chance_text(next(iter(outcome.metrics)), metric, outcome.chance)
+        parts.append(
+            f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else "") + (f" ({chance})" if chance else "")
+        )
     return ", ".join(parts)
 
 

@@ -225,7 +225,7 @@ def test_zero_shot_against_five_shot_compared_question_by_question(tiny_run: Tin
     questions whose score changed (read independently from the two samples.jsonl), right → wrong first, each
     with both answers; the report shows the same flips, read by a real browser."""
     second = subprocess.run(
-        [*EVALUATE, "-c", "tiny", "+evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=0"],
+        [*EVALUATE, "-c", "tiny", "--num-fewshot", "0"],  # lm-eval's flag: params.extra.num_fewshot
         cwd=tiny_run.cwd,
         env=tiny_run.env,
         capture_output=True,

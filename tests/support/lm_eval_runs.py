@@ -71,8 +71,9 @@ def hellaswag_run(task_dir: Path, right: Sequence[bool]) -> None:
                 "doc": doc,
                 "target": i % 4,
                 "arguments": args,
-                "resps": [[[ll, False]] for ll in lls],
-                "filtered_resps": [[ll, False] for ll in lls],
+                # as lm-eval 0.4 logs them: the log-likelihood and is-greedy of each ending as strings
+                "resps": [[[str(ll), "False"]] for ll in lls],
+                "filtered_resps": [[str(ll), "False"] for ll in lls],
                 "filter": "none",
                 "metrics": ["acc", "acc_norm"],
                 "doc_hash": _hash(doc),
@@ -84,6 +85,35 @@ def hellaswag_run(task_dir: Path, right: Sequence[bool]) -> None:
         )
     config = {"metric_list": [{"metric": "acc", "aggregation": "mean"}, {"metric": "acc_norm", "aggregation": "mean"}]}
     _write(task_dir / "output", task="hellaswag", harness_task="hellaswag", records=records, config=config)
+
+
+def mmlu_str_run(task_dir: Path, right: Sequence[bool], *, harness_task: str = "mmlu_str_anatomy") -> None:
+    """adlr_mmlu's lm-eval task (mmlu_str: a generated letter among the document's 4 choices, exact_match):
+    document i answered right where right[i]."""
+    records = []
+    for i, ok in enumerate(right):
+        doc = {"question": f"Question {i}?", "subject": "anatomy", "choices": ["w", "x", "y", "z"], "answer": i % 4}
+        gold = "ABCD"[i % 4]
+        said = gold if ok else "ABCD"[(i + 1) % 4]
+        prompt = f"{doc['question']}\nA. w\nB. x\nC. y\nD. z\nAnswer:"
+        records.append(
+            {
+                "doc_id": i,
+                "doc": doc,
+                "target": gold,
+                "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": {"max_gen_toks": 2}}},
+                "resps": [[f" {said}"]],
+                "filtered_resps": [said],
+                "filter": "none",
+                "metrics": ["exact_match"],
+                "doc_hash": _hash(doc),
+                "prompt_hash": _hash(prompt),
+                "target_hash": _hash(gold),
+                "exact_match": 1.0 if ok else 0.0,
+            }
+        )
+    config = {"metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+    _write(task_dir / "output", task="adlr_mmlu", harness_task=harness_task, records=records, config=config)
 
 
 def gsm8k_run(output: Path, right: Sequence[bool], *, task: str = "gsm8k", harness_task: str = "gsm8k") -> None:

@@ -43,9 +43,10 @@ class ConsoleReporter:
     squash progress, the score table, one line per export destination, the follow-up commands of a
     detached job. Use as a context manager (a live display is stopped on the way out)."""
 
-    def __init__(self, console: Console | None = None, *, show_config: bool = False) -> None:
+    def __init__(self, console: Console | None = None, *, show_config: bool = False, json_output: bool = False) -> None:
         self.console = console or stderr_console()
         self.show_config = show_config
+        self.json_output = json_output  # stdout is the results' JSON: the score table goes with the rest
         self._pending: Preview | None = None
         self._live: Live | None = None
         self._rates: Rates | None = None
@@ -87,7 +88,7 @@ class ConsoleReporter:
         elif isinstance(event, ResultsReady):
             from ckpteval.cli.table import print_table
 
-            print_table([event.results], brief_seen_notes=True)
+            print_table([event.results], brief_seen_notes=True, console=self.console if self.json_output else None)
         elif isinstance(event, ExportOutcome):
             print_outcome(event)
         elif isinstance(event, Submitted):

@@ -66,6 +66,15 @@ def evaluate_command(
             "of each task's documents (0.1), or none for all: the config's limit_samples, as lm-eval's --limit.",
         ),
     ] = None,
+    num_fewshot: Annotated[
+        int | None,
+        typer.Option(
+            "--num-fewshot",
+            metavar="N",
+            min=0,
+            help="Few-shot examples per document, as lm-eval's --num_fewshot (its tasks' params.extra.num_fewshot).",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option("--model", metavar="PATH|ARTIFACT", help="The checkpoint to evaluate (run.model)."),
@@ -89,6 +98,12 @@ def evaluate_command(
             "--check", help="With --dry-run on a cluster: ask it, read-only, which images are squashed already."
         ),
     ] = False,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the results (results.json's content) on stdout; the rest, the table too, on stderr."
+        ),
+    ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     overrides: Annotated[
         list[str] | None,
@@ -106,8 +121,8 @@ def evaluate_command(
       evaluate -c sft --batch MY-CLUSTER          [dim]# submit, print the invocation id[/]
       evaluate -c sft --run MY-CLUSTER --dry-run  [dim]# show everything, do nothing[/]
       evaluate -c sft -t adlr_mmlu,hellaswag --limit 10 deployment=vllm
-      evaluate -c tiny --limit none               [dim]# every document (the config's limit_samples=null)[/]
-      evaluate -c sft +evaluation.nemo_evaluator_config.config.params.extra.num_fewshot=5  [dim]# few-shot[/]
+      evaluate -c tiny --limit none               [dim]# every document[/]
+      evaluate -c sft -t adlr_mmlu --num-fewshot 0  [dim]# zero-shot (few-shot: N)[/]
     """
     import time
 
@@ -137,18 +152,29 @@ def evaluate_command(
         configs=tuple(config or ()),
         profile=run or batch,
         mode="run" if run else "batch" if batch else "local",
-        overrides=shortcut_overrides(limit=limit_value, model=model) + tuple(override or ()) + tuple(overrides or ()),
+        overrides=shortcut_overrides(limit=limit_value, model=model, num_fewshot=num_fewshot)
+        + tuple(override or ())
+        + tuple(overrides or ()),
         tasks=tuple(name.strip() for value in task or () for name in value.split(",") if name.strip()),
         env_file=env_file,
     )
+    if json_output and (dry_run or batch):
+        raise ConfigError(
+            f"--json goes with a run that ends with results, not with {'--dry-run' if dry_run else '--batch'}.",
+            hint="`evaluate results ID --json` prints a finished invocation's results.",
+        )
     if check and not dry_run:
         raise ConfigError("--check goes with --dry-run.", hint="A real run checks the cluster's images anyway.")
     started = time.monotonic()
-    with ConsoleReporter(show_config=show_config) as reporter:
+    with ConsoleReporter(show_config=show_config, json_output=json_output) as reporter:
         outcome = run_invocation(
             request, reporter=reporter, dry_run=dry_run, force_squash=force_squash, check_squash=check
         )
     render_outcome(outcome, reporter.console, elapsed=time.monotonic() - started)
+    if json_output and outcome.results is not None:
+        import json
+
+        print(json.dumps(outcome.results.to_json(), indent=2), flush=True)
     if outcome.exit_status:
         raise typer.Exit(outcome.exit_status)
 
@@ -179,11 +205,16 @@ def parse_limit(text: str) -> str:
     )
 
 
-def shortcut_overrides(*, limit: str | None, model: str | None) -> tuple[str, ...]:
-    """The overrides that `--limit` and `--model` stand for (first, so an explicit override wins)."""
+def shortcut_overrides(*, limit: str | None, model: str | None, num_fewshot: int | None = None) -> tuple[str, ...]:
+    """The overrides that `--limit`, `--model` and `--num-fewshot` stand for (first, so an explicit override
+    wins)."""
+    from ckpteval.cli.habits import FEWSHOT_KEY
+
     out = []
     if limit is not None:
         out.append(f"evaluation.nemo_evaluator_config.config.params.limit_samples={limit}")
+    if num_fewshot is not None:  # `++`: set whether or not the config has the key
+        out.append(f"++{FEWSHOT_KEY}={num_fewshot}")
     if model is not None:
         out.append(f"run.model={_quoted(model)}")
     return tuple(out)

@@ -46,7 +46,10 @@ def stacked_lines(
 ) -> list[str]:
     """One block per row: the first `name_columns` cells as its name (a blank one repeats the row above's,
     as a table shows a task once for its metrics), then `column value` pairs flowed into indented lines
-    of at most `width` columns. Empty cells are left out."""
+    of at most `width` columns (a pair longer than that wraps between its words, its style left). Empty cells
+    are left out."""
+    import textwrap
+
     from rich.markup import escape
     from rich.text import Text
 
@@ -61,7 +64,22 @@ def stacked_lines(
             if not cell:
                 continue
             pair = f"[dim]{escape(label)}[/] {cell}"
-            plain_len = len(label) + 1 + len(Text.from_markup(cell).plain)
+            plain = Text.from_markup(cell).plain
+            plain_len = len(label) + 1 + len(plain)
+            if 2 + plain_len > width:  # longer than a line itself: on lines of its own, wrapped between words
+                if current:
+                    lines.append("  " + current)
+                    current, current_len = "", 0
+                wrapped = textwrap.wrap(
+                    f"{label} {plain}",
+                    width - 2,
+                    subsequent_indent="  ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+                lines.append(f"  [dim]{escape(label)}[/]{escape(wrapped[0][len(label) :])}")
+                lines.extend("  " + escape(w) for w in wrapped[1:])
+                continue
             if current and 2 + current_len + len(_SEPARATOR) + plain_len > width:
                 lines.append("  " + current)
                 current, current_len = "", 0

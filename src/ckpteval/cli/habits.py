@@ -30,7 +30,7 @@ _BATCH = (
     "evaluation.nemo_evaluator_config.config.params.parallelism=8"
 )
 _DEVICE = "the builtin server's device is deployment.device (auto, cpu or cuda): pass deployment.device=cuda"
-_FEWSHOT = f"lm-eval's few-shot count is a task parameter: pass +{FEWSHOT_KEY}=5"
+_FEWSHOT = f"the few-shot count of lm-eval's tasks is --num-fewshot 5 (++{FEWSHOT_KEY}=5)"
 
 # a flag from another tool (lm-eval, nel, inspect) -> the ckpteval way of saying it, both spellings
 _OTHER_TOOLS_FLAGS: dict[str, str] = {
@@ -45,6 +45,7 @@ _OTHER_TOOLS_FLAGS: dict[str, str] = {
         ("--num_fewshot", _FEWSHOT),
     )
     for spelling in (flag, flag.replace("_", "-"))
+    if spelling != "--num-fewshot"  # an option of the default action
 }
 # a word that is a flag of the root command, typed without its dashes
 _ROOT_FLAGS = {"version": "--version"}

@@ -44,7 +44,7 @@ def render_progress(snapshot: JobSnapshot, rates: Rates, width: int = 120):
     table.add_column(no_wrap=True, min_width=9)
     table.add_column(no_wrap=True)
     dep = snapshot.deployment or "not started"
-    table.add_row("[bold]deployment[/]", _color(dep), "")
+    table.add_row("[bold]deployment[/]", _color(dep), _moved(snapshot.moved))
     for role, state in snapshot.others:  # a judge deployed beside the model
         table.add_row(f"[bold]{role}[/]", _color(state), "")
     for t in tasks:
@@ -62,6 +62,17 @@ def render_progress(snapshot: JobSnapshot, rates: Rates, width: int = 120):
         else:
             table.add_row(f"[bold]{t.name}[/]", _color(t.state), f"{progress} · {detail}" if detail else progress)
     return table
+
+
+def _moved(sentence: str) -> str:
+    """The job's words for a deployment on another port than planned, short enough for the progress row:
+    `on port 41873 (8000 was taken)`."""
+    import re
+
+    found = re.match(r"port (\d+) was taken: the deployment serves on port (\d+)", sentence)
+    if not sentence:
+        return ""
+    return f"[yellow]{f'on port {found[2]} ({found[1]} was taken)' if found else sentence}[/]"
 
 
 def _docs_text(t: TaskSnapshot, *, widest: bool = False) -> str:

@@ -15,12 +15,15 @@ from ckpteval.cli import completion
 def status_command(
     invocation: Annotated[
         str | None,
-        typer.Argument(autocompletion=completion.invocations, help="An invocation id (or prefix); omit for all."),
+        typer.Argument(
+            autocompletion=completion.invocations,
+            help="An invocation id (or prefix); omit for the recent ones and the latest in full.",
+        ),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many recent invocations to list.")] = 20,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show the state of an invocation and its tasks, or list recent invocations."""
+    """Show the state of an invocation and its tasks; without one, list recent invocations and show the latest."""
     from ckpteval import status
     from ckpteval import statuses as recent
 
@@ -62,8 +65,12 @@ def status_command(
             for t in s.snapshot.tasks:
                 table.add_row(t.name, t.state, count_text(t))
         console.print(table)
+        if s.snapshot and s.snapshot.moved:
+            console.print(f"[yellow]{escape(s.snapshot.moved)}[/]", highlight=False)
         if s.snapshot and s.snapshot.requests:
-            console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
+            from ckpteval.views import requests_in_words
+
+            console.print(f"task requests: {escape(requests_in_words(s.snapshot.requests))}", highlight=False)
         from ckpteval.views import CAVEAT_MARK, recorded_caveats
 
         for line in recorded_caveats(s.record):
@@ -90,7 +97,8 @@ def status_command(
     # no vertical rules, no outer padding: the list fits 80 columns
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
-        table.add_column(col, no_wrap=col != "scores", overflow="fold")  # the scores wrap between tasks
+        # the scores wrap between tasks; narrower than a task's summary, the list is stacked instead
+        table.add_column(col, no_wrap=col != "scores", overflow="fold", min_width=32 if col == "scores" else None)
     rows = []
     for s in statuses:
         rows.append(
@@ -107,6 +115,12 @@ def status_command(
         )
         table.add_row(*rows[-1])
     print_fitting(console, table, header, rows)
+    # then the latest in full, as `status ID` shows it: what `evaluate status` is run for after a --batch (not
+    # when its cluster could not be reached: the list says why)
+    if statuses[0].state == "unknown":
+        return
+    console.print(f"\n[dim]the latest invocation ({statuses[0].record.id}); `evaluate status ID` for another:[/]")
+    status_command(statuses[0].record.id)
 
 
 def model_name(record) -> str:

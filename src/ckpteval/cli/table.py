@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ckpteval.types import InvocationResults
 from ckpteval.views import CAVEAT_MARK, FAILED_MARK, table_rows
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 OFFLINE_MARK = "†"
 
 
-def print_table(results: Sequence[InvocationResults], *, brief_seen_notes: bool = False) -> None:
-    """Print the score table with rich. `brief_seen_notes` (the end of a run): an offline-data footnote the
-    user was shown before is said in one line (`evaluate results` shows it in full)."""
+def print_table(
+    results: Sequence[InvocationResults], *, brief_seen_notes: bool = False, console: Console | None = None
+) -> None:
+    """Print the score table with rich (on stdout, or `console`). `brief_seen_notes` (the end of a run): an
+    offline-data footnote the user was shown before is said in one line (`evaluate results` shows it in full)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -27,7 +33,7 @@ def print_table(results: Sequence[InvocationResults], *, brief_seen_notes: bool 
     styled = [[_style(c) for c in row] for row in rows]
     for row in styled:
         table.add_row(*row)
-    console = Console()
+    console = console or Console()
     print_fitting(console, table, header, styled, name_columns=first_value)
     for note in footnotes:
         if brief_seen_notes and note.startswith(OFFLINE_MARK):

@@ -12,12 +12,18 @@ from ckpteval.errors import close_matches
 
 def missing_key_hint(tree: Mapping[str, Any], key: str, value: str) -> str:
     """What to write instead of `key=value`, given the composed config (as plain data) it did not fit: the
-    key with its first misspelled part corrected (`exection.output_dir` -> `execution.output_dir`), the real
-    path of a key that exists deeper, and only then `+key=value`."""
+    key with its first misspelled part corrected (`exection.output_dir` -> `execution.output_dir`), the section
+    corrected, with its keys, where the leaf is none of them (`exection.x`), the real path of a key that exists deeper, and
+    only then `+key=value`."""
     corrected = _corrected(tree, key.split("."))
     if corrected is not None:
         return f"Did you mean {corrected}={value}?"
     parent_path, _, leaf = key.rpartition(".")
+    section = _corrected(tree, parent_path.split(".")) if parent_path else None
+    keys = _node(tree, section) if section is not None else None
+    if isinstance(keys, Mapping):  # `exection.x`: the section misspelled, and no key of it close to the leaf
+        listed = ", ".join(str(k) for k in keys)
+        return f"No section {parent_path!r}: did you mean {section}? Its keys: {listed}."
     deeper = [path for path in _paths(tree) if path.endswith(f".{leaf}") and path.startswith(parent_path)]
     if deeper:
         return f"The key is {deeper[0]}: write {deeper[0]}={value}."

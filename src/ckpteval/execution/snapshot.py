@@ -63,6 +63,7 @@ class JobSnapshot:
     finished: int | None  # the job's exit code once it has ended
     requests: str = ""  # how the tasks' requests go, side by side or in groups, and why (state/requests)
     ended: str = ""  # when the job ended (UTC, ISO 8601, state/ended): "" while it runs, or when nothing says
+    moved: str = ""  # the deployment serves on another port than planned (it was taken), in the job's words
     # the other roles' deployments the job started (a judge beside the model): (role, state), registry order
     others: tuple[tuple[str, str], ...] = ()
 
@@ -101,6 +102,7 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, **counts, **why))
     requests = (view.read_text(JobDir.REQUESTS) or "").strip()
     ended = (view.read_text(JobDir.ENDED) or "").strip() if finished is not None else ""
+    moved = (view.read_text(JobDir.DEPLOYMENT_MOVED) or "").strip()
     return JobSnapshot(
         deployment=deployment,
         tasks=tuple(snaps),
@@ -108,6 +110,7 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         requests=requests,
         ended=ended,
         others=_other_deployments(view),
+        moved=moved,
     )
 
 

@@ -48,6 +48,7 @@ class JobDir:
     STARTED = "state/started"
     DEPLOYMENT_STATE = "state/deployment"
     DEPLOYMENT_PORT = "state/deployment_port"  # the port the builtin server holds, written by it
+    DEPLOYMENT_MOVED = "state/deployment_moved"  # the job's words when that is not the port planned (taken)
     DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
     SERVED_CHECKPOINT = "state/served_checkpoint.json"  # what the builtin server loaded (server.loaded)
     FINISHED = "state/finished"  # the job's exit code

@@ -134,6 +134,20 @@ def describe(groups: RequestGroups, names: Sequence[str]) -> str:
     )
 
 
+def requests_in_words(mark: str) -> str:
+    """How the tasks' requests went, from the job's mark (`state/requests`: `side by side: <probe's verdict>`,
+    `in N groups, one after another: <why>`, `one group ...: <verdict>`), as a sentence for `evaluate status`."""
+    how, _, why = mark.partition(": ")
+    verdict, _, seen = why.partition(": ")
+    if how == "side by side" and verdict == "honoured":
+        return f"side by side; the endpoint answered each with its own settings (probe: {seen})"
+    if how.startswith("in ") and "groups" in how:
+        return f"{how.removeprefix('in ').replace('groups,', 'groups of identical settings,')}, as {why}"
+    if how.startswith("one group"):
+        return f"side by side, all with the same settings (a shared endpoint); probe: {why}"
+    return mark
+
+
 def request_groups_panel(plan: JobPlan) -> PreviewPanel | None:
     """The dry run's panel on how the tasks' requests go (None: no grouping planned)."""
     from ckpteval.config.preview import PreviewPanel

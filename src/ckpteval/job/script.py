@@ -156,7 +156,7 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 
@@ -211,7 +211,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
         "mark state/deployment starting",
     ]
     if dep.port_file:
-        lines += _published_port(dep.port_file, timeout)
+        lines += _published_port(dep.port_file, timeout, dep.port)
     if dep.health_url:
         url = dep.on_published_port(dep.health_url)
         lines += [f'HEALTH_URL="{url}"']
@@ -281,13 +281,26 @@ def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
     ]
 
 
-def _published_port(port_file: str, timeout: int, role: Role | None = None) -> list[str]:
+def _published_port(port_file: str, timeout: int, planned: int | None, role: Role | None = None) -> list[str]:
     """Wait (bounded) for the port the deployment (of `role`; the model's by default) holds; it writes it once
-    it listens, before it loads anything, so this takes the server's start-up (a second), not the model's load."""
+    it listens, before it loads anything, so this takes the server's start-up (a second), not the model's load.
+    Another port than the `planned` one (it was taken) is said in the job's log and, for the model's, marked
+    for `evaluate status`."""
     path = shlex.quote(port_file)
     label, var, log, state = ("deployment", "DEPLOY", JobDir.DEPLOYMENT_LOG, JobDir.DEPLOYMENT_STATE)
     if role is not None:
         label, var, log, state = role.label, role.var, role.log, role.state_file
+    moved = f"port {planned} was taken: the {label} serves on port ${var}_PORT instead"
+    held = f'say "the {label} holds port ${var}_PORT"'
+    mark_moved = f"mark {JobDir.DEPLOYMENT_MOVED} \"{moved}\"; " if role is None else ""
+    said = (  # a planned port 0 is any port the kernel assigns
+        [held]
+        if not planned
+        else [
+            f'if [ "${var}_PORT" = {planned} ]; then {held}',
+            f'else {mark_moved}say "{moved}"; fi',
+        ]
+    )
     return [
         f"port_deadline=$((SECONDS + {timeout}))",
         f"until [ -s {path} ]; do",
@@ -298,7 +311,7 @@ def _published_port(port_file: str, timeout: int, role: Role | None = None) -> l
         "  sleep 0.2",
         "done",
         f"{var}_PORT=$(cat {path}); export {var}_PORT",
-        f'say "the {label} holds port ${var}_PORT"',
+        *said,
     ]
 
 
@@ -361,7 +374,7 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         f"mark {r.state_file} starting",
     ]
     if dep.port_file:
-        lines += _published_port(dep.port_file, timeout, r)
+        lines += _published_port(dep.port_file, timeout, dep.port, r)
     if not dep.health_url:
         return "\n".join([*lines, f"mark {r.state_file} ready"]) + "\n"
     lines += [f'{v}_HEALTH_URL="{dep.on_published_port(dep.health_url)}"']

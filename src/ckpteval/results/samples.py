@@ -12,6 +12,7 @@ One line per scored document (and repeat, for a task sampled several times):
   invocations are matched item by item even when they ran different subsets or orders;
 - `repeat`: the repeat's index (its seed) for a repeated task, null for a greedy one;
 - `scores`: every per-sample metric under its results.json name (`exact_match__strict-match`);
+- `choices` (a choice task's): how many answers a guess picks among, which gives the task's chance level;
 - `prompt`, `response`, `answer`, `target` (where the harness logged them): the prompt the model saw, what it
   said (a multiple-choice task: the choice it scored highest), the answer the task extracted from that (the
   one its metric scored) and the target, each whole (`samples --json` and the Inspect export pass them on
@@ -55,6 +56,7 @@ class SampleScore:
     response: str | None = None
     answer: str | None = None
     target: str | None = None
+    choices: int | None = None  # a choice task's number of answers to pick among (`tasks.samples.choice_count`)
 
     @property
     def sample(self) -> str:
@@ -73,6 +75,8 @@ class SampleScore:
             "repeat": self.repeat,
             "scores": self.scores,
         }
+        if self.choices is not None:
+            out["choices"] = self.choices
         for name in TEXT_FIELDS:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
@@ -108,6 +112,7 @@ def task_sample_scores(task_dir: Path, harness_task: str, repeats: int = 0) -> l
                     response=text.response if text else None,
                     answer=line.answer,
                     target=text.target if text else None,
+                    choices=line.choices,
                 )
             merged[key].scores.update(line.scores)
         out.extend(merged.values())
@@ -147,6 +152,7 @@ def read_samples(path: Path) -> list[SampleScore]:
                     scores,
                     _opt_int(repeat),
                     **texts,
+                    choices=_opt_int(raw.get("choices")),
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -175,6 +181,15 @@ def doc_scores(rows: Sequence[SampleScore], metric: str) -> dict[tuple[str, str]
 def metric_names(rows: Sequence[SampleScore]) -> list[str]:
     """The metrics with per-sample scores, in first-seen order."""
     return list(dict.fromkeys(name for row in rows for name in row.scores))
+
+
+def chance_level(rows: Sequence[SampleScore]) -> float | None:
+    """The score a uniform guess gets on these documents: the mean over documents of 1 / its number of
+    choices (MMLU: 0.25). None unless every document is a choice among a known number of answers."""
+    per_doc = {row.key: row.choices for row in rows}
+    if not per_doc or any(not k or k < 2 for k in per_doc.values()):
+        return None
+    return sum(1 / k for k in per_doc.values() if k) / len(per_doc)
 
 
 def standard_error(values: Sequence[float]) -> float | None:

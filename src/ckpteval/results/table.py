@@ -18,15 +18,35 @@ MIN_N_FOR_CI = 10
 TOO_FEW = "n too small for a CI"
 
 
-def _fmt(metric: Metric | None) -> str:
+# the metrics a chance level applies to: the share of documents answered right (lm-eval's names)
+CHANCE_METRICS = ("acc", "acc_norm", "exact_match")
+Z_95 = 1.959964
+
+
+def chance_text(name: str, metric: Metric, chance: float | None) -> str:
+    """What guessing would score beside `metric` (`name` as results.json has it): `chance 0.25`, or `at chance:
+    0.25` where the score's 95% CI includes it; "" for a task that is no choice, or a metric that is no accuracy."""
+    if chance is None or name.partition("__")[0] not in CHANCE_METRICS:
+        return ""
+    level = f"{chance:.4g}"
+    few = metric.n_samples is not None and metric.n_samples < MIN_N_FOR_CI
+    if not few and metric.stderr is not None and abs(metric.value - chance) <= Z_95 * metric.stderr:
+        return f"at chance: {level}"
+    return f"chance {level}"
+
+
+def _fmt(metric: Metric | None, name: str = "", chance: float | None = None) -> str:
     if metric is None:
         return "—"
     text = f"{metric.value:.4f}"
+    notes = []
     if metric.n_samples is not None and metric.n_samples < MIN_N_FOR_CI:
-        return f"{text} ({TOO_FEW})"
-    if metric.stderr is not None:
+        notes.append(TOO_FEW)
+    elif metric.stderr is not None:
         text += f" ± {metric.stderr:.4f}"
-    return text
+    notes.append(chance_text(name, metric, chance))
+    said = "; ".join(n for n in notes if n)
+    return f"{text} ({said})" if said else text
 
 
 def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[list[str]], list[str]]:
@@ -153,7 +173,7 @@ def _lookup(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: boo
 def _cell(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool) -> str:
     if outcome is None or outcome.status != "succeeded":
         return _status_cell(outcome)
-    return _fmt(_lookup(outcome, mode, metric, with_modes))
+    return _fmt(_lookup(outcome, mode, metric, with_modes), metric, outcome.chance)
 
 
 def _n(outcome: TaskOutcome | None, mode: str, metric: str, with_modes: bool) -> str:

@@ -99,6 +99,7 @@ class SampleLine:
     answer: str | None
     scores: dict[str, float]  # clean metric name (`exact_match__strict-match`) -> score
     text: SampleText | None = None
+    choices: int | None = None  # the answers a guess picks among (`choice_count`); None: not a choice task
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,18 @@ def _requests(arguments: Any) -> list[list[Any]]:
 
 
 def _log_likelihoods(filtered_resps: Any, n_requests: int) -> list[float] | None:
-    """A multiple-choice sample's log-likelihood of each choice (`[[ll, is_greedy], ...]`), None otherwise."""
+    """A multiple-choice sample's log-likelihood of each choice (`[[ll, is_greedy], ...]`; lm-eval 0.4 logs both
+    as strings, `[["-59.19", "False"], ...]`), None otherwise."""
     if not isinstance(filtered_resps, list) or n_requests < 2 or len(filtered_resps) != n_requests:
         return None
     out = []
     for resp in filtered_resps:
         value = resp[0] if isinstance(resp, (list, tuple)) and resp else resp
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
         out.append(float(value))
@@ -161,6 +168,28 @@ def sample_text(record: dict[str, Any]) -> SampleText:
     return SampleText(
         prompt=prompt, response=_as_text(response), target=_as_text(_single(target)), multiple_choice=lls is not None
     )
+
+
+_LETTER = re.compile(r"^[A-Z]$")
+
+
+def choice_count(record: dict[str, Any], text: SampleText) -> int | None:
+    """How many answers a uniform guess picks among for this document: a multiple-choice (log-likelihood)
+    sample's requests, one per choice; a generated answer that is one letter (MMLU's `C`) among the document's
+    `choices` (`options`, MMLU-Pro's; ARC's `choices.text`). None where the task is not a choice among a few."""
+    if text.multiple_choice:
+        return len(_requests(record.get("arguments")))
+    target = _single(record.get("target"))
+    doc = record.get("doc")
+    if not isinstance(target, str) or not _LETTER.match(target.strip()) or not isinstance(doc, dict):
+        return None
+    for key in ("choices", "options"):
+        listed = doc.get(key)
+        if isinstance(listed, dict):
+            listed = listed.get("text")
+        if isinstance(listed, list) and len(listed) > 1:
+            return len(listed)
+    return None
 
 
 def _doc_hash(record: dict[str, Any]) -> str:
@@ -207,6 +236,7 @@ def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleL
                     text = sample_text(record)
                     if text.multiple_choice:  # its answer is the choice it scored highest, not the log-likelihoods
                         answer = text.response
+                    choices = choice_count(record, text)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EvaluationError(f"{path}:{number} is not an lm-eval sample record ({exc}).") from None
                 scores: dict[str, float] = {}
@@ -217,7 +247,7 @@ def read_sample_lines(output_dir: str | Path, harness_task: str) -> list[SampleL
                     name = metric_name(f"{metric},{filt}")
                     if score is not None and name is not None:
                         scores[name] = score
-                lines.append(SampleLine(leaf, doc_id, doc_hash, filt, answer, scores, text))
+                lines.append(SampleLine(leaf, doc_id, doc_hash, filt, answer, scores, text, choices))
     return lines
 
 

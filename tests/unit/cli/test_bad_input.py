@@ -146,6 +146,13 @@ CASES = [
         "export-deploy",
     ),
     ("no-replicas", ["-c", "tiny", "-d", "deployment.num_replicas=0"], None, "num_replicas must be at least 1", ""),
+    (
+        "json-dry-run",
+        ["-c", "tiny", "--json", "-d"],
+        None,
+        "--json goes with a run that ends with results, not with --dry-run",
+        "evaluate results ID --json",
+    ),
 ]
 
 

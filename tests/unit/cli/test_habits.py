@@ -24,7 +24,7 @@ MISTAKES = [
     ("lm-eval-batch-size", ["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
     ("lm-eval-batch-size-dash", ["-c", "tiny", "--batch-size=8"], "params.parallelism=8"),
     ("lm-eval-device", ["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
-    ("lm-eval-fewshot", ["-c", "tiny", "--num_fewshot", "5"], "+evaluation.nemo_evaluator_config.config.params.extra"),
+    ("lm-eval-fewshot", ["-c", "tiny", "--num_fewshot", "5"], "is --num-fewshot 5 (++evaluation.nemo_evaluator"),
     ("version-word", ["version"], "Did you mean `evaluate --version`?"),
     ("version-word-after-config", ["-c", "tiny", "version"], "Did you mean `evaluate --version`?"),
     ("empty-task", ["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
@@ -154,4 +154,17 @@ def test_limit_takes_what_lm_eval_takes_and_the_dry_run_says_the_documents(isola
 def test_the_help_names_no_limit_and_the_few_shot_key(isolated_user):
     result = runner.invoke(app, ["-c", "x", "--help"], terminal_width=200, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "--limit none" in result.output and "params.extra.num_fewshot=5" in result.output
+    assert "--limit none" in result.output and "--num-fewshot" in result.output
+    assert "params.extra.num_fewshot" in result.output
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_num_fewshot_sets_the_few_shot_key_and_its_example_fits(isolated_user, width):
+    result = runner.invoke(app, ["-c", "tiny", "-t", "adlr_mmlu", "-d", "--num-fewshot", "0"], terminal_width=width)
+    assert result.exit_code == 0, result.output
+    assert "num_fewshot: 0" in result.output
+    shown = runner.invoke(app, ["--help"], terminal_width=width, env={"COLUMNS": str(width)})
+    example = next(line for line in shown.output.splitlines() if "--num-fewshot 0" in line)
+    assert "# zero-shot (few-shot: N)" in example and len(example.rstrip()) <= width, example
+    refused = runner.invoke(app, ["-c", "tiny", "-d", "--num-fewshot", "-1"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output

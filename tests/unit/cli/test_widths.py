@@ -1,6 +1,6 @@
 """Every table readable at 80 columns (and still a table at 140): no line wider than the terminal, no cell
-or header cut to a few letters (`…`), every header and value there in full; and what `status` and
-`resume` say about finished and stopped invocations."""
+or header cut to a few letters (`…`), every header and value there in full; what a score means (its chance
+level, an n too small for a CI); and what `status` and `resume` say about finished and stopped invocations."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ckpteval.cli.main import app
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.invocation.record import load_record
 from tests.support.comparisons import record_invocation, sample_rows
+from tests.support.lm_eval_runs import hellaswag_run, mmlu_str_run, record_run
 
 WIDTHS = (80, 140)
 
@@ -125,6 +126,36 @@ def test_status_lists_model_and_duration(recorded, width):
     assert "model: /lustre/me/checkpoints/sft/iter_aaaa0001  took: 2m 05s" in single
 
 
+@pytest.fixture
+def choice_tasks(isolated_user: Path) -> Path:
+    """Invocations collected from lm-eval's own output of choice tasks: MMLU (a letter among 4 choices) with 25
+    of 100 right, HellaSwag (4 endings) with 32 of 40 right; and HellaSwag on 2 documents."""
+    jobs = isolated_user / "jobs"
+    record_run(
+        jobs,
+        "dddd0004",
+        {
+            "adlr_mmlu": lambda d: mmlu_str_run(d, [i % 4 == 0 for i in range(100)]),
+            "hellaswag": lambda d: hellaswag_run(d, [i % 5 != 0 for i in range(40)]),
+        },
+    )
+    record_run(jobs, "eeee0005", {"hellaswag": lambda d: hellaswag_run(d, [True, False])})
+    return jobs
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_score_says_its_chance_level_and_an_n_too_small_for_a_ci(choice_tasks, width):
+    out = " ".join(_render(["results", "dddd0004"], width).split())
+    # MMLU's 0.25 is what guessing scores: its CI includes chance, and the table says so beside the score
+    assert "0.2500 ± 0.0435 (at chance: 0.25)" in out, out
+    assert out.count("0.8000 ± 0.0641 (chance 0.25)") == 2, out  # hellaswag acc and acc_norm: above chance
+    tiny = " ".join(_render(["results", "eeee0005"], width).split())
+    assert "0.5000 (n too small for a CI; chance 0.25)" in tiny and "± 0.0000" not in tiny, tiny
+    listed = " ".join(_render(["status"], width).split())
+    assert "adlr_mmlu 0.2500 n=100 (at chance: 0.25)" in listed, listed
+    assert "hellaswag 0.5000 n=2 (chance 0.25)" in listed, listed
+
+
 def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
     """A Slurm job's end is the time it wrote (`state/ended`): kept with the status seen at its end, or read
     from the job directory fetched here (whose file times are the fetch's, not the job's)."""
@@ -148,18 +179,54 @@ def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
     assert "2m 05s" in _render(["status"], 80)
 
 
-def test_status_after_cancel_says_cancelled_not_running(recorded):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_after_cancel_says_cancelled_not_running(recorded, width):
     # a job stopped under its tasks: no exit code, no process, the state files still say running and ready
     job = recorded / "bbbb0002"
     (job / "state").mkdir(exist_ok=True)
     (job / JobDir.DEPLOYMENT_STATE).write_text("ready\n")
     (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("running\n")
-    out = _render(["status", "bbbb0002"], 80)
+    # how its requests went, as the job script marks it after the request-settings probe
+    probe = "honoured: 4 rounds of concurrent requests (adlr_mmlu, hellaswag) each answered as when sent alone"
+    (job / JobDir.REQUESTS).write_text(f"side by side: {probe}\n")
+    out = _render(["status", "bbbb0002"], width)
     lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.startswith("│")}
     assert "cancelled" in out.splitlines()[0]
     assert "cancelled" in lines["deployment"] and "ready" not in lines["deployment"]
     assert "cancelled" in lines["adlr_mmlu"] and "running" not in out
     assert "cancelled" in lines["hellaswag"]  # never started: cancelled too (resume still runs it)
+    # the requests in words, not the job's mark ("requests: side by side: honoured: 4 rounds...")
+    flat = " ".join(out.split())
+    assert "side by side: honoured" not in flat, out
+    assert (
+        "task requests: side by side; the endpoint answered each with its own settings (probe: 4 rounds of "
+        "concurrent requests (adlr_mmlu, hellaswag) each answered as when sent alone)" in flat
+    ), out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_says_the_deployment_serves_on_another_port(recorded, width):
+    # the job's mark when the planned port was taken (tests/unit/job/test_script.py: the job writes it)
+    job = recorded / "aaaa0001"
+    (job / "state").mkdir(exist_ok=True)
+    moved = "port 8000 was taken: the deployment serves on port 41873 instead"
+    (job / JobDir.DEPLOYMENT_MOVED).write_text(f"{moved}\n")
+    assert moved in " ".join(_render(["status", "aaaa0001"], width).split())
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_without_an_id_lists_then_shows_the_latest_in_full(recorded, width):
+    from ckpteval.invocation.record import list_records
+
+    latest = list_records()[0].id
+    job = recorded / latest
+    (job / "state").mkdir(exist_ok=True)
+    (job / JobDir.task_state("tasks/adlr_mmlu")).write_text("succeeded\n")
+    out = _render(["status"], width)
+    listing, _, full = out.partition(f"the latest invocation ({latest})")
+    assert all(i in listing for i in ("aaaa0001", "bbbb0002", "cccc0003")), out
+    assert full.splitlines()[1].startswith(f"{latest}  "), full  # as `evaluate status ID` shows it
+    assert full.strip().splitlines()[1:] == _render(["status", latest], width).strip().splitlines(), full
 
 
 def test_resume_of_a_succeeded_invocation_does_nothing(recorded):
@@ -206,6 +273,8 @@ def test_the_dry_run_fits_outside_its_scripts_and_cuts_no_value(tiny_checkpoint,
     # the long override whole: its key on one line, its value on the next where it does not fit
     header = "".join(ln.strip(" │") for ln in lines[: lines.index(next(ln for ln in lines if "tasks" in ln))])
     assert LONG_OVERRIDE in header.replace(" ", ""), header
+    # its invocation id is this dry run's alone: the real run gets its own
+    assert "(thisdryrun's;therungetsitsown)" in header.replace(" ", ""), header
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -267,3 +336,26 @@ def test_resume_says_which_invocation_and_what_it_skips_replays_and_runs(recorde
     assert "skips (finished): adlr_mmlu" in text
     assert "hellaswag" in text.split("skips (finished): adlr_mmlu", 1)[1]  # replayed or run, never skipped
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+FIRST_HOUR_MISTAKES = [
+    (["-c", "tiny", "-t", "mtbench", "-d"], "mtbench is scored by a judge model and no judge is set: add judge=api"),
+    (["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
+    (["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
+    (["-c", "tiny", "--model_args", "pretrained=x"], "the checkpoint is --model PATH (run.model=PATH)"),
+    (["-c", "tiny", "-d", "exection.x=1"], "No section 'exection': did you mean execution? Its keys: type, output_dir,"),
+    (["version"], "Did you mean `evaluate --version`?"),
+    (["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
+    (["-c", "tiny", "--limit", "2x"], "--limit takes a number of documents per task (5), a fraction"),
+]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize(("argv", "said"), FIRST_HOUR_MISTAKES, ids=[" ".join(a) for a, _ in FIRST_HOUR_MISTAKES])
+def test_a_first_hour_mistake_is_one_line_with_the_fix_at_any_width(isolated_user, argv, said, width):
+    """The mistakes of issue 42's first hour, each refused before anything is done (exit 2) with the fix in its
+    one line, whole: an error line is not wrapped by us (the terminal wraps it; nothing is cut)."""
+    result = CliRunner().invoke(app, argv, terminal_width=width, env={"COLUMNS": str(width)})
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output and "…" not in result.output, result.output
+    assert not (isolated_user / "results").exists()

@@ -34,7 +34,11 @@ HEALTH_SERVER = (
     "        self.send_response(200 if self.path == '/v1/health' else 404); self.end_headers()\n"
     "        self.wfile.write(body)\n"
     "    def log_message(self, *a): pass\n"
-    "server = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+    "try:\n"
+    "    server = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+    "except OSError:  # like the builtin server's --port-fallback: a port the kernel assigns\n"
+    "    if 'fallback' not in sys.argv: raise\n"
+    "    server = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
     "if len(sys.argv) > 2:  # like the builtin server's --port-file: the port it holds, once it holds it\n"
     "    open(sys.argv[2] + '.tmp', 'w').write(str(server.server_address[1]))\n"
     "    os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
@@ -329,6 +333,44 @@ def test_clients_reach_the_deployment_on_the_port_it_published(tmp_path: Path):
     assert "identity abcd1234-0123456789ab verified" in proc.stdout
     assert state(job, "state/deployment_identity") == "abcd1234-0123456789ab"
     assert "abcd1234-0123456789ab" in (job / "out-a.txt").read_text()
+
+
+def test_a_taken_port_is_said_in_the_job_log_and_kept_for_status(tmp_path: Path):
+    """The planned port is taken: the server serves on one the kernel assigns (the builtin server's
+    --port-fallback); the job's log, which an attached run prints, says so, and state/deployment_moved keeps it
+    for `evaluate status` (tests/unit/cli/test_widths.py shows it there)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        plan = identified_plan(
+            tmp_path, port=port, tasks=[("a", 'curl -sf "http://127.0.0.1:${DEPLOY_PORT}/v1/health" > out-a.txt')]
+        )
+        job = Path(plan.job_dir)
+        step = replace(
+            plan.deployment.step, command=f"exec {sys.executable} server.py {port} {job}/state/deployment_port fallback"
+        )
+        plan = replace(plan, deployment=replace(plan.deployment, step=step))
+        proc = run_job(write_job(tmp_path, plan), REPORTS="abcd1234-0123456789ab")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    held = state(job, "state/deployment_port")
+    said = f"port {port} was taken: the deployment serves on port {held} instead"
+    assert held != str(port) and said in proc.stdout
+    assert state(job, "state/deployment_moved") == said
+    assert "abcd1234-0123456789ab" in (job / "out-a.txt").read_text()  # the client found it there
+    # an attached run on this machine shows the job's state, not its log: the progress's deployment row says it
+    import io
+
+    from rich.console import Console
+
+    from ckpteval.cli.progress import Rates, render_progress
+    from ckpteval.execution.snapshot import LocalJobView, take_snapshot
+
+    snapshot = take_snapshot(LocalJobView(job), [("a", "a")], None)
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render_progress(snapshot, Rates(), 80))
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("deployment"))
+    assert row.split() == ["deployment", "ready", "on", "port", held, f"({port}", "was", "taken)"], out.getvalue()
 
 
 def test_a_port_answered_by_another_deployment_stops_the_job_before_any_task_request(tmp_path: Path):

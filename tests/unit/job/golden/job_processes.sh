@@ -95,7 +95,7 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 TASK_DIRS=(tasks/adlr_mmlu tasks/hellaswag)
@@ -112,7 +112,8 @@ until [ -s /jobs/abcd1234/state/deployment_port ]; do
   sleep 0.2
 done
 DEPLOY_PORT=$(cat /jobs/abcd1234/state/deployment_port); export DEPLOY_PORT
-say "the deployment holds port $DEPLOY_PORT"
+if [ "$DEPLOY_PORT" = 8000 ]; then say "the deployment holds port $DEPLOY_PORT"
+else mark state/deployment_moved "port 8000 was taken: the deployment serves on port $DEPLOY_PORT instead"; say "port 8000 was taken: the deployment serves on port $DEPLOY_PORT instead"; fi
 HEALTH_URL="http://127.0.0.1:${DEPLOY_PORT}/v1/health"
 DEPLOY_IDENTITY=abcd1234-0123456789ab
 IDENTITY_URL="http://127.0.0.1:${DEPLOY_PORT}/v1/health"

@@ -95,7 +95,7 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 export HF_HUB_OFFLINE=1
 TASK_DIRS=(tasks/gsm8k)
