@@ -105,13 +105,13 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 mark state/slurm_job "${SLURM_JOB_ID:-}"
 export HF_HUB_OFFLINE=1
 TASK_DIRS=(tasks/mtbench)
 say 'starting the deployment (megatron/builtin)'
-setsid srun --job-name=deployment --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist="$(step_nodes 1)" bash -c 'export HITS=/jobs/abcd1234/hits.log; exec /work/wt/roles40/.venv/bin/python server.py 8000' > logs/deployment.log 2>&1 &
+setsid srun --job-name=deployment --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist="$(step_nodes 1)" bash -c 'export HITS=/jobs/abcd1234/hits.log; exec python server.py 8000' > logs/deployment.log 2>&1 &
 DEPLOY_PID=$!
 mark state/deployment starting
 HEALTH_URL="http://127.0.0.1:8000/v1/health"
@@ -178,7 +178,8 @@ until [ -s /jobs/abcd1234/state/judge_port ]; do
   sleep 0.2
 done
 JUDGE_PORT=$(cat /jobs/abcd1234/state/judge_port); export JUDGE_PORT
-say "the judge holds port $JUDGE_PORT"
+if [ "$JUDGE_PORT" = 8001 ]; then say "the judge holds port $JUDGE_PORT"
+else say "port 8001 was taken: the judge serves on port $JUDGE_PORT instead"; fi
 JUDGE_HEALTH_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"
 JUDGE_IDENTITY=abcd1234-judge0123456
 JUDGE_IDENTITY_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"
