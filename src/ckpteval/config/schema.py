@@ -42,8 +42,23 @@ class RunSection:
 
 # What validation and planning ask of an execution section is what its jobs can do (run container images,
 # live on another machine, offer GPUs), never which executor it is: a new executor's section answers the same.
+# `execution.type` -> its section: filled by registration (an executor's entry carries its section,
+# `config.executors.register_executor`; the shipped ones are registered where they are declared, below).
+EXECUTION_TYPES: dict[str, type] = {}
+_S = TypeVar("_S", bound=type)
 
 
+def register_execution_section(section: _S) -> _S:
+    """Make `execution.type=<its type>` select `section` (a dataclass with a `type: Literal[...]` field)."""
+    hint = typing.get_type_hints(section).get("type")
+    if typing.get_origin(hint) is not Literal:
+        raise TypeError(f"{section.__name__}: an execution section is a dataclass with a `type: Literal[...]` field")
+    for name in typing.get_args(hint):
+        EXECUTION_TYPES[str(name)] = section
+    return section
+
+
+@register_execution_section
 @dataclass(frozen=True, kw_only=True)
 class LocalExecution:
     type: Literal["local"]
@@ -68,6 +83,7 @@ class LocalExecution:
         return {}
 
 
+@register_execution_section
 @dataclass(frozen=True, kw_only=True)
 class SlurmExecution:
     type: Literal["slurm"]
@@ -285,7 +301,6 @@ Judge = NoJudge | ApiJudge | SelfJudge
 
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.
 Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
-EXECUTION_TYPES: dict[str, type] = {"local": LocalExecution, "slurm": SlurmExecution}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -439,7 +454,7 @@ class EvalConfig:
     """A compiled, validated evaluation config."""
 
     run: RunSection
-    execution: Execution
+    execution: Annotated[Execution, Registered(EXECUTION_TYPES, by="type")]
     deployment: Annotated[Deployment, Registered(DEPLOYMENT_TYPES, by="type")]
     target: Target
     evaluation: Evaluation

@@ -35,12 +35,6 @@ class Toolchain:
     script_python: str = "python3"
 
 
-def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
-    """A cluster: the profile's Python (builtin deployment), `nemo-evaluator` as the eval-factory image has
-    it, and the offline-data hook uploaded into the job directory (`<job_dir>/hook`, mounted with it)."""
-    return Toolchain(python=python, evaluator="nemo-evaluator", hook_dir=f"{job_dir}/{HOOK_SUBDIR}")
-
-
 def local_toolchain() -> Toolchain:
     """This machine: the interpreter running ckpteval and the nemo-evaluator beside it."""
     import sys
