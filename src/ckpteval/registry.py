@@ -17,6 +17,7 @@ k8s = "my_plugin.k8s"          # the module registers its executor when imported
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import Any, Generic, TypeVar
@@ -26,6 +27,24 @@ from ckpteval.errors import CkptevalError, ConfigError, did_you_mean
 T = TypeVar("T")
 
 GROUP_PREFIX = "ckpteval."
+# Where each kind's registry lives: a config is composed and typed before its registry's module is imported
+# (the config layer sits below them), so `load_installed` imports it there when a plugin of its kind is
+# installed, and the plugin's config section is known when the config is typed.
+HOMES = {
+    "executors": "ckpteval.config.executors:EXECUTORS",
+    "deployments": "ckpteval.deploy.backends:BACKENDS",
+    "destinations": "ckpteval.export.destinations:DESTINATIONS",
+}
+
+
+def load_installed(kind: str) -> None:
+    """Register the installed plugins of `kind` ("deployments", ...) into its registry; without any installed,
+    nothing is imported (the registry's module is not loaded for nothing)."""
+    if not metadata.entry_points(group=GROUP_PREFIX + kind):
+        return
+    module, _, name = HOMES[kind].partition(":")
+    registry: Registry[Any] = getattr(importlib.import_module(module), name)
+    registry.load_plugins()
 
 
 class Registry(Generic[T]):

@@ -32,6 +32,9 @@ toy_notebook = "toy_plugin:DESTINATION"
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
+
+[tool.hatch.build.targets.wheel]
+packages = ["toy_plugin"]
 """
 
 MODULE = '''\
@@ -171,7 +174,7 @@ def test_a_jobs_python_finds_the_installed_destination(plugin_site: Path, tmp_pa
         """
         from ckpteval.export.destinations import destination
         from ckpteval.export.invocation import export_section
-        section = export_section({"toy_notebook": {"enabled": True, "path": "x"}})
+        section = export_section({"export": {"toy_notebook": {"enabled": True, "path": "x"}}})
         print(destination("toy_notebook").label, section.get("toy_notebook").enabled)
         """
     )
