@@ -105,3 +105,15 @@ register_executor(
         hosts_watchers=True,
     )
 )
+# a status query costs an SSH round trip (no scheduler: the job's process and its state files)
+register_executor(
+    Executor(
+        name="ssh",
+        backend="ckpteval.execution.ssh:SshBackend",
+        config_group="ssh",
+        launcher="processes",
+        on_cluster=True,
+        watch_max_pending=1,
+        watch_follow_every=10.0,
+    )
+)

@@ -120,7 +120,42 @@ class SlurmExecution:
         return dict(self.mounts)
 
 
-Execution = LocalExecution | SlurmExecution
+@register_execution_section
+@dataclass(frozen=True, kw_only=True)
+class SshExecution:
+    """A machine with GPUs reached over SSH and no scheduler (a workstation): the job runs there detached, in
+    the profile's Python environment, on GPUs it locks for itself (`ckpteval.execution.ssh`)."""
+
+    type: Literal["ssh"]
+    hostname: str | None
+    username: str | None
+    gpus: int  # GPUs one invocation takes there (each locked for it while it runs; 0: none, CPU only)
+    machine_gpus: int  # GPUs the machine has (the profile's gpus_per_node)
+    output_dir: str
+    cache_dir: str
+    endpoint_readiness_timeout: int = 1800
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+    on_cluster: ClassVar[bool] = True  # output_dir and the checkpoint are paths on that machine
+    runs_containers: ClassVar[bool] = False  # steps run as processes of the profile's Python there
+
+    def resource_bounds(self) -> list[tuple[str, int, int, int | None]]:
+        """(key, value, at least, at most) of the section's resource requests."""
+        return [
+            ("execution.machine_gpus", self.machine_gpus, 0, None),
+            ("execution.gpus", self.gpus, 0, self.machine_gpus),
+        ]
+
+    def node_gpus(self) -> int | None:
+        """The GPUs the job gets."""
+        return self.gpus
+
+    def container_mounts(self) -> dict[str, str]:
+        """Mounts into every container step (none: no containers)."""
+        return {}
+
+
+Execution = LocalExecution | SlurmExecution | SshExecution
 
 
 @dataclass(frozen=True, kw_only=True)

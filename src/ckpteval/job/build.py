@@ -348,7 +348,7 @@ def _task_plan(
         from ckpteval.tasks.harness_hook.ckpteval_judge import MAX_ERROR_RATE_ENV
 
         env.setdefault(MAX_ERROR_RATE_ENV, str(config.judge.max_error_rate))
-    if launcher == "processes":
+    if launcher == "processes" and not config.execution.on_cluster:  # this machine's dataset cache
         env.update(_local_cache_env(task))
     image = task.container if launcher == "srun-containers" else None
     runs = []

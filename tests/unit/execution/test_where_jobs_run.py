@@ -15,7 +15,7 @@ import ckpteval
 from ckpteval.config.executors import executor_names
 
 SRC = Path(ckpteval.__file__).parent
-BACKENDS = {"execution/local.py", "execution/slurm.py", "execution/slurm_state.py"}
+BACKENDS = {"execution/local.py", "execution/slurm.py", "execution/slurm_state.py", "execution/ssh.py"}
 REGISTRY = {"config/executors.py", "execution/backends.py"}
 # The Slurm backend's own package: nemo-run, sbatch, squash, the SSH seam (DESIGN.md's layout).
 SLURM_BACKEND_PACKAGE = "cluster/"
@@ -24,8 +24,8 @@ SECTIONS = {"config/schema.py"}
 # Records written before version 3 kept the executor's part in a field named after it.
 OLD_RECORDS = {"invocation/record.py"}
 ALLOWED = BACKENDS | REGISTRY | SECTIONS | OLD_RECORDS
-EXECUTION_SECTIONS = {"LocalExecution", "SlurmExecution"}
-BACKEND_MODULES = {f"ckpteval.execution.{m}" for m in ("local", "slurm", "slurm_state")}
+EXECUTION_SECTIONS = {"LocalExecution", "SlurmExecution", "SshExecution"}
+BACKEND_MODULES = {f"ckpteval.execution.{m}" for m in ("local", "slurm", "slurm_state", "ssh")}
 
 
 def _names_an_executor(node: ast.AST) -> bool:
