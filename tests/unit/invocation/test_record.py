@@ -33,6 +33,7 @@ class Pod:
     name: str
     namespace: str
 
+
 # a record as round 1 wrote it: core fields under an untyped `extra`
 V1_SLURM = {
     "id": "1a2b3c4d",
