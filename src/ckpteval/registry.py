@@ -17,10 +17,11 @@ k8s = "my_plugin.k8s"          # the module registers its executor when imported
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable
 from importlib import metadata
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from ckpteval.errors import CkptevalError, ConfigError, did_you_mean
 
@@ -37,10 +38,16 @@ HOMES = {
 }
 
 
+@functools.cache
+def installed_entry_points() -> metadata.EntryPoints:
+    """Every installed package's entry points, read once per process (one scan of the installed packages)."""
+    return metadata.entry_points()
+
+
 def load_installed(kind: str) -> None:
     """Register the installed plugins of `kind` ("deployments", ...) into its registry; without any installed,
     nothing is imported (the registry's module is not loaded for nothing)."""
-    if not metadata.entry_points(group=GROUP_PREFIX + kind):
+    if not installed_entry_points().select(group=GROUP_PREFIX + kind):
         return
     module, _, name = HOMES[kind].partition(":")
     registry: Registry[Any] = getattr(importlib.import_module(module), name)
@@ -117,7 +124,7 @@ class Registry(Generic[T]):
         if self._plugins_loaded:
             return
         self._plugins_loaded = True  # first: a plugin module that asks the registry while it loads
-        for point in metadata.entry_points(group=self.group):
+        for point in installed_entry_points().select(group=self.group):
             self._load(point)
 
     def _load(self, point: metadata.EntryPoint) -> None:
@@ -135,7 +142,7 @@ class Registry(Generic[T]):
             ) from None
         for entry in _entries_of(produced):
             if isinstance(entry, self.entry_type):
-                self.register(entry)
+                self.register(cast(T, entry))
 
 
 def _entries_of(produced: Any) -> Iterable[Any]:

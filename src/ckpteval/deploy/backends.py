@@ -87,6 +87,10 @@ class DeploymentBackend:
         return self.identity_route is not None
 
 
+def _register_section(backend: DeploymentBackend) -> None:
+    register_deployment_section(backend.section)
+
+
 def _forget_section(backend: DeploymentBackend) -> None:
     """Its section goes with the last backend that carries it."""
     if any(b.section is backend.section for b in BACKENDS.entries()):
@@ -101,7 +105,7 @@ BACKENDS: Registry[DeploymentBackend] = Registry(
     entry_type=DeploymentBackend,
     key=lambda b: b.kind,
     group="deployments",
-    on_register=lambda b: register_deployment_section(b.section),
+    on_register=_register_section,
     on_unregister=_forget_section,
 )
 

@@ -547,8 +547,9 @@ class SlurmBackend:
         session = ClusterSession(profile, on_reconnect=lambda m: report(Note(m, "warning")))
         try:
             remote = session.remote
-            if slurm_job_id(record):
-                state = job_state(remote, slurm_job_id(record))
+            latest = slurm_job_id(record)
+            if latest:
+                state = job_state(remote, latest)
                 if state.active:
                     raise ConfigError(
                         f"Invocation {record.id} is still {state.state.lower()} (Slurm job {state.job_id}).",
