@@ -1,6 +1,6 @@
 """The calls a Python user makes — and the ones the `evaluate` CLI and the delegate service make.
 
-`run` is one invocation end to end, in the order of DESIGN.md's data path: compile (profile, compose,
+`run` is one invocation end to end, in the order of the data path (docs/architecture.md): compile (profile, compose,
 validate), plan the one job, preview (a dry run stops there), then through the job backend of where
 the config runs: submit, follow, collect, export. Nothing here prints or asks: progress goes to the
 `reporter` as events (`ckpteval.execution.events`), and the outcome is returned.

@@ -287,7 +287,7 @@ def export_hf(
 # -- the cluster: squashed images and staged datasets ------------------------------------------------------
 
 
-def _slurm_profile(name: str, env_file: str | Path | None, what: str) -> Profile:
+def _cluster_profile(name: str, env_file: str | Path | None, what: str) -> Profile:
     from ckpteval.config.executors import cluster_executors, find_executor
     from ckpteval.config.profiles import load_env_file
 
@@ -316,7 +316,7 @@ def squash_plan(
     cluster is asked (read-only) which files exist, else nothing is connected to."""
     from ckpteval.cluster.squash import containers_dir, plan_squash
 
-    chosen = _slurm_profile(profile, env_file, "Squashing")
+    chosen = _cluster_profile(profile, env_file, "Squashing")
     containers_dir(chosen)  # remote_job_dir set and absolute, before connecting
     return plan_squash(_image_refs(images), chosen, check=check, force=force)
 
@@ -335,7 +335,7 @@ def squash(
     from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.squash import containers_dir, ensure_squashed
 
-    chosen = _slurm_profile(profile, env_file, "Squashing")
+    chosen = _cluster_profile(profile, env_file, "Squashing")
     containers_dir(chosen)
     refs = _image_refs(images)
     with connect_remote(chosen) as remote:
@@ -379,7 +379,7 @@ def push_data(
     from ckpteval.config.data_select import datasets_of
     from ckpteval.tasks.data_cache import cached_datasets, default_cache_dir, is_cached
 
-    chosen = _slurm_profile(profile, env_file, "Staging datasets")
+    chosen = _cluster_profile(profile, env_file, "Staging datasets")
     remote_root = datasets_dir(chosen)  # remote_job_dir set and absolute, before connecting
     root = _path(cache) or default_cache_dir()
     if configs or tasks:

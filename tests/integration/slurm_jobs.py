@@ -17,8 +17,9 @@ from ckpteval.cluster.submission import upload_job_files
 from ckpteval.config.profiles import Profile
 from ckpteval.execution.events import silent
 from ckpteval.execution.slurm import submit_job
+from ckpteval.execution.slurm_state import SlurmSubmission
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, TaskEntry, new_invocation_id, now_iso
+from ckpteval.invocation.record import InvocationRecord, TaskEntry, new_invocation_id, now_iso
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step, TaskPlan, TaskRun
 from ckpteval.job.script import render_job_script
 from tests.support.waiting import wait_until
@@ -133,7 +134,7 @@ def submit_plan(
         executor="slurm",
         job_dir=job_dir,
         tasks=[TaskEntry(t.name, t.dir, t.repeats) for t in tasks],
-        slurm=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch=dataclasses.asdict(spec)),
+        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch=dataclasses.asdict(spec)),
     )
     with connect_remote(profile) as remote:
         upload_job_files(remote, job_dir, files, None)

@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps
@@ -101,8 +102,8 @@ def no_job_outlives_its_test(infra) -> Iterator[None]:  # type: ignore[no-untype
     two of the cluster's three nodes for its whole time limit, and the next test's job would wait behind it."""
     yield
     for record in list_records():  # this test's own (each test has its own state directory)
-        if record.slurm_job_id:
-            subprocess.run(["scancel", str(record.slurm_job_id)], capture_output=True)
+        if slurm_job_id(record):
+            subprocess.run(["scancel", str(slurm_job_id(record))], capture_output=True)
 
 
 @pytest.fixture
@@ -149,7 +150,7 @@ def test_export_deploy_on_two_nodes_with_ray_scores_like_the_builtin_server(
 
     # Ray: the head on one node, a worker on the other, one replica answering from each
     assert "Ray cluster of 2 nodes; replicas answer from Slurm nodes node0,node1" in deployment_log
-    steps = dict(sacct_steps(str(record.slurm_job_id)))
+    steps = dict(sacct_steps(str(slurm_job_id(record))))
     assert "deployment" in steps
 
     # clean teardown: `ray stop` on every node, nothing of Ray left

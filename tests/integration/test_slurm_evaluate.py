@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
@@ -78,8 +79,8 @@ def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile,
     assert submitted.exit_code == 0, submitted.output
     invocation = submitted.stdout.strip().splitlines()[-1]
     record = load_record(invocation)
-    assert record.slurm_job_id and f"submitted invocation {invocation}" in submitted.output
-    job = str(record.slurm_job_id)
+    assert slurm_job_id(record) and f"submitted invocation {invocation}" in submitted.output
+    job = str(slurm_job_id(record))
 
     held = json.loads(cli("status", invocation, "--json").stdout)[0]
     assert (held["state"], held["detail"]) == ("pending", "JobHeldUser")
@@ -209,7 +210,7 @@ def test_run_attached_follows_the_job_and_prints_the_scores(job_profile):
     (record,) = list_records()
     assert f"following invocation {record.id}" in output
     assert "│ [ckpteval" in output and "deployment healthy" in output  # the job's log, streamed
-    assert f"Slurm job {record.slurm_job_id}: running" in output
+    assert f"Slurm job {slurm_job_id(record)}: running" in output
     assert f"scores — invocation {record.id}" in output and "pass_at_1" in output
     saved = json.loads((record.path / "job" / "results.json").read_text())
     assert saved["status"] == "succeeded"
@@ -244,7 +245,7 @@ def test_ctrl_c_while_following_leaves_the_job_running_without_a_terminal(job_pr
     err = "".join(lines)
     (record,) = list_records()
     assert proc.returncode == 130, err
-    assert f"left invocation {record.id} running on the cluster" in err
+    assert f"left invocation {record.id} running (Slurm job {slurm_job_id(record)})" in err
     assert f"evaluate cancel {record.id}" in err and "Traceback" not in err
     assert json.loads(cli("status", record.id, "--json").stdout)[0]["state"] in ("pending", "running")
     assert cli("cancel", record.id).stdout.startswith(f"cancelled invocation {record.id}")

@@ -19,7 +19,7 @@ import pytest
 from ckpteval import api
 from ckpteval.errors import ClusterError
 from ckpteval.execution.slurm import SlurmBackend, SlurmJob
-from ckpteval.execution.slurm_state import open_session
+from ckpteval.execution.slurm_state import open_session, slurm_job_id, submission_of
 from ckpteval.invocation.record import load_record
 from tests.integration.slurm_jobs import (
     free_port,
@@ -75,7 +75,7 @@ def test_held_job_is_pending_then_runs_every_task_against_one_deployment(ci_prof
         return http_deployment(job_dir, port), containerized + plain
 
     sub = submit_plan(profile, plan, nodes=2, extra_flags={"hold": True})
-    job = str(sub.record.slurm_job_id)
+    job = str(slurm_job_id(sub.record))
 
     held = status_of(sub.record)
     assert held.state == "pending"
@@ -137,7 +137,7 @@ def test_tasks_run_as_steps_side_by_side_and_cancel_stops_them_all(ci_profile):
 
     spans = [(read(f"{n}.start"), read(f"{n}.end")) for n in "abc"]
     assert max(start for start, _ in spans) < min(end for _, end in spans)  # all three ran at the same time
-    steps = sacct_steps(str(sub.record.slurm_job_id))
+    steps = sacct_steps(str(slurm_job_id(sub.record)))
     assert {"task-a", "task-b", "task-c"} <= {name for name, _ in steps}
     assert [name for name, _ in steps].count("deployment") == 1
 
@@ -192,7 +192,7 @@ def test_cancel_stops_the_job_and_its_deployment(ci_profile):
 
     message = api.cancel(load_record(record.id))
     assert message.startswith(f"cancelled invocation {record.id}")
-    assert squeue_state(str(record.slurm_job_id)) == ""  # gone from the queue when cancel returns
+    assert squeue_state(str(slurm_job_id(record))) == ""  # gone from the queue when cancel returns
     after = status_of(record)
     assert after.state == "cancelled"
     # the task it stopped and the one it never started (resume runs it still) read cancelled, as does the deployment
@@ -252,8 +252,8 @@ def test_resubmitted_job_skips_finished_tasks(ci_profile):
 
     assert api.resume(record.id).exit_status == 0
     resumed = load_record(record.id)
-    assert resumed.slurm_job_id != record.slurm_job_id
-    assert resumed.slurm is not None and resumed.slurm.job_ids == [record.slurm_job_id, resumed.slurm_job_id]
+    assert slurm_job_id(resumed) != slurm_job_id(record)
+    assert submission_of(resumed).job_ids == [slurm_job_id(record), slurm_job_id(resumed)]
     second = wait_for(
         lambda: (s := status_of(resumed)).state not in ("pending", "running") and s, timeout=90, what="end"
     )

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.cluster.ssh import SSHRemote
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.watch.run import SaveDirLister
 from tests.integration.conftest import Infra
 from tests.support.waiting import wait_until
@@ -140,7 +141,7 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
         entries = watcher.state.iterations
         for iteration in (100, 200):
             record = load_record(entries[iteration].attempts[0].invocation)
-            jobs.append(str(record.slurm_job_id))
+            jobs.append(str(slurm_job_id(record)))
             assert record.watch.iteration == iteration
             assert f"iter_{iteration:07d}" in " ".join(record.command_line)
         squeue = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %r"], capture_output=True, text=True)
@@ -163,7 +164,7 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
         assert first.state == "cancelled" and second.invocation
         assert again.state.iterations[100].state == "submitted"
         assert again.state.iterations[300].state == "waiting"  # both slots taken again
-        jobs.append(str(load_record(second.invocation).slurm_job_id))
+        jobs.append(str(slurm_job_id(load_record(second.invocation))))
         assert 400 not in again.state.iterations
         again.close()
     finally:
@@ -174,5 +175,5 @@ def test_slurm_watch_submits_at_most_max_pending_held_jobs_once_each(
             for attempt in entry.attempts:
                 if attempt.invocation:
                     record = load_record(attempt.invocation)
-                    if record.slurm_job_id:
-                        subprocess.run(["scancel", str(record.slurm_job_id)], check=False)
+                    if slurm_job_id(record):
+                        subprocess.run(["scancel", str(slurm_job_id(record))], check=False)

@@ -161,11 +161,12 @@ def print_outcome(outcome: ExportOutcome) -> None:
 
 
 def print_submitted(record: InvocationRecord, console: Console, *, resumed: bool = False) -> None:
-    """What `--batch` prints: the invocation id, the Slurm job, and the commands that follow it up."""
+    """What `--batch` prints: the invocation id, its job as its executor names it, and the commands that
+    follow it up."""
     what = "resubmitted" if resumed else "submitted"
     console.print(
-        f"[green]✓[/] {what} invocation [bold]{record.id}[/] as Slurm job {record.slurm_job_id} "
-        f"(profile {record.profile}); files on the cluster: {record.job_dir}"
+        f"[green]✓[/] {what} invocation [bold]{record.id}[/] as {record.job_label} "
+        f"(profile {record.profile}); files there: {record.job_dir}"
     )
     for command, why in (
         ("status", "where it stands"),
@@ -251,8 +252,7 @@ def _ask_cancel(record: InvocationRecord, console: Console) -> None:
 
         try:
             wants = Confirm.ask(
-                f"\nCancel invocation {record.id} (Slurm job {record.slurm_job_id})? "
-                "No leaves it running on the cluster",
+                f"\nCancel invocation {record.id} ({record.job_label})? No leaves it running where it runs",
                 console=console,
                 default=False,
             )
@@ -261,6 +261,6 @@ def _ask_cancel(record: InvocationRecord, console: Console) -> None:
     if wants:
         console.print(cancel(record))
         return
-    console.print(f"\nleft invocation {record.id} running on the cluster (Slurm job {record.slurm_job_id}).")
+    console.print(f"\nleft invocation {record.id} running ({record.job_label}).")
     for command in ("status", "logs", "cancel", "results"):
         console.print(f"  evaluate {command} {record.id}" + (" -f" if command == "logs" else ""))

@@ -42,7 +42,7 @@ def status_command(
         return
     if invocation:
         s = statuses[0]
-        where = s.record.executor + (f" job {s.slurm_job}" if s.slurm_job else "")
+        where = s.record.executor + (f" {s.executor_view.label}" if s.executor_view else "")
         console.print(
             f"[bold]{s.record.id}[/]  {s.state}  ({where}, profile {s.record.profile})"
             + (f"  [dim]{escape(s.detail)}[/]" if s.detail else "")
@@ -189,7 +189,7 @@ def _as_json(s) -> dict:
         "invocation": s.record.id,
         "state": state_enum(s.state)[0],
         "detail": s.detail,
-        "slurm_job": s.slurm_job,
+        **(s.executor_view.fields if s.executor_view else {}),
         "log_tail": s.log_tail,
         "executor": s.record.executor,
         "profile": s.record.profile,

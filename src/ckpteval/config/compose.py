@@ -217,7 +217,10 @@ def _store_registered_sections(store: Any, search_path: Sequence[Path]) -> bool:
     declare, a required key as `???`; and `deployment=<type>` for a registered type with no yaml. Whether
     there is a layer 0 (without sections registered beyond the shipped ones there is none: no cost)."""
     from ckpteval.config.schema import DEPLOYMENT_TYPES, EXPORT_SECTIONS, SHIPPED_EXPORT_SECTIONS
+    from ckpteval.registry import load_installed
 
+    load_installed("deployments")  # an installed package's sections, before the config is composed and typed
+    load_installed("destinations")
     for name, cls in DEPLOYMENT_TYPES.items():
         if not any(is_file(d / "deployment" / f"{name}.yaml") for d in search_path):
             store.store(group="deployment", name=name, node={**section_defaults(cls), "type": name})

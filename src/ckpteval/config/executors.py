@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ckpteval.config.schema import register_execution_section
 from ckpteval.errors import ConfigError, did_you_mean
+from ckpteval.registry import Registry
 
 # How a job script starts its steps (`ckpteval.job.script` renders each): as processes of the job on this
 # machine, or as `srun` steps in their containers inside a Slurm allocation. An executor's backend uses one.
@@ -33,40 +35,50 @@ class Executor:
     watch_max_pending: int  # `evaluate watch`: evaluations submitted and not yet ended, by default
     watch_follow_every: float  # `evaluate watch`: seconds between status queries, by default
     hosts_watchers: bool = False  # its backend runs the cluster-hosted watcher (`host_scripts`: --detach)
+    section: type | None = None  # its `execution` config section, registered with it (shipped: in config.schema)
 
 
-_EXECUTORS: dict[str, Executor] = {}
+def _register_section(executor: Executor) -> None:
+    if executor.section is not None:
+        register_execution_section(executor.section)
 
 
-def register_executor(executor: Executor) -> None:
+EXECUTORS: Registry[Executor] = Registry(
+    "executor", entry_type=Executor, key=lambda e: e.name, group="executors", on_register=_register_section
+)
+
+
+def register_executor(executor: Executor) -> Executor:
     """Make `executor` nameable in env.toml (a later registration of the same name replaces it)."""
-    _EXECUTORS[executor.name] = executor
+    return EXECUTORS.register(executor)
 
 
 def unregister_executor(name: str) -> None:
     """Forget an executor (a test's, when the test ends)."""
-    _EXECUTORS.pop(name, None)
+    EXECUTORS.unregister(name)
 
 
 def executor_names() -> list[str]:
-    """The executors a profile can name, in registration order."""
-    return list(_EXECUTORS)
+    """The executors a profile can name, in registration order (installed plugins' included)."""
+    return EXECUTORS.names()
 
 
 def find_executor(name: str, *, where: str = "env.toml") -> Executor:
     """The registered executor `name`; ConfigError naming the ones that exist otherwise."""
-    found = _EXECUTORS.get(name)
+    found = EXECUTORS.get(name)
     if found is None:
-        allowed = ", ".join(repr(n) for n in _EXECUTORS)
+        names = EXECUTORS.names()
+        allowed = ", ".join(repr(n) for n in names)
         raise ConfigError(
-            f"{where}: 'executor' is {name!r}; it must be one of {allowed}." + did_you_mean(name, list(_EXECUTORS))
+            f"{where}: 'executor' is {name!r}; it must be one of {allowed}." + did_you_mean(name, names),
+            hint=f"An executor from a package is found once it is installed (entry point group {EXECUTORS.group}).",
         )
     return found
 
 
 def cluster_executors() -> list[str]:
-    """The executors whose jobs run on a cluster (for messages that say which to pick)."""
-    return [e.name for e in _EXECUTORS.values() if e.on_cluster]
+    """The executors whose jobs run on another machine (for messages that say which to pick)."""
+    return [e.name for e in EXECUTORS.entries() if e.on_cluster]
 
 
 # a status query costs a file read here, an SSH round trip with a Slurm query on a cluster
@@ -91,5 +103,17 @@ register_executor(
         watch_max_pending=4,
         watch_follow_every=30.0,
         hosts_watchers=True,
+    )
+)
+# a status query costs an SSH round trip (no scheduler: the job's process and its state files)
+register_executor(
+    Executor(
+        name="ssh",
+        backend="ckpteval.execution.ssh:SshBackend",
+        config_group="ssh",
+        launcher="processes",
+        on_cluster=True,
+        watch_max_pending=1,
+        watch_follow_every=10.0,
     )
 )

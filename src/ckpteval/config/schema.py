@@ -42,8 +42,23 @@ class RunSection:
 
 # What validation and planning ask of an execution section is what its jobs can do (run container images,
 # live on another machine, offer GPUs), never which executor it is: a new executor's section answers the same.
+# `execution.type` -> its section: filled by registration (an executor's entry carries its section,
+# `config.executors.register_executor`; the shipped ones are registered where they are declared, below).
+EXECUTION_TYPES: dict[str, type] = {}
+_S = TypeVar("_S", bound=type)
 
 
+def register_execution_section(section: _S) -> _S:
+    """Make `execution.type=<its type>` select `section` (a dataclass with a `type: Literal[...]` field)."""
+    hint = typing.get_type_hints(section).get("type")
+    if typing.get_origin(hint) is not Literal:
+        raise TypeError(f"{section.__name__}: an execution section is a dataclass with a `type: Literal[...]` field")
+    for name in typing.get_args(hint):
+        EXECUTION_TYPES[str(name)] = section
+    return section
+
+
+@register_execution_section
 @dataclass(frozen=True, kw_only=True)
 class LocalExecution:
     type: Literal["local"]
@@ -68,6 +83,7 @@ class LocalExecution:
         return {}
 
 
+@register_execution_section
 @dataclass(frozen=True, kw_only=True)
 class SlurmExecution:
     type: Literal["slurm"]
@@ -104,7 +120,42 @@ class SlurmExecution:
         return dict(self.mounts)
 
 
-Execution = LocalExecution | SlurmExecution
+@register_execution_section
+@dataclass(frozen=True, kw_only=True)
+class SshExecution:
+    """A machine with GPUs reached over SSH and no scheduler (a workstation): the job runs there detached, in
+    the profile's Python environment, on GPUs it locks for itself (`ckpteval.execution.ssh`)."""
+
+    type: Literal["ssh"]
+    hostname: str | None
+    username: str | None
+    gpus: int  # GPUs one invocation takes there (each locked for it while it runs; 0: none, CPU only)
+    machine_gpus: int  # GPUs the machine has (the profile's gpus_per_node)
+    output_dir: str
+    cache_dir: str
+    endpoint_readiness_timeout: int = 1800
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+    on_cluster: ClassVar[bool] = True  # output_dir and the checkpoint are paths on that machine
+    runs_containers: ClassVar[bool] = False  # steps run as processes of the profile's Python there
+
+    def resource_bounds(self) -> list[tuple[str, int, int, int | None]]:
+        """(key, value, at least, at most) of the section's resource requests."""
+        return [
+            ("execution.machine_gpus", self.machine_gpus, 0, None),
+            ("execution.gpus", self.gpus, 0, self.machine_gpus),
+        ]
+
+    def node_gpus(self) -> int | None:
+        """The GPUs the job gets."""
+        return self.gpus
+
+    def container_mounts(self) -> dict[str, str]:
+        """Mounts into every container step (none: no containers)."""
+        return {}
+
+
+Execution = LocalExecution | SlurmExecution | SshExecution
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,7 +353,6 @@ def deployed_judge(config: EvalConfig) -> MegatronJudge | None:
 
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.
 Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
-EXECUTION_TYPES: dict[str, type] = {"local": LocalExecution, "slurm": SlurmExecution}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,7 +506,7 @@ class EvalConfig:
     """A compiled, validated evaluation config."""
 
     run: RunSection
-    execution: Execution
+    execution: Annotated[Execution, Registered(EXECUTION_TYPES, by="type")]
     deployment: Annotated[Deployment, Registered(DEPLOYMENT_TYPES, by="type")]
     target: Target
     evaluation: Evaluation

@@ -30,6 +30,7 @@ from ckpteval.config.schema import (
     register_deployment_section,
 )
 from ckpteval.errors import ConfigError
+from ckpteval.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -79,31 +80,48 @@ class DeploymentBackend:
     # every response; else results record the checkpoint as described before submission, unverified
     reports_checkpoint: bool = False
     known_mixing: Callable[[Any], str] | None = None  # why it mixes request settings, known before any probe
+    # its step before the job starts, where the job runs: "module:function" taking (plan, compiled, remote) and
+    # returning (the plan, a line saying what it found, or None); imported only when a job is submitted
+    # (Export-Deploy's: the entry point its image really has, `cluster.export_deploy.resolve_for_run`)
+    before_start: str | None = None
 
     @property
     def reports_identity(self) -> bool:
         return self.identity_route is not None
 
 
-_REGISTRY: dict[str, DeploymentBackend] = {}
+def _register_section(backend: DeploymentBackend) -> None:
+    register_deployment_section(backend.section)
+
+
+def _forget_section(backend: DeploymentBackend) -> None:
+    """Its section goes with the last backend that carries it."""
+    if any(b.section is backend.section for b in BACKENDS.entries()):
+        return
+    for name in deployment_types(backend.section):
+        if DEPLOYMENT_TYPES.get(name) is backend.section:
+            del DEPLOYMENT_TYPES[name]
+
+
+BACKENDS: Registry[DeploymentBackend] = Registry(
+    "deployment backend",
+    entry_type=DeploymentBackend,
+    key=lambda b: b.kind,
+    group="deployments",
+    on_register=_register_section,
+    on_unregister=_forget_section,
+)
 
 
 def register_backend(backend: DeploymentBackend) -> DeploymentBackend:
     """Add (or replace) the backend of `backend.kind`, and its section as the config's `deployment.type`."""
-    register_deployment_section(backend.section)
-    _REGISTRY[backend.kind] = backend
-    return backend
+    return BACKENDS.register(backend)
 
 
 def unregister_backend(kind: str) -> None:
     """Remove the backend of `kind` (a test's double, when the test ends), and its section with the last
     backend that carries it."""
-    backend = _REGISTRY.pop(kind, None)
-    if backend is None or any(b.section is backend.section for b in _REGISTRY.values()):
-        return
-    for name in deployment_types(backend.section):
-        if DEPLOYMENT_TYPES.get(name) is backend.section:
-            del DEPLOYMENT_TYPES[name]
+    BACKENDS.unregister(kind)
 
 
 def deployment_kind(deployment: Any) -> str:
@@ -115,16 +133,16 @@ def deployment_kind(deployment: Any) -> str:
 def backend_for(deployment: Any) -> DeploymentBackend:
     """The registered backend that starts `deployment`; ConfigError for a kind none is registered for."""
     kind = deployment_kind(deployment)
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ConfigError(f"No deployment backend is registered for {kind!r}.", hint=f"Known: {known}.") from None
+    found = BACKENDS.get(kind)
+    if found is None:
+        known = ", ".join(sorted(BACKENDS.names()))
+        raise ConfigError(f"No deployment backend is registered for {kind!r}.", hint=f"Known: {known}.")
+    return found
 
 
 def registered_backends() -> dict[str, DeploymentBackend]:
     """Kind -> backend, for documentation and tests."""
-    return dict(_REGISTRY)
+    return {b.kind: b for b in BACKENDS.entries()}
 
 
 def _builtin(deployment: MegatronDeployment, context: LaunchContext) -> Launch:
@@ -188,7 +206,13 @@ register_backend(
     )
 )
 register_backend(
-    DeploymentBackend("megatron/export-deploy", MegatronDeployment, _export_deploy, known_mixing=_export_deploy_mixing)
+    DeploymentBackend(
+        "megatron/export-deploy",
+        MegatronDeployment,
+        _export_deploy,
+        known_mixing=_export_deploy_mixing,
+        before_start="ckpteval.cluster.export_deploy:resolve_for_run",
+    )
 )
 register_backend(DeploymentBackend("vllm", VllmDeployment, _vllm, identity_route="models"))
 register_backend(DeploymentBackend("generic", GenericDeployment, _generic))

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
-    from ckpteval.cluster.remote import Remote
+    from ckpteval.cluster.remote import Remote as Remote  # a host's seam, named for the pipeline's steps
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.config.executors import Launcher
     from ckpteval.config.preview import PreviewPanel
@@ -39,6 +39,21 @@ if TYPE_CHECKING:
     from ckpteval.results.model import InvocationResults
 
 
+# A step an executor needs where its jobs run before one starts (`JobBackend.staging`; the shipped ones are
+# `ckpteval.execution.staging`'s): the planned job, its plan so far, the host it goes to -> the plan that
+# reads what it staged.
+StagingStep = Callable[["PlannedJob", "JobPlan", "JobHost", "Reporter"], "JobPlan"]
+
+
+@dataclass(frozen=True)
+class ExecutorView:
+    """What the job's executor says of where it is, in its own terms (a scheduler's job id, a process on a
+    machine): a label for people, and the fields `status --json` adds."""
+
+    label: str  # e.g. "job 1234", "pid 4567 on gpu-box (GPUs 0,1)"
+    fields: Mapping[str, str | None] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class InvocationStatus:
     """An invocation's state and its tasks' states."""
@@ -46,8 +61,8 @@ class InvocationStatus:
     record: InvocationRecord
     state: State
     snapshot: JobSnapshot | None
-    detail: str = ""  # e.g. Slurm's pending reason
-    slurm_job: str | None = None  # the Slurm job id (latest attempt)
+    detail: str = ""  # e.g. a scheduler's pending reason
+    executor_view: ExecutorView | None = None  # the executor's view of the latest attempt
     log_tail: str = ""  # the end of the job's log, when it failed
 
 
@@ -163,6 +178,7 @@ class JobBackend(Protocol):
     executor: str
     exports_here: bool  # True: the caller exports the results; False: the job exports them itself
     reads_remotely: bool  # reading the checkpoint or staging means contacting another machine
+    staging: tuple[StagingStep, ...]  # what its machine needs before the job starts, in order (the pipeline runs them)
 
     @property
     def launcher(self) -> Launcher:

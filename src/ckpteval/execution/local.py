@@ -32,7 +32,7 @@ from ckpteval.execution.processes import process_start_time
 from ckpteval.execution.snapshot import LocalJobView, settle_tasks, take_snapshot
 from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import InvocationRecord, LocalProcess
+from ckpteval.invocation.record import InvocationRecord
 from ckpteval.job.build import Toolchain, local_toolchain
 from ckpteval.job.files import job_files, write_job_files
 from ckpteval.results.model import InvocationResults
@@ -43,6 +43,22 @@ if TYPE_CHECKING:
     from ckpteval.job.plan import JobPlan
 
 LOG_TAIL_LINES = 40
+
+
+@dataclass
+class LocalProcess:
+    """The local executor's part of an invocation record: the job's process group, its pid and the pid's
+    start time (a reused pid has another)."""
+
+    pid: int
+    start: str | None = None
+
+
+def process_of(record: InvocationRecord) -> LocalProcess | None:
+    """The recorded process of a local job (None: never started)."""
+    return record.placement_as(LocalProcess)
+
+
 DEPLOYMENT_FAILED = 3  # the job script's exit code when the deployment never became healthy
 
 
@@ -129,7 +145,8 @@ class LocalJob:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        record.process = LocalProcess(pid=proc.pid, start=process_start_time(proc.pid))
+        record.placement = LocalProcess(pid=proc.pid, start=process_start_time(proc.pid))
+        record.job_label = f"process group {proc.pid}"
         record.save()
         return cls(record=record, proc=proc, log=log)
 
@@ -215,9 +232,10 @@ class LocalJob:
 
     def cancel(self) -> str:
         record = self.record
-        if not job_process_alive(record) or record.process is None:
+        process = process_of(record)
+        if not job_process_alive(record) or process is None:
             return f"invocation {record.id} is not running"
-        pid = record.process.pid
+        pid = process.pid
         os.killpg(pid, signal.SIGTERM)  # the job's trap stops the deployment
         for _ in range(100):
             if not job_process_alive(record):
@@ -271,6 +289,7 @@ class LocalBackend:
 
     exports_here = True  # the caller exports the results once the job has ended
     reads_remotely = False
+    staging = ()  # its files, checkpoint and datasets are here already
 
     def accept(self, compiled: CompiledConfig) -> None:
         if compiled.mode == "batch":
@@ -319,9 +338,10 @@ class LocalBackend:
         the requests it had not answered reach the model.
         """
         if job_process_alive(record):
-            assert record.process is not None
+            process = process_of(record)
+            assert process is not None
             raise ConfigError(
-                f"Invocation {record.id} is still running (process group {record.process.pid}).",
+                f"Invocation {record.id} is still running (process group {process.pid}).",
                 hint=f"Wait for it, or `evaluate cancel {record.id}` first.",
             )
         job_dir = JobDir(record.job_dir)
@@ -371,9 +391,10 @@ def job_process_alive(record: InvocationRecord) -> bool:
     A bare pid is not enough: after the job ends (or the machine reboots) the number can be reused by an
     unrelated process, which `status` would report as running and `cancel` would signal.
     """
-    if record.process is None:
+    process = process_of(record)
+    if process is None:
         return False
-    pid = record.process.pid
+    pid = process.pid
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -381,7 +402,7 @@ def job_process_alive(record: InvocationRecord) -> bool:
     except PermissionError:
         pass  # alive, someone else's: the start time decides
     now = process_start_time(int(pid))
-    started = record.process.start
+    started = process.start
     return now is not None and (started is None or now == started)
 
 

@@ -6,10 +6,13 @@ runs (the backend's `JobHost`):
 
 1. check where the job goes (a cluster: partition, account, its Python) — the host, as it opens;
 2. describe the checkpoint and refuse one its deployment backend cannot serve (`check_checkpoint`);
-3. stage what the job reads: datasets of an offline cluster (`stage_data`), the W&B key of a job that exports
-   itself (`stage_secrets`, which adds the export step), squashed container images (`stage_images`), and
-   Export-Deploy's entry point probed in its image;
-4. render the job's files (secrets refused on a cluster) and write them where the job runs;
+3. stage what the job reads, each step contributed by whoever needs it, none named here: the executor's
+   (`JobBackend.staging`: e.g. datasets of an offline machine, squashed container images,
+   `ckpteval.execution.staging`), the credentials of each export destination of a job that exports itself
+   (`stage_secrets`, which adds the export step), and the deployment backend's (`before_start`: e.g.
+   Export-Deploy's entry point probed in its image);
+4. render the job's files (secrets refused where they would leave this machine) and write them where the
+   job runs;
 5. record the invocation here (status, logs, cancel and results work from any shell);
 6. hand the job to the host to start: a `Job` handle to follow.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,9 +42,7 @@ from ckpteval.job.plan import JobPlan, task_entries
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
-    from ckpteval.cluster.remote import Remote
-    from ckpteval.execution.backend import Job, JobBackend, JobHost
-    from ckpteval.tasks.data_status import TaskDataStatus
+    from ckpteval.execution.backend import Job, JobBackend, JobHost, Remote
     from ckpteval.tasks.runnable import Unmet
 
 
@@ -95,8 +97,6 @@ class PreparedJob:
 
     def submit(self, report: Reporter) -> Job:
         """Check, stage, render, write, record, start (the connection stays open for following)."""
-        from ckpteval.cluster.export_deploy import resolve_for_run
-
         job, backend = self.job, self.backend
         backend.refuse_secrets(job.compiled, job.plan)  # before anything is contacted
         host = backend.connect(job, report)
@@ -105,14 +105,11 @@ class PreparedJob:
             checkpoint = check_checkpoint(job, host) if job.description is None else None
             if checkpoint is not None and backend.reads_remotely:
                 report(Note(checkpoint.title))
-            statuses = data_statuses(job.compiled, host.remote, report=host.description)
-            plan = stage_secrets(job, host.remote, report)
-            plan = stage_images(job, plan, host.remote, report)
-            if statuses is not None:
-                plan = stage_data(job.compiled, plan, host.remote, statuses, report)
-            plan, entry_note = resolve_for_run(plan, job.compiled, host.remote)  # Export-Deploy's script
-            if entry_note:
-                report(Note(entry_note))
+            plan = job.plan
+            for step in backend.staging:  # the executor's: what its machine needs before the job starts
+                plan = step(job, plan, host, report)
+            plan = stage_secrets(job, plan, host, report)
+            plan = before_start(job, plan, host, report)
             files = job_files(job.compiled, plan, launcher=backend.launcher, checkpoint=job.description)
             host.write_job_files(job.job_dir, files)
             record = new_record(
@@ -159,35 +156,6 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     refuse_unexpected_tensors(description, ignore=getattr(deployment, "ignore_unexpected_tensors", False))
     job.described(description)  # the job now serves the iteration described (pinned)
     return checkpoint_panel(description, backend)
-
-
-def data_statuses(
-    compiled: CompiledConfig, remote: Remote | None, *, report: str | None = None
-) -> list[TaskDataStatus] | None:
-    """Per task, whether its datasets are staged where the job runs (asked on `remote`, one round trip),
-    fetched here (pushed at submission), or missing; None when the job's compute nodes reach the hub.
-
-    Without `remote` the cluster is not asked. With `report` (where the job runs, in words) a task whose
-    data the offline job cannot read is refused (ConfigError)."""
-    if compiled.profile.compute_internet or not compiled.config.execution.on_cluster:
-        return None
-    from ckpteval.cluster.data_push import datasets_dir, staged_status
-    from ckpteval.tasks.data_cache import default_cache_dir, is_cached
-    from ckpteval.tasks.data_status import data_statuses as statuses_of
-    from ckpteval.tasks.data_status import refuse_missing
-    from ckpteval.tasks.datasets import task_data
-
-    local = default_cache_dir()
-    specs = [task.spec for task in compiled.tasks]
-    there = None
-    if remote is not None:
-        refs = [ref for spec in specs for ref in (task_data(spec).datasets or ())]
-        answer = staged_status(remote, datasets_dir(compiled.profile), list(dict.fromkeys(refs)), local)
-        there = answer.__getitem__
-    found = statuses_of(specs, cached_here=lambda ref: is_cached(local, ref), staged_there=there)
-    if report is not None:
-        refuse_missing(found, profile=compiled.profile.name, where=report)
-    return found
 
 
 def refuse_unrunnable(compiled: CompiledConfig) -> None:
@@ -255,43 +223,33 @@ def hubless(compiled: CompiledConfig) -> list[Unmet]:
     return unmet
 
 
-def with_data(compiled: CompiledConfig, plan: JobPlan, statuses: list[TaskDataStatus]) -> JobPlan:
-    """`plan` with every task step reading the staged datasets (the staged ones' real data)."""
-    from ckpteval.cluster.data_push import datasets_dir
-    from ckpteval.cluster.submission import with_staged_data
-
-    staged = {s.task for s in statuses if s.staged}
-    return with_staged_data(plan, datasets_dir(compiled.profile), staged)
-
-
-def stage_data(
-    compiled: CompiledConfig, plan: JobPlan, remote: Remote, statuses: list[TaskDataStatus], report: Reporter
-) -> JobPlan:
-    """Push the datasets fetched here and not yet where the job runs; `plan` with every task step reading them."""
-    from ckpteval.cluster.data_push import datasets_dir, push_datasets
-    from ckpteval.tasks.data_cache import default_cache_dir
-
-    to_push = list(dict.fromkeys(ref for s in statuses for ref in s.to_push))
-    if to_push:
-        report(Note(f"pushing {len(to_push)} dataset(s) to {datasets_dir(compiled.profile)} ..."))
-        pushed = push_datasets(remote, datasets_dir(compiled.profile), to_push, default_cache_dir())
-        sent = f"{len(pushed.staged)} sent ({pushed.bytes_sent} bytes)"
-        report(Note(f"datasets staged: {sent}, {len(pushed.present)} already there"))
-    return with_data(compiled, plan, statuses)
-
-
-def stage_secrets(job: PlannedJob, remote: Remote, report: Reporter) -> JobPlan:
-    """Give a job that exports itself the user's W&B key, in an owner-only file where it runs (never in the
-    script or the preview); its plan with the export step reading that file."""
-    plan = job.plan
-    stage_judge_key(job, remote)
-    if not (plan.after_tasks and job.compiled.config.export.wandb.enabled):
+def stage_secrets(job: PlannedJob, plan: JobPlan, host: JobHost, report: Reporter) -> JobPlan:
+    """Give a job that exports itself the credentials its export destinations need (each destination's
+    `stage_secret`: W&B's key), and the API judge its key, in owner-only files where it runs (never in the
+    script or the preview); `plan` with the export step reading them."""
+    stage_judge_key(job, host.remote)
+    if not plan.after_tasks:
         return plan
-    from ckpteval.export.job import stage_wandb_key
+    from ckpteval.export.destinations import stage_export_secrets
 
     warn: Callable[[str], None] = lambda m: report(Note(m, "warning"))  # noqa: E731
-    key_file = stage_wandb_key(remote, job.job_dir, secrets=job.compiled.secrets, on_note=warn)
+    key_file = stage_export_secrets(host.remote, job.compiled, job.job_dir, on_note=warn)
     return add_export_step(plan, job.compiled, key_file=key_file)
+
+
+def before_start(job: PlannedJob, plan: JobPlan, host: JobHost, report: Reporter) -> JobPlan:
+    """The deployment backend's own step where the job runs, if it has one (`DeploymentBackend.before_start`:
+    Export-Deploy probes the entry point its image really has); `plan` built for what it found."""
+    from ckpteval.deploy.backends import deployment_kind, registered_backends
+
+    deployment = registered_backends().get(deployment_kind(job.compiled.config.deployment))
+    if deployment is None or deployment.before_start is None:
+        return plan
+    module, _, name = deployment.before_start.partition(":")
+    plan, note = getattr(importlib.import_module(module), name)(plan, job.compiled, host.remote)
+    if note:
+        report(Note(note))
+    return plan
 
 
 def stage_judge_key(job: PlannedJob, remote: Remote) -> None:
@@ -309,15 +267,3 @@ def stage_judge_key(job: PlannedJob, remote: Remote) -> None:
     key = os.environ.get(name, "")
     job.compiled.secrets.add(key)
     write_secret_file(remote, judge_key_file(job.job_dir), key)
-
-
-def stage_images(job: PlannedJob, plan: JobPlan, remote: Remote, report: Reporter) -> JobPlan:
-    """Squash each container image of the job to a cached .sqsh where it runs (`enroot import` in a compute
-    step of the profile's cluster); `plan` with its steps pointed at the files."""
-    if not job.images:
-        return plan
-    from ckpteval.cluster.squash import ensure_squashed
-    from ckpteval.cluster.submission import with_images
-
-    squashed = ensure_squashed(job.images, job.profile, remote=remote, force=job.force_squash, on_event=report)
-    return with_images(plan, squashed.mapping)

@@ -56,6 +56,7 @@ from ckpteval.execution.backend import InvocationStatus, JobEnd, ScriptJob, task
 from ckpteval.execution.events import Note, Reporter
 from ckpteval.execution.follow import watch
 from ckpteval.execution.slurm_state import (
+    SlurmSubmission,
     combine_state,
     fetch_results,
     local_job_copy,
@@ -64,16 +65,19 @@ from ckpteval.execution.slurm_state import (
     record_profile,
     remember,
     remembered,
+    slurm_job_id,
     slurm_output_path,
+    slurm_view,
     state_dirs,
     submission_of,
     submit_failed,
 )
 from ckpteval.execution.snapshot import settle_tasks, take_snapshot
+from ckpteval.execution.staging import stage_data, stage_images
 from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, write_text_atomic
-from ckpteval.job.build import Toolchain, slurm_toolchain
+from ckpteval.invocation.record import InvocationRecord, write_text_atomic
+from ckpteval.job.build import HOOK_SUBDIR, Toolchain
 from ckpteval.job.script import render_job_script
 from ckpteval.results.model import InvocationResults
 
@@ -154,7 +158,7 @@ class SlurmHost:
             connection=self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
             sbatch=dataclasses.asdict(self.spec),
         )
-        return {"slurm": submission}
+        return {"placement": submission}
 
     def place_results(self, record: InvocationRecord) -> None:
         record.local_results_dir = str(local_job_copy(record))  # fetched there when the job has ended
@@ -189,6 +193,7 @@ def submit_job(
         record.save()
         raise
     slurm.job_ids.append(submitted.job_id)
+    record.job_label = f"Slurm job {submitted.job_id}"
     slurm.nemo_run_experiment = submitted.experiment_id
     slurm.nemo_run_dir = submitted.nemo_run_dir
     slurm.submit_error = None
@@ -196,6 +201,12 @@ def submit_job(
     record.save()
     if submitted.sbatch_script:
         write_text_atomic(record.path / "sbatch.sh", submitted.sbatch_script)
+
+
+def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
+    """A cluster: the profile's Python (builtin deployment), `nemo-evaluator` as the eval-factory image has
+    it, and the offline-data hook uploaded into the job directory (`<job_dir>/hook`, mounted with it)."""
+    return Toolchain(python=python, evaluator="nemo-evaluator", hook_dir=f"{job_dir}/{HOOK_SUBDIR}")
 
 
 class SlurmJob:
@@ -225,7 +236,7 @@ class SlurmJob:
 
     def slurm_state(self) -> SlurmJobState:
         """Slurm's view of the latest job of the invocation (squeue, then sacct)."""
-        return self.session.call(lambda r: job_state(r, str(self.record.slurm_job_id)))
+        return self.session.call(lambda r: job_state(r, str(slurm_job_id(self.record))))
 
     def follow(self, report: Reporter) -> None:
         """Report progress and the job's log until Slurm says the job has ended."""
@@ -233,7 +244,7 @@ class SlurmJob:
 
         record = self.record
         report(Note(f"following invocation {record.id} (Ctrl-C to detach or cancel)", "notice"))
-        watcher = _SlurmWatch(self.session, str(record.slurm_job_id), report)
+        watcher = _SlurmWatch(self.session, str(slurm_job_id(record)), report)
         log = LogTail(self.session, JobDir(record.job_dir).join(JobDir.JOB_LOG))
         view = RemoteJobView(self.session, record.job_dir)
         dirs = state_dirs(record)
@@ -294,7 +305,7 @@ class SlurmJob:
             state=state,
             snapshot=settle_tasks(snapshot, slurm.active, state),
             detail=detail,
-            slurm_job=slurm.job_id,
+            executor_view=slurm_view(slurm.job_id),
             log_tail=tail,
         )
         if state in ("succeeded", "failed", "cancelled"):
@@ -306,7 +317,7 @@ class SlurmJob:
 
     def read(self, path: str) -> str | None:
         """A file of the job directory on the cluster (one round trip)."""
-        if not self.record.slurm_job_id:
+        if not slurm_job_id(self.record):
             return None
         full = JobDir(self.record.job_dir).join(path)
         return self.session.call(lambda r: r.read_text_if_exists(full))
@@ -314,12 +325,12 @@ class SlurmJob:
     def cancel(self) -> str:
         """scancel the job and wait until Slurm has stopped it (the deployment with it)."""
         record = self.record
-        if not record.slurm_job_id:
+        if not slurm_job_id(record):
             return f"invocation {record.id} was never submitted"
         before = self.slurm_state()
         if not before.active:
             return f"invocation {record.id} is not running (Slurm job {before.job_id}: {before.state.lower()})"
-        after = self.session.call(lambda r: cancel_job(r, str(record.slurm_job_id)))
+        after = self.session.call(lambda r: cancel_job(r, str(slurm_job_id(record))))
         if after.active:
             return (
                 f"asked Slurm to cancel job {after.job_id} of invocation {record.id}; it is still {after.state.lower()}"
@@ -330,7 +341,7 @@ class SlurmJob:
         """The job's log lines (`job`, `deployment`, a task name, or `slurm` for nemo-run's sbatch output);
         with `follow`, keep yielding new lines until the job has ended (reconnecting if the connection drops)."""
         record = self.record
-        if not record.slurm_job_id:
+        if not slurm_job_id(record):
             raise EvaluationError(
                 f"Invocation {record.id} was never submitted: it has no log.",
                 hint=submission_of(record).submit_error or "",
@@ -356,9 +367,9 @@ class SlurmJob:
 
         record = self.record
         local = local_job_copy(record) / JobDir.RESULTS
-        if local.is_file() and submission_of(record).results_of_job == record.slurm_job_id:
+        if local.is_file() and submission_of(record).results_of_job == slurm_job_id(record):
             return read_results(local)
-        if not record.slurm_job_id:
+        if not slurm_job_id(record):
             raise EvaluationError(f"Invocation {record.id} was never submitted: it has no results.")
         return fetch_results(self.session, record, final=not self.slurm_state().active)
 
@@ -456,6 +467,8 @@ class SlurmBackend:
 
     exports_here = False  # the job exports its own results as it ends (the pipeline adds the export step)
     reads_remotely = True
+    # datasets of an offline cluster (refused first when missing), then squashed images
+    staging = (stage_data, stage_images)
 
     def accept(self, compiled: CompiledConfig) -> None:
         remote_job_dir(compiled, "")  # a config whose execution section is not Slurm's ends here
@@ -481,7 +494,7 @@ class SlurmBackend:
         asked unless `check`)."""
         from ckpteval.cluster.export_deploy import preview_entry_point
         from ckpteval.cluster.squash import plan_squash
-        from ckpteval.execution.pipeline import data_statuses, with_data
+        from ckpteval.execution.staging import data_statuses, with_data
         from ckpteval.job.request_groups import request_groups_panel
 
         spec = sbatch_spec(job.compiled, job.invocation, job.job_dir)
@@ -534,8 +547,9 @@ class SlurmBackend:
         session = ClusterSession(profile, on_reconnect=lambda m: report(Note(m, "warning")))
         try:
             remote = session.remote
-            if record.slurm_job_id:
-                state = job_state(remote, record.slurm_job_id)
+            latest = slurm_job_id(record)
+            if latest:
+                state = job_state(remote, latest)
                 if state.active:
                     raise ConfigError(
                         f"Invocation {record.id} is still {state.state.lower()} (Slurm job {state.job_id}).",

@@ -9,27 +9,58 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ckpteval.cluster.jobview import RemoteJobView
 from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import SlurmJobState
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ClusterError
-from ckpteval.execution.backend import InvocationStatus
+from ckpteval.execution.backend import ExecutorView, InvocationStatus
 from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
 from ckpteval.execution.state import State, end_state
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.invocation.record import FinalStatus, InvocationRecord, SlurmSubmission, TaskStatus
+from ckpteval.invocation.record import FinalStatus, InvocationRecord, TaskStatus
 from ckpteval.results.model import InvocationResults
 
 LOG_TAIL_LINES = 30
 
 
+@dataclass
+class SlurmSubmission:
+    """The Slurm executor's part of an invocation record: how the job was submitted, and what came of it."""
+
+    connection: dict[str, Any]  # the profile as it was at submission (secrets redacted): how to reach the cluster
+    sbatch: dict[str, Any]  # the `SbatchSpec` fields, resubmitted as they are by `resume`
+    job_ids: list[str] = field(default_factory=list)  # every attempt, latest last
+    nemo_run_experiment: str | None = None
+    nemo_run_dir: str | None = None
+    submit_error: str | None = None  # why the latest submission was refused
+    results_of_job: str | None = None  # the job whose results were fetched (a resubmission makes them stale)
+
+    @property
+    def job_id(self) -> str | None:
+        return self.job_ids[-1] if self.job_ids else None
+
+
 def submission_of(record: InvocationRecord) -> SlurmSubmission:
-    if record.slurm is None:
+    found = record.placement_as(SlurmSubmission)
+    if found is None:
         raise ClusterError(f"Invocation {record.id} has no Slurm submission recorded.")
-    return record.slurm
+    return found
+
+
+def slurm_job_id(record: InvocationRecord) -> str | None:
+    """The Slurm job id of the invocation's latest attempt (None: never submitted)."""
+    found = record.placement_as(SlurmSubmission)
+    return found.job_id if found else None
+
+
+def slurm_view(job_id: str | None) -> ExecutorView | None:
+    """The Slurm job, as `status` shows it (`evaluate status --json`: `slurm_job`)."""
+    return ExecutorView(label=f"job {job_id}", fields={"slurm_job": job_id}) if job_id else None
 
 
 def record_profile(record: InvocationRecord) -> Profile:
@@ -91,7 +122,7 @@ def combine_state(slurm: SlurmJobState, snapshot: JobSnapshot | None) -> tuple[S
 def log_tail(session: ClusterSession, record: InvocationRecord, lines: int = LOG_TAIL_LINES) -> str:
     """The last lines of the job's log (or, if the job script never ran, of nemo-run's Slurm output)."""
     text = RemoteJobView(session, record.job_dir).read_text(JobDir.JOB_LOG)
-    if not text and record.slurm and record.slurm.nemo_run_dir and record.slurm_job_id:
+    if not text and submission_of(record).nemo_run_dir and slurm_job_id(record):
         text = session.call(lambda r: r.read_text_if_exists(slurm_output_path(record)))
     return "\n".join((text or "").splitlines()[-lines:])
 
@@ -99,21 +130,22 @@ def log_tail(session: ClusterSession, record: InvocationRecord, lines: int = LOG
 def slurm_output_path(record: InvocationRecord) -> str:
     """nemo-run's sbatch output file of the latest job (Slurm's own messages, nemo-run's setup)."""
     name = f"ckpteval-{record.id}"
-    nemo_run_dir = (record.slurm.nemo_run_dir if record.slurm else None) or ""
-    return posixpath.join(nemo_run_dir, f"sbatch_{name}_{record.slurm_job_id}.out")
+    nemo_run_dir = submission_of(record).nemo_run_dir or ""
+    return posixpath.join(nemo_run_dir, f"sbatch_{name}_{slurm_job_id(record)}.out")
 
 
 def submit_failed(record: InvocationRecord) -> InvocationStatus | None:
-    if record.slurm_job_id:
+    if slurm_job_id(record):
         return None
-    error = (record.slurm.submit_error if record.slurm else None) or "it was never submitted"
+    submission = record.placement_as(SlurmSubmission)
+    error = (submission.submit_error if submission else None) or "it was never submitted"
     return InvocationStatus(record=record, state="failed", snapshot=None, detail=f"not submitted: {error}")
 
 
 def remembered(record: InvocationRecord) -> InvocationStatus | None:
     """The final status saved when the latest job was last seen ended (no connection needed)."""
     final = record.final
-    if final is None or final.job != record.slurm_job_id:
+    if final is None or final.job != slurm_job_id(record):
         return None
     tasks = tuple(TaskSnapshot(**dataclasses.asdict(t)) for t in final.tasks)
     snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished, ended=final.ended)
@@ -122,7 +154,7 @@ def remembered(record: InvocationRecord) -> InvocationStatus | None:
         state=final.state,  # type: ignore[arg-type]
         snapshot=snapshot,
         detail=final.detail,
-        slurm_job=record.slurm_job_id,
+        executor_view=slurm_view(slurm_job_id(record)),
         log_tail=final.log_tail,
     )
 
@@ -131,7 +163,7 @@ def remember(status: InvocationStatus) -> None:
     record, snapshot = status.record, status.snapshot
     assert snapshot is not None
     record.final = FinalStatus(
-        job=record.slurm_job_id,
+        job=slurm_job_id(record),
         state=status.state,
         detail=status.detail,
         log_tail=status.log_tail,
@@ -160,6 +192,6 @@ def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: b
         text = path.read_text(encoding="utf-8")
         session.call(lambda r: r.write_text_atomic(JobDir(record.job_dir).join(JobDir.RESULTS), text))
         record.local_results_dir = str(local)
-        submission_of(record).results_of_job = record.slurm_job_id  # a resubmitted job makes them stale
+        submission_of(record).results_of_job = slurm_job_id(record)  # a resubmitted job makes them stale
         record.save()
     return results

@@ -25,7 +25,10 @@ from ckpteval.errors import ExportError
 from ckpteval.notices import notice
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ckpteval.cluster.remote import Remote
+    from ckpteval.config.secrets import SecretValues
 
 KEY_ENV_VAR = "WANDB_API_KEY"
 SECRETS_DIR = ".secrets"
@@ -170,3 +173,30 @@ def read_key_file(path: str | Path) -> WandbKey:
     if not value:
         raise ExportError(f"The W&B key file {path} is empty.")
     return WandbKey(value=value, origin="file", source=str(path))
+
+
+def stage_wandb_key(
+    remote: Remote,
+    job_dir: str,
+    *,
+    secrets: SecretValues | None = None,
+    environ: Mapping[str, str] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> str | None:
+    """Give the job the user's W&B key; returns the key file's path, or None when there is no key to give
+    (WANDB_MODE offline/disabled: none is needed; not logged in: `on_note` gets one line on how to log in).
+
+    The key joins `secrets`, so anything rendered later is redacted even if the key came from the login.
+    """
+    env = os.environ if environ is None else environ
+    if wandb_mode(env) != "online":
+        return None
+    key = find_wandb_key(env)
+    if key is None:
+        if on_note is not None:
+            on_note(f"W&B export will be skipped: no W&B login found. {LOGIN_HINT}")
+        return None
+    announce_login(key)
+    if secrets is not None:
+        secrets.add(key.value)
+    return write_key_file(remote, job_dir, key)

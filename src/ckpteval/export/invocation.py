@@ -43,6 +43,7 @@ def export_section(config: Mapping[str, Any], *, where: str = "config.yaml") -> 
     from ckpteval.config.schema import EXPORT_SECTIONS, Export
     from ckpteval.config.typed import typed_value
 
+    destinations()  # the installed packages' destinations (entry points) register their sections
     raw = config.get("export") or {}
     here = {name: value for name, value in raw.items() if name in EXPORT_SECTIONS}
     section: ExportSection = typed_value(Export, here, where=where, path="export")

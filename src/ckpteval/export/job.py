@@ -17,51 +17,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ckpteval.export.credentials import (
-    LOGIN_HINT,
-    announce_login,
-    find_wandb_key,
+from ckpteval.export.credentials import (  # stage_wandb_key: named here too, where the job's pieces are
     key_file_path,
+    stage_wandb_key,
     wandb_base_url,
     wandb_mode,
-    write_key_file,
 )
 
 if TYPE_CHECKING:
-    from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
-    from ckpteval.config.secrets import SecretValues
     from ckpteval.job.plan import JobPlan
-
-
-def stage_wandb_key(
-    remote: Remote,
-    job_dir: str,
-    *,
-    secrets: SecretValues | None = None,
-    environ: Mapping[str, str] | None = None,
-    on_note: Callable[[str], None] | None = None,
-) -> str | None:
-    """Give the job the user's W&B key; returns the key file's path, or None when there is no key to give
-    (WANDB_MODE offline/disabled: none is needed; not logged in: `on_note` gets one line on how to log in).
-
-    The key joins `secrets`, so anything rendered later is redacted even if the key came from the login.
-    """
-    env = os.environ if environ is None else environ
-    if wandb_mode(env) != "online":
-        return None
-    key = find_wandb_key(env)
-    if key is None:
-        if on_note is not None:
-            on_note(f"W&B export will be skipped: no W&B login found. {LOGIN_HINT}")
-        return None
-    announce_login(key)
-    if secrets is not None:
-        secrets.add(key.value)
-    return write_key_file(remote, job_dir, key)
 
 
 def without_credentials(argv: Sequence[str]) -> list[str]:

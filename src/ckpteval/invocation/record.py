@@ -2,12 +2,13 @@
 
 Every invocation gets a short random id (8 hex digits; commands accept any unambiguous prefix). Its
 record lives in `$XDG_STATE_HOME/ckpteval/invocations/<id>/`: `record.json` (an `InvocationRecord`:
-where it runs, its tasks, the Slurm submission or the local process, the final status), `config.yaml`
+where it runs, its tasks, what its executor keeps of the job (`placement`), the final status), `config.yaml`
 (the compiled config, secrets redacted) and `job.yaml` (provenance). The record is written, atomically,
 before anything is submitted.
 
-Records written before the typed format (version 1: core fields in an untyped `extra` dict) are read
-and converted; a record.json that is neither says so in one line (`ConfigError`).
+Older records are read and converted: version 1 (core fields in an untyped `extra` dict) and version 2
+(the executor's part in a field of its own); a record.json that is none of these says so in one line
+(`ConfigError`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckpteval.errors import ConfigError
 
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 
 STATE_DIR_VAR = "CKPTEVAL_STATE_DIR"
 RECORD_FILE = "record.json"
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 Executor = str  # a registered executor (`ckpteval.config.executors`)
+P = TypeVar("P")
 
 
 def state_dir() -> Path:
@@ -66,37 +68,12 @@ class TaskEntry:
 
 
 @dataclass
-class SlurmSubmission:
-    """How the job was submitted to Slurm, and what came of it."""
-
-    connection: dict[str, Any]  # the profile as it was at submission (secrets redacted): how to reach the cluster
-    sbatch: dict[str, Any]  # the `SbatchSpec` fields, resubmitted as they are by `resume`
-    job_ids: list[str] = field(default_factory=list)  # every attempt, latest last
-    nemo_run_experiment: str | None = None
-    nemo_run_dir: str | None = None
-    submit_error: str | None = None  # why the latest submission was refused
-    results_of_job: str | None = None  # the job whose results were fetched (a resubmission makes them stale)
-
-    @property
-    def job_id(self) -> str | None:
-        return self.job_ids[-1] if self.job_ids else None
-
-
-@dataclass
 class WatchOrigin:
     """An invocation `evaluate watch` submitted: which watch run, which iteration of the training, where."""
 
     run: str
     iteration: int
     iter_dir: str
-
-
-@dataclass
-class LocalProcess:
-    """The local job's process group: its pid and the pid's start time (a reused pid has another)."""
-
-    pid: int
-    start: str | None = None
 
 
 @dataclass
@@ -117,7 +94,7 @@ class TaskStatus:
 class FinalStatus:
     """The status of a job seen ended, kept so listing old invocations does not ask their cluster again."""
 
-    job: str | None  # the Slurm job it belongs to
+    job: str | None  # the attempt it belongs to (the executor's `attempt` when it was seen ended)
     state: str
     detail: str
     log_tail: str
@@ -136,15 +113,17 @@ class InvocationRecord:
     mode: str  # local | run | batch
     profile: str
     executor: Executor
-    job_dir: str  # absolute; on the cluster for slurm
+    job_dir: str  # absolute, where the job runs (another machine's path for an executor that runs there)
     tasks: list[TaskEntry]
     command_line: list[str] = field(default_factory=list)  # secrets redacted
     env_file: str | None = None
     model: str | None = None  # what results.json names: the checkpoint evaluated and the run's label
     label: str | None = None
-    local_results_dir: str | None = None  # where this machine holds the results (slurm: fetched there)
-    slurm: SlurmSubmission | None = None
-    process: LocalProcess | None = None
+    local_results_dir: str | None = None  # where this machine holds the results (fetched there from elsewhere)
+    # what the executor keeps of the job (how to reach it again, its scheduler's ids, its process): a
+    # dataclass the executor's backend owns; read back as JSON, typed again by `placement_as`
+    placement: Any = None
+    job_label: str = ""  # its latest attempt as its executor names it, for people ("Slurm job 1234")
     final: FinalStatus | None = None
     watch: WatchOrigin | None = None
     version: int = RECORD_VERSION
@@ -164,13 +143,24 @@ class InvocationRecord:
 
     @property
     def where(self) -> str:
-        """Where the job runs, in a word: `local`, or `slurm:<profile>`."""
-        return "local" if self.slurm is None else f"{self.executor}:{self.profile}"
+        """Where the job runs, in a word: the executor, and the profile when it has another name
+        (`local`, `slurm:MY-CLUSTER`, `ssh:gpu-box`)."""
+        return self.executor if self.profile == self.executor else f"{self.executor}:{self.profile}"
 
-    @property
-    def slurm_job_id(self) -> str | None:
-        """The Slurm job id of the latest attempt (None: local, or never submitted)."""
-        return self.slurm.job_id if self.slurm else None
+    def placement_as(self, cls: type[P]) -> P | None:
+        """The executor's part of the record as its dataclass `cls` (typed once: changes to it are saved);
+        None when there is none, or it is another dataclass's."""
+        if self.placement is None or isinstance(self.placement, cls):
+            return self.placement
+        if not isinstance(self.placement, dict):
+            return None  # typed already, as another executor's
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        try:
+            typed = cls(**{k: v for k, v in self.placement.items() if k in known})
+        except TypeError:
+            return None  # it lacks what `cls` requires: another executor's
+        self.placement = typed
+        return typed
 
     def task(self, name: str) -> TaskEntry | None:
         return next((t for t in self.tasks if t.name == name), None)
@@ -201,9 +191,9 @@ def new_record(
     executor: Executor,
     job_dir: str,
     tasks: list[TaskEntry],
-    slurm: SlurmSubmission | None = None,
+    placement: Any = None,
 ) -> InvocationRecord:
-    """The record of a new invocation, for either backend; secrets redacted the same way for both."""
+    """The record of a new invocation, for every backend; secrets redacted the same way for all."""
     redact = compiled.secrets.redact
     return InvocationRecord(
         id=invocation,
@@ -217,7 +207,7 @@ def new_record(
         env_file=str(compiled.env_file) if compiled.env_file else None,
         model=getattr(compiled.config.deployment, "checkpoint_path", None),
         label=compiled.config.run.name,
-        slurm=slurm,
+        placement=placement,
     )
 
 
@@ -262,7 +252,10 @@ def read_record(path: Path) -> InvocationRecord:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
-        return record_from_json(data if data.get("version") == RECORD_VERSION else _from_v1(data))
+        version = data.get("version")
+        if version == RECORD_VERSION:
+            return record_from_json(data)
+        return record_from_json(_from_v2(data if version == 2 else _from_v1(data)))
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(
             f"The invocation record {path} cannot be read: {exc}.",
@@ -271,22 +264,29 @@ def read_record(path: Path) -> InvocationRecord:
 
 
 def record_from_json(data: dict[str, Any]) -> InvocationRecord:
-    """An `InvocationRecord` from its JSON form (version 2)."""
-    slurm = data.get("slurm")
-    process = data.get("process")
+    """An `InvocationRecord` from its JSON form (this version; `placement` stays JSON until typed)."""
     final = data.get("final")
     watch = data.get("watch")
     fields = {f.name for f in dataclasses.fields(InvocationRecord)}
-    nested = ("tasks", "slurm", "process", "final", "watch")
+    nested = ("tasks", "final", "watch")
     plain = {k: v for k, v in data.items() if k in fields and k not in nested}
     return InvocationRecord(
         **plain,
         tasks=[TaskEntry(**t) for t in data["tasks"]],
-        slurm=SlurmSubmission(**slurm) if slurm else None,
-        process=LocalProcess(**process) if process else None,
         final=(FinalStatus(**{**final, "tasks": [TaskStatus(**t) for t in final["tasks"]]}) if final else None),
         watch=WatchOrigin(**watch) if watch else None,
     )
+
+
+# Version 2 kept the executor's part of the record in a field named after it.
+_V2_PLACEMENT_FIELDS = ("slurm", "process")
+
+
+def _from_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 record in this version's shape: its executor's field becomes the placement."""
+    placement = next((data[k] for k in _V2_PLACEMENT_FIELDS if data.get(k)), None)
+    rest = {k: v for k, v in data.items() if k not in _V2_PLACEMENT_FIELDS}
+    return {**rest, "placement": placement, "version": RECORD_VERSION}
 
 
 def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +319,7 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
         "slurm": slurm,
         "process": {"pid": extra["pid"], "start": extra.get("pid_start")} if extra.get("pid") else None,
         "final": final if isinstance(final, dict) else None,
-        "version": RECORD_VERSION,
+        "version": 2,
     }
 
 

@@ -37,12 +37,6 @@ class Toolchain:
     script_python: str = "python3"
 
 
-def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
-    """A cluster: the profile's Python (builtin deployment), `nemo-evaluator` as the eval-factory image has
-    it, and the offline-data hook uploaded into the job directory (`<job_dir>/hook`, mounted with it)."""
-    return Toolchain(python=python, evaluator="nemo-evaluator", hook_dir=f"{job_dir}/{HOOK_SUBDIR}")
-
-
 def local_toolchain() -> Toolchain:
     """This machine: the interpreter running ckpteval and the nemo-evaluator beside it."""
     import sys
@@ -405,7 +399,7 @@ def _task_plan(
         env.setdefault(MAX_ERROR_RATE_ENV, str(config.judge.max_error_rate))
         if judge_plan is not None and judge_plan.identity:
             env.update(_deployed_judge_env(judge_plan))
-    if launcher == "processes":
+    if launcher == "processes" and not config.execution.on_cluster:  # this machine's dataset cache
         env.update(_local_cache_env(task))
     image = task.container if launcher == "srun-containers" else None
     runs = []

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.config.profiles import Profile
-from ckpteval.invocation.record import InvocationRecord, SlurmSubmission, TaskEntry
+from ckpteval.execution.slurm_state import SlurmSubmission
+from ckpteval.invocation.record import InvocationRecord, TaskEntry
 
 
 def refused_port() -> int:
@@ -29,7 +30,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         executor="slurm",
         job_dir="/x/evaluations/aaaa0001",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
-        slurm=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch={}, job_ids=["42"]),
+        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch={}, job_ids=["42"]),
     ).save()
     InvocationRecord(
         id="bbbb0002",
@@ -39,7 +40,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         executor="slurm",
         job_dir="/x/evaluations/bbbb0002",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
-        slurm=SlurmSubmission(
+        placement=SlurmSubmission(
             connection=dataclasses.asdict(profile), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
         ),
     ).save()

@@ -159,7 +159,8 @@ def test_a_score_says_its_chance_level_and_an_n_too_small_for_a_ci(choice_tasks,
 def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
     """A Slurm job's end is the time it wrote (`state/ended`): kept with the status seen at its end, or read
     from the job directory fetched here (whose file times are the fetch's, not the job's)."""
-    from ckpteval.invocation.record import FinalStatus, SlurmSubmission
+    from ckpteval.execution.slurm_state import SlurmSubmission
+    from ckpteval.invocation.record import FinalStatus
 
     record = load_record("cccc0003")
     created = datetime.fromisoformat(record.created.replace("Z", "+00:00")).timestamp()
@@ -168,7 +169,7 @@ def test_status_of_a_finished_slurm_job_says_how_long_it_took(recorded):
     (fetched / JobDir.ENDED).write_text(datetime.utcfromtimestamp(created + 65).strftime("%Y-%m-%dT%H:%M:%SZ\n"))
     (fetched / JobDir.FINISHED).write_text("0\n")  # its mtime is now: the fetch's
     record.executor, record.local_results_dir = "slurm", str(fetched)
-    record.slurm = SlurmSubmission(connection={}, sbatch={}, job_ids=["42"])
+    record.placement = SlurmSubmission(connection={}, sbatch={}, job_ids=["42"])
     # the status seen at the job's end, kept by an older version: no end time in it
     record.final = FinalStatus(job="42", state="succeeded", detail="", log_tail="", deployment="", finished=0, tasks=[])
     record.save()

@@ -15,17 +15,17 @@ import ckpteval
 from ckpteval.config.executors import executor_names
 
 SRC = Path(ckpteval.__file__).parent
-BACKENDS = {"execution/local.py", "execution/slurm.py", "execution/slurm_state.py"}
+BACKENDS = {"execution/local.py", "execution/slurm.py", "execution/slurm_state.py", "execution/ssh.py"}
 REGISTRY = {"config/executors.py", "execution/backends.py"}
 # The Slurm backend's own package: nemo-run, sbatch, squash, the SSH seam (DESIGN.md's layout).
 SLURM_BACKEND_PACKAGE = "cluster/"
 # Where each executor's config section is declared: its fields and the traits the rest asks about.
 SECTIONS = {"config/schema.py"}
-# Records written before version 2 said "slurm" where they now keep a Slurm submission.
+# Records written before version 3 kept the executor's part in a field named after it.
 OLD_RECORDS = {"invocation/record.py"}
 ALLOWED = BACKENDS | REGISTRY | SECTIONS | OLD_RECORDS
-EXECUTION_SECTIONS = {"LocalExecution", "SlurmExecution"}
-BACKEND_MODULES = {f"ckpteval.execution.{m}" for m in ("local", "slurm", "slurm_state")}
+EXECUTION_SECTIONS = {"LocalExecution", "SlurmExecution", "SshExecution"}
+BACKEND_MODULES = {f"ckpteval.execution.{m}" for m in ("local", "slurm", "slurm_state", "ssh")}
 
 
 def _names_an_executor(node: ast.AST) -> bool:
@@ -40,7 +40,17 @@ def _executor_like(node: ast.AST) -> bool:
 def branches(source: str) -> list[str]:
     """The places in `source` that ask where a job runs, as `line: code`."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    # how a profile reaches its machine (`tunnel`: "ssh" or "local") is a transport, not an executor
+    transports = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "tunnel"
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in transports:
+            continue
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_names_an_executor(s) for s in sides) and any(_executor_like(s) for s in sides):

@@ -26,7 +26,7 @@ LAYERS = [
     ["checkpoint"],
     ["config"],
     ["tasks"],
-    ["errors", "notices", "merge", "routes"],
+    ["errors", "notices", "merge", "routes", "registry"],
 ]
 LAYER = {package: i for i, names in enumerate(LAYERS) for package in names}
 

@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 from ckpteval.api import cancel
-from ckpteval.execution.local import job_process_alive, process_start_time
-from ckpteval.invocation.record import InvocationRecord, LocalProcess
+from ckpteval.execution.local import LocalProcess, job_process_alive, process_start_time
+from ckpteval.invocation.record import InvocationRecord
 from tests.support.waiting import wait_until
 
 
@@ -21,7 +21,7 @@ def _record(job_dir: Path, pid: int | None, started: str | None = None) -> Invoc
         executor="local",
         job_dir=str(job_dir),
         tasks=[],
-        process=LocalProcess(pid, started or process_start_time(pid)) if pid else None,
+        placement=LocalProcess(pid, started or process_start_time(pid)) if pid else None,
     )
 
 
