@@ -60,6 +60,9 @@ def job_images(plan: JobPlan) -> list[ImageRef]:
     refs = []
     if plan.deployment.step and plan.deployment.step.image and is_squashable(plan.deployment.step.image):
         refs.append(ImageRef(dotpath="deployment.image", image=plan.deployment.step.image))
+    export = plan.deployment.export_step  # ckpteval's image (the profile's), exporting for vLLM/SGLang
+    if export is not None and export.image and is_squashable(export.image):
+        refs.append(ImageRef(dotpath="run.env.container_image (the export step)", image=export.image))
     for i, task in enumerate(plan.tasks):
         image = task.runs[0].step.image  # every run (repeat) of a task uses the task's container
         if image and is_squashable(image):
@@ -76,6 +79,8 @@ def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
     deployment = plan.deployment
     if deployment.step is not None:
         deployment = dataclasses.replace(deployment, step=swap(deployment.step))
+    if deployment.export_step is not None:
+        deployment = dataclasses.replace(deployment, export_step=swap(deployment.export_step))
     tasks = tuple(
         dataclasses.replace(t, runs=tuple(dataclasses.replace(r, step=swap(r.step)) for r in t.runs))
         for t in plan.tasks

@@ -25,6 +25,7 @@ from ckpteval.config.schema import (
     DEPLOYMENT_TYPES,
     GenericDeployment,
     MegatronDeployment,
+    SglangDeployment,
     VllmDeployment,
     deployment_types,
     register_deployment_section,
@@ -46,6 +47,9 @@ class LaunchContext:
     # backend that `takes_iteration`; None: not described before the job (prepared by it), or an endpoint
     iteration: str | None = None
     report_file: str | None = None  # where to write what it loaded, where the backend `reports_checkpoint`
+    # the Hugging Face directory to serve instead of `checkpoint_path`: the export step's link, where the
+    # backend `serves_hf_export` and the checkpoint is a Megatron one (`ckpteval.deploy.hf_export`)
+    served_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class DeploymentBackend:
     # every response; else results record the checkpoint as described before submission, unverified
     reports_checkpoint: bool = False
     known_mixing: Callable[[Any], str] | None = None  # why it mixes request settings, known before any probe
+    # it serves Hugging Face directories: a Megatron checkpoint_path is exported by the job's first step
+    serves_hf_export: bool = False
 
     @property
     def reports_identity(self) -> bool:
@@ -160,8 +166,15 @@ def _export_deploy_mixing(deployment: MegatronDeployment) -> str:
 def _vllm(deployment: VllmDeployment, context: LaunchContext) -> Launch:
     from ckpteval.deploy.commands import vllm_command
 
+    command = vllm_command(deployment, port=context.port, identity=context.identity, model=context.served_dir)
+    return Launch(command=command, image=deployment.image)
+
+
+def _sglang(deployment: SglangDeployment, context: LaunchContext) -> Launch:
+    from ckpteval.deploy.commands import sglang_command
+
     return Launch(
-        command=vllm_command(deployment, port=context.port, identity=context.identity), image=deployment.image
+        command=sglang_command(deployment, port=context.port, model=context.served_dir), image=deployment.image
     )
 
 
@@ -186,5 +199,7 @@ register_backend(
 register_backend(
     DeploymentBackend("megatron/export-deploy", MegatronDeployment, _export_deploy, known_mixing=_export_deploy_mixing)
 )
-register_backend(DeploymentBackend("vllm", VllmDeployment, _vllm, identity_route="models"))
+register_backend(DeploymentBackend("vllm", VllmDeployment, _vllm, identity_route="models", serves_hf_export=True))
+# SGLang takes one served model name: it cannot report the job's identity beside it (unverified, as generic)
+register_backend(DeploymentBackend("sglang", SglangDeployment, _sglang, serves_hf_export=True))
 register_backend(DeploymentBackend("generic", GenericDeployment, _generic))

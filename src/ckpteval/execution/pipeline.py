@@ -107,6 +107,7 @@ class PreparedJob:
                 report(Note(checkpoint.title))
             statuses = data_statuses(job.compiled, host.remote, report=host.description)
             plan = stage_secrets(job, host.remote, report)
+            stage_export_cache(job, host.remote)
             plan = stage_images(job, plan, host.remote, report)
             if statuses is not None:
                 plan = stage_data(job.compiled, plan, host.remote, statuses, report)
@@ -158,7 +159,13 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
     refuse_unexpected_tensors(description, ignore=getattr(deployment, "ignore_unexpected_tensors", False))
     job.described(description)  # the job now serves the iteration described (pinned)
-    return checkpoint_panel(description, backend)
+    panel = checkpoint_panel(description, backend)
+    if job.plan.deployment.export_step is None:
+        return panel
+    from ckpteval.deploy.hf_export import export_status
+
+    status = export_status(job.compiled, description, host.remote)
+    return dataclasses.replace(panel, body=f"{panel.body}\nexport        {status}")
 
 
 def data_statuses(
@@ -292,6 +299,16 @@ def stage_secrets(job: PlannedJob, remote: Remote, report: Reporter) -> JobPlan:
     warn: Callable[[str], None] = lambda m: report(Note(m, "warning"))  # noqa: E731
     key_file = stage_wandb_key(remote, job.job_dir, secrets=job.compiled.secrets, on_note=warn)
     return add_export_step(plan, job.compiled, key_file=key_file)
+
+
+def stage_export_cache(job: PlannedJob, remote: Remote) -> None:
+    """Make the export cache of a vLLM/SGLang job on a Megatron checkpoint where the job runs: its steps'
+    containers mount it, and a container's mount must exist before it starts."""
+    if job.plan.deployment.export_step is None:
+        return
+    from ckpteval.deploy.hf_export import export_cache_dir
+
+    remote.run(["mkdir", "-p", export_cache_dir(job.compiled)], check=True, timeout=60)
 
 
 def stage_judge_key(job: PlannedJob, remote: Remote) -> None:

@@ -89,9 +89,11 @@ def build_plan(
     toolchain: Toolchain,
     launcher: Launcher,
     pinned: str | None = None,
+    checkpoint_layout: str | None = None,
 ) -> JobPlan:
     """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm). `pinned`: the
-    checkpoint iteration to serve ("1000", "release"), as described before submission."""
+    checkpoint iteration to serve ("1000", "release"), as described before submission; `checkpoint_layout`:
+    the described checkpoint's (whether vLLM/SGLang serve it through an export: `deploy.hf_export`)."""
     config = compiled.config
     deployment = config.deployment
     readiness = config.execution.endpoint_readiness_timeout
@@ -107,6 +109,7 @@ def build_plan(
         base_url = f"http://127.0.0.1:{port}"
         identity = new_identity(invocation) if _reports_identity(deployment) else None
         port_file = _port_file(deployment, job_dir)
+        export = _export_step(compiled, job_dir, toolchain, launcher, mounts, pinned, checkpoint_layout)
         step, kind = _deployment_step(
             compiled,
             port=port,
@@ -117,6 +120,7 @@ def build_plan(
             identity=identity,
             port_file=port_file,
             pinned=pinned,
+            exported=export is not None,
         )
         health_url = base_url + deployment.endpoints.health
         dep_plan = DeploymentPlan(
@@ -133,6 +137,7 @@ def build_plan(
             pinned_iteration=pinned,
             pinned_tracker=_pinned_tracker(deployment, pinned),
             names_answers=bool(identity) and backend_for(deployment).reports_checkpoint,
+            export_step=export,
         )
 
     tasks = tuple(
@@ -273,6 +278,26 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     return tuple(dict.fromkeys(out))
 
 
+def _export_step(
+    compiled: CompiledConfig,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    mounts: tuple[str, ...],
+    pinned: str | None,
+    layout: str | None,
+) -> Step | None:
+    """The step that exports a Megatron checkpoint for vLLM/SGLang before the engine starts, if it needs one."""
+    from ckpteval.deploy.hf_export import export_step, needs_export
+
+    if not needs_export(compiled, layout=layout):
+        return None
+    containers = launcher == "srun-containers"
+    return export_step(
+        compiled, job_dir=job_dir, python=toolchain.python, containers=containers, mounts=mounts, pinned=pinned
+    )
+
+
 def _deployment_step(
     compiled: CompiledConfig,
     *,
@@ -284,10 +309,16 @@ def _deployment_step(
     identity: str | None,
     port_file: str | None,
     pinned: str | None,
+    exported: bool = False,
 ) -> tuple[Step, str]:
-    """The deployment's step, as its registered backend launches it, and the backend's kind."""
+    """The deployment's step, as its registered backend launches it, and the backend's kind; `exported`: it
+    serves the export step's directory (which its container mounts), not the checkpoint."""
+    from ckpteval.deploy.hf_export import engine_mounts, served_link
+
     deployment = compiled.config.deployment
     backend = backend_for(deployment)
+    if exported:
+        mounts = (*mounts, *engine_mounts(compiled))
     context = LaunchContext(
         python=toolchain.python,
         port=port,
@@ -297,6 +328,7 @@ def _deployment_step(
         containers=launcher == "srun-containers",
         iteration=pinned if backend.takes_iteration else None,
         report_file=JobDir(job_dir).join(JobDir.SERVED_CHECKPOINT) if backend.reports_checkpoint else None,
+        served_dir=served_link(job_dir) if exported else None,
     )
     launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})
@@ -347,6 +379,10 @@ def _task_plan(
         client_tokenizer(compiled, job_dir),
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
+    if deployment_plan.export_step is not None:  # the clients read the export's tokenizer
+        from ckpteval.deploy.hf_export import with_export_tokenizer
+
+        evaluator_config = with_export_tokenizer(evaluator_config, compiled, job_dir)
     evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url)
     overrides = _judge_overrides(compiled, task, deployment_plan)
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}

@@ -62,6 +62,9 @@ class DeploymentPlan:
     # the deployment names itself and the checkpoint content it serves on every answer (the builtin server):
     # the task clients then refuse an answer that does not (`ckpteval_responses`)
     names_answers: bool = False
+    # run to its end before the deployment starts (its failure stops the job): vLLM's or SGLang's export of
+    # a Megatron checkpoint (`ckpteval.deploy.hf_export`)
+    export_step: Step | None = None
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it
