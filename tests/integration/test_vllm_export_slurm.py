@@ -124,7 +124,7 @@ def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore
     assert kinds == [("exported", True), ("reused", False)], reports
     exporter, reuser = sorted(zip(reports, records, strict=True), key=lambda pair: pair[0]["kind"])
     assert reuser[0]["tensors_written"] == 0 and reuser[0]["served"] == exporter[0]["served"]
-    assert reuser[0]["export"]["parity_reused"] and exporter[0]["parity"]["passed"]
+    assert reuser[0]["parity_reused"] and exporter[0]["parity"]["passed"]
     cache = f"{records[0].job_dir.split('/evaluations/')[0]}/cache/hf-exports/"
     assert exporter[0]["served"].startswith(cache)
     # they ran at once: the second waited for the first's lock (said in its job log)
@@ -132,6 +132,8 @@ def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore
     assert reuser[0]["waited_s"] > 0 and "another job is exporting this checkpoint" in waiter_log, waiter_log[-3000:]
     assert "0 of" in waiter_log and "tensors written" in waiter_log
 
+    export_log = cli("logs", reuser[1].id, "--source", "export").output
+    assert "export: reused: " in export_log, export_log
     scores = []
     for record in records:
         job_dir = Path(record.job_dir)
@@ -146,6 +148,7 @@ def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore
     assert scores[0] == scores[1] and scores[0]
 
     # a dry run reads the cluster's cache: the export is there
+    monkeypatch.setenv("COLUMNS", "300")  # the checkpoint panel's lines whole
     dry = cli(*args, f"deployment.port={free_port()}", "--run", "CI", "--dry-run", "--check")
     assert dry.exit_code == 0, dry.output
     said = " ".join(dry.output.split())

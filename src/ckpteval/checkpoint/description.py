@@ -241,7 +241,7 @@ def _engine_verdicts(
     architecture: dict[str, Any], where: str, parameters: int, dtype: str
 ) -> tuple[BackendVerdict, BackendVerdict]:
     """vLLM and SGLang serve Hugging Face directories: a Megatron checkpoint through the job's export step
-    (`ckpteval.deploy.hf_export`: exported once per checkpoint content, parity-checked before the engine
+    (`ckpteval.job.hf_export`: exported once per checkpoint content, parity-checked before the engine
     starts), when a Hugging Face family computes its architecture; else not, and why."""
     from ckpteval.checkpoint.hf_export_config import export_verdict
 

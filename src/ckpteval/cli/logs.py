@@ -22,7 +22,10 @@ def logs_command(
     source: Annotated[
         str,
         typer.Option(
-            "--source", "-s", help="job (default), deployment, a task name, or slurm (nemo-run's sbatch output)."
+            "--source",
+            "-s",
+            help="job (default), deployment, export (vLLM/SGLang's export step), a task name, or slurm "
+            "(nemo-run's sbatch output).",
         ),
     ] = "job",
 ) -> None:

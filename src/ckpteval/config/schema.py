@@ -114,6 +114,9 @@ class Endpoints:
     health: str
 
 
+# the dtype of the Hugging Face export vLLM/SGLang serve of a Megatron checkpoint (`hfexport.write.DTYPES`)
+ExportDtype = Literal["checkpoint", "float32", "bfloat16", "float16"]
+
 FROM_CHECKPOINT = "from-checkpoint"  # deployment.tokenizer: the checkpoint's own tokenizer, as the job publishes it
 
 S = TypeVar("S", bound=type)
@@ -206,9 +209,9 @@ class VllmDeployment:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.95
-    # a Megatron checkpoint_path is exported to Hugging Face by the job's first step (ckpteval.deploy.hf_export)
+    # a Megatron checkpoint_path is exported to Hugging Face by the job's first step (ckpteval.job.hf_export)
     # in this dtype: "checkpoint" (the stored weights') or float32 / bfloat16 / float16
-    export_dtype: str = "checkpoint"
+    export_dtype: ExportDtype = "checkpoint"
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints
@@ -233,7 +236,7 @@ class SglangDeployment:
     tensor_parallel_size: int = 8
     data_parallel_size: int = 1
     mem_fraction_static: float | None = None  # None: SGLang's own choice
-    export_dtype: str = "checkpoint"
+    export_dtype: ExportDtype = "checkpoint"
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints

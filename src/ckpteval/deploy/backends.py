@@ -48,7 +48,7 @@ class LaunchContext:
     iteration: str | None = None
     report_file: str | None = None  # where to write what it loaded, where the backend `reports_checkpoint`
     # the Hugging Face directory to serve instead of `checkpoint_path`: the export step's link, where the
-    # backend `serves_hf_export` and the checkpoint is a Megatron one (`ckpteval.deploy.hf_export`)
+    # backend `serves_hf_export` and the checkpoint is a Megatron one (`ckpteval.job.hf_export`)
     served_dir: str | None = None
 
 

@@ -254,7 +254,7 @@ class HostsScripts(Protocol):
 
 
 def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], bool] | None = None) -> str:
-    """The log file (relative to the job dir) of `source`: job, deployment, or a task (the newest started
+    """The log file (relative to the job dir) of `source`: job, deployment, export, or a task (the newest started
     repeat of a repeated task when `exists` (a predicate on the relative path) is given, else its first)."""
     from ckpteval.errors import EvaluationError
     from ckpteval.invocation.jobdir import JobDir
@@ -263,11 +263,13 @@ def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], b
         return JobDir.JOB_LOG
     if source == "deployment":
         return JobDir.DEPLOYMENT_LOG
+    if source == "export":  # vLLM/SGLang on a Megatron checkpoint: the export step before the engine
+        return JobDir.EXPORT_LOG
     task = record.task(source)
     if task is None:
         raise EvaluationError(
             f"Invocation {record.id} has no task '{source}'.",
-            hint="Choose job, deployment, or one of: " + ", ".join(record.task_names) + ".",
+            hint="Choose job, deployment, export, or one of: " + ", ".join(record.task_names) + ".",
         )
     from ckpteval.tasks.repeats import current_log, run_layouts
 

@@ -162,7 +162,7 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     panel = checkpoint_panel(description, backend)
     if job.plan.deployment.export_step is None:
         return panel
-    from ckpteval.deploy.hf_export import export_status
+    from ckpteval.job.hf_export import export_status
 
     status = export_status(job.compiled, description, host.remote)
     return dataclasses.replace(panel, body=f"{panel.body}\nexport        {status}")
@@ -306,7 +306,7 @@ def stage_export_cache(job: PlannedJob, remote: Remote) -> None:
     containers mount it, and a container's mount must exist before it starts."""
     if job.plan.deployment.export_step is None:
         return
-    from ckpteval.deploy.hf_export import export_cache_dir
+    from ckpteval.job.hf_export import export_cache_dir
 
     remote.run(["mkdir", "-p", export_cache_dir(job.compiled)], check=True, timeout=60)
 

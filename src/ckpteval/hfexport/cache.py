@@ -1,7 +1,7 @@
 """`export_into_cache`: the export a job serves with vLLM or SGLang, kept once per checkpoint content.
 
 Runs inside the job, as its first step (`python -m ckpteval.hfexport cached ...`, planned by
-`ckpteval.deploy.hf_export`). The cache is a directory where the job runs (`<execution.cache_dir>/hf-exports`):
+`ckpteval.job.hf_export`). The cache is a directory where the job runs (`<execution.cache_dir>/hf-exports`):
 
 ```
 hf-exports/

@@ -288,7 +288,7 @@ def _export_step(
     layout: str | None,
 ) -> Step | None:
     """The step that exports a Megatron checkpoint for vLLM/SGLang before the engine starts, if it needs one."""
-    from ckpteval.deploy.hf_export import export_step, needs_export
+    from ckpteval.job.hf_export import export_step, needs_export
 
     if not needs_export(compiled, layout=layout):
         return None
@@ -313,7 +313,7 @@ def _deployment_step(
 ) -> tuple[Step, str]:
     """The deployment's step, as its registered backend launches it, and the backend's kind; `exported`: it
     serves the export step's directory (which its container mounts), not the checkpoint."""
-    from ckpteval.deploy.hf_export import engine_mounts, served_link
+    from ckpteval.job.hf_export import engine_mounts, served_link
 
     deployment = compiled.config.deployment
     backend = backend_for(deployment)
@@ -380,7 +380,7 @@ def _task_plan(
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
     if deployment_plan.export_step is not None:  # the clients read the export's tokenizer
-        from ckpteval.deploy.hf_export import with_export_tokenizer
+        from ckpteval.job.hf_export import with_export_tokenizer
 
         evaluator_config = with_export_tokenizer(evaluator_config, compiled, job_dir)
     evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url)

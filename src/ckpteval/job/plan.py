@@ -63,7 +63,7 @@ class DeploymentPlan:
     # the task clients then refuse an answer that does not (`ckpteval_responses`)
     names_answers: bool = False
     # run to its end before the deployment starts (its failure stops the job): vLLM's or SGLang's export of
-    # a Megatron checkpoint (`ckpteval.deploy.hf_export`)
+    # a Megatron checkpoint (`ckpteval.job.hf_export`)
     export_step: Step | None = None
 
     def on_published_port(self, url: str) -> str:

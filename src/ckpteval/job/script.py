@@ -279,7 +279,7 @@ def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
 
 
 def _export_lines(step: Step | None, launcher: Launcher) -> list[str]:
-    """The export step before the engine (`ckpteval.deploy.hf_export`): its notes in the job's log; when it
+    """The export step before the engine (`ckpteval.job.hf_export`): its notes in the job's log; when it
     fails (a parity mismatch names what differs in its `error:` line), the job stops before the engine starts."""
     if step is None:
         return []

@@ -116,7 +116,7 @@ def test_a_dry_run_finds_the_export_by_the_checkpoint_s_listing(
     from ckpteval.cluster.remote import LocalRemote
     from ckpteval.config.compile import compile_config
     from ckpteval.config.compose import CompileRequest
-    from ckpteval.deploy.hf_export import export_status
+    from ckpteval.job.hf_export import export_status
 
     root, _report = first
     description = describe_checkpoint(tiny_checkpoint)

@@ -25,7 +25,6 @@ from ckpteval.invocation.jobdir import JobDir
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
-    from ckpteval.cluster.remote import Remote
     from ckpteval.config.compile import CompiledConfig
     from ckpteval.job.plan import Step
 
@@ -126,7 +125,7 @@ def with_export_tokenizer(evaluator_config: dict[str, Any], compiled: CompiledCo
     return out
 
 
-def export_status(compiled: CompiledConfig, description: CheckpointDescription, remote: Remote) -> str:
+def export_status(compiled: CompiledConfig, description: CheckpointDescription, remote: Any) -> str:
     """For the preview: whether the checkpoint's export is in the cache where the job runs, found by its file
     listing (names and sizes: no weight read here); the job decides by content."""
     cache = export_cache_dir(compiled)
@@ -142,7 +141,7 @@ def export_status(compiled: CompiledConfig, description: CheckpointDescription, 
     return f"not cached: the job's first step exports it into {cache}/<content sha256>... and checks its parity"
 
 
-def _cached_key(remote: Remote, cache: str, listing: str) -> str | None:
+def _cached_key(remote: Any, cache: str, listing: str) -> str | None:
     import json
 
     from ckpteval.hfexport.cache import listing_file
