@@ -167,7 +167,8 @@ def _vllm(deployment: VllmDeployment, context: LaunchContext) -> Launch:
     from ckpteval.deploy.commands import vllm_command
 
     command = vllm_command(deployment, port=context.port, identity=context.identity, model=context.served_dir)
-    return Launch(command=command, image=deployment.image)
+    # in its image where steps run in images; here (`executable_here`), the `vllm` installed on this machine
+    return Launch(command=command, image=deployment.image if context.containers else None)
 
 
 def _sglang(deployment: SglangDeployment, context: LaunchContext) -> Launch:
