@@ -261,6 +261,9 @@ def _engine_verdicts(
     )
 
 
+_ENGINES: tuple[tuple[BackendName, str], ...] = (("vllm", "vLLM"), ("sglang", "SGLang"))
+
+
 def _describe_hf(root: Path) -> CheckpointDescription:
     try:
         config = json.loads((root / HF_CONFIG_FILE).read_text())
@@ -303,7 +306,7 @@ def _describe_hf(root: Path) -> CheckpointDescription:
                     f"{name} loads it as it is" if weights else f"{root} has config.json but no weights.",
                     memory_per_gpu=int(size * SERVING_HEADROOM) if weights else None,
                 )
-                for engine, name in (("vllm", "vLLM"), ("sglang", "SGLang"))
+                for engine, name in _ENGINES
             ),
         ),
         problems=() if weights else (f"{root} has config.json but no *.safetensors or *.bin weights.",),

@@ -80,7 +80,7 @@ def export_step(
         "-m",
         "ckpteval.hfexport",
         "cached",
-        str(deployment.checkpoint_path),
+        str(getattr(deployment, "checkpoint_path", "")),
         "--cache",
         cache,
         "--link",
