@@ -67,12 +67,12 @@ def _args(env: Path, checkpoint: Path, *extra: str) -> list[str]:
         ("hybrid", (), "hybrid Mamba"),
         ("null-tokenizer", (), "NullTokenizer"),
         (
-            "tiny",
+            "hybrid",
             ("deployment=vllm", "deployment.image=vllm/vllm-openai:v0.8.5"),
-            "vLLM and SGLang serve Hugging Face directories",
+            "vLLM and SGLang serve Hugging Face directories, not this Megatron checkpoint; export-hf: no",
         ),
     ],
-    ids=["hybrid-mamba-on-builtin", "null-tokenizer", "vllm-on-a-megatron-directory"],
+    ids=["hybrid-mamba-on-builtin", "null-tokenizer", "vllm-on-a-megatron-checkpoint-no-export-computes"],
 )
 def test_an_unservable_checkpoint_is_refused_before_anything_is_submitted(  # type: ignore[no-untyped-def]
     shared_checkpoints, write_env_toml, remote_job_dir, checkpoint, extra, message

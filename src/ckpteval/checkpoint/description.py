@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from ckpteval.checkpoint.unexpected_tensors import UnexpectedTensors
     from ckpteval.config.preview import PreviewPanel
 
-BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm"]
-BACKENDS: tuple[BackendName, ...] = ("builtin-cpu", "builtin-gpu", "export-deploy", "vllm")
+BackendName = Literal["builtin-cpu", "builtin-gpu", "export-deploy", "vllm", "sglang"]
+BACKENDS: tuple[BackendName, ...] = ("builtin-cpu", "builtin-gpu", "export-deploy", "vllm", "sglang")
 HF_CONFIG_FILE = "config.json"
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # what serving adds to the weights: the KV cache and activations of a batch, allocator slack
@@ -228,7 +228,7 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
             _builtin_verdict("builtin-cpu", builtin_ok, problems, hints, parameters, "float32"),
             _builtin_verdict("builtin-gpu", builtin_ok, problems, hints, parameters, trained),
             _export_deploy_verdict(family, parameters, trained, saved, token),
-            _vllm_verdict(architecture, str(layout.iter_dir)),
+            *_engine_verdicts(architecture, str(layout.iter_dir), parameters, trained),
         ),
         problems=tuple(problems),
         identity=checkpoint_identity(layout.iter_dir),
@@ -237,23 +237,31 @@ def _describe_megatron(layout: Any, *, tokenizer: str | None) -> CheckpointDescr
     return description
 
 
-def _vllm_verdict(architecture: dict[str, Any], where: str) -> BackendVerdict:
-    """vLLM (and SGLang) serve Hugging Face directories: a Megatron checkpoint only through an export."""
+def _engine_verdicts(
+    architecture: dict[str, Any], where: str, parameters: int, dtype: str
+) -> tuple[BackendVerdict, BackendVerdict]:
+    """vLLM and SGLang serve Hugging Face directories: a Megatron checkpoint through the job's export step
+    (`ckpteval.job.hf_export`: exported once per checkpoint content, parity-checked before the engine
+    starts), when a Hugging Face family computes its architecture; else not, and why."""
     from ckpteval.checkpoint.hf_export_config import export_verdict
 
     family, via_export = export_verdict(architecture, where=where)
-    hint = "Use deployment=megatron (builtin or export-deploy)"
-    if family is not None:
-        hint += (
-            ", or export it: evaluate export-hf CKPT OUT (checked against the checkpoint), "
-            "then deployment.checkpoint_path=OUT"
-        )
-    return BackendVerdict(
-        "vllm",
-        False,
-        f"vLLM and SGLang serve Hugging Face directories, not Megatron checkpoints; {via_export}",
-        hint=hint + ".",
+    if family is None:
+        reason = f"vLLM and SGLang serve Hugging Face directories, not this Megatron checkpoint; {via_export}"
+        hint = "Use deployment=megatron (builtin or export-deploy)."
+        return BackendVerdict("vllm", False, reason, hint=hint), BackendVerdict("sglang", False, reason, hint=hint)
+    memory = int(parameters * _DTYPE_BYTES.get(dtype, 2) * SERVING_HEADROOM)
+    reason = (
+        f"via its Hugging Face export ({via_export}): the job exports it (or reuses the export of the same "
+        "content) and checks parity before the engine starts"
     )
+    return (
+        BackendVerdict("vllm", True, reason, memory_per_gpu=memory),
+        BackendVerdict("sglang", True, reason, memory_per_gpu=memory),
+    )
+
+
+_ENGINES: tuple[tuple[BackendName, str], ...] = (("vllm", "vLLM"), ("sglang", "SGLang"))
 
 
 def _describe_hf(root: Path) -> CheckpointDescription:
@@ -291,11 +299,14 @@ def _describe_hf(root: Path) -> CheckpointDescription:
             BackendVerdict("builtin-cpu", False, no_megatron, hint=megatron_hint),
             BackendVerdict("builtin-gpu", False, no_megatron, hint=megatron_hint),
             BackendVerdict("export-deploy", False, no_megatron, hint=megatron_hint),
-            BackendVerdict(
-                "vllm",
-                bool(weights),
-                "vLLM loads it as it is" if weights else f"{root} has config.json but no weights.",
-                memory_per_gpu=int(size * SERVING_HEADROOM) if weights else None,
+            *(
+                BackendVerdict(
+                    engine,
+                    bool(weights),
+                    f"{name} loads it as it is" if weights else f"{root} has config.json but no weights.",
+                    memory_per_gpu=int(size * SERVING_HEADROOM) if weights else None,
+                )
+                for engine, name in _ENGINES
             ),
         ),
         problems=() if weights else (f"{root} has config.json but no *.safetensors or *.bin weights.",),
@@ -504,7 +515,7 @@ def gib(size: int | None) -> str:
 
 def backend_of(deployment: Any, *, on_cluster: bool) -> BackendName | None:
     """The backend a deployment config serves its checkpoint with (None: it serves no checkpoint of ours)."""
-    from ckpteval.config.schema import MegatronDeployment, VllmDeployment
+    from ckpteval.config.schema import MegatronDeployment, SglangDeployment, VllmDeployment
 
     if isinstance(deployment, MegatronDeployment):
         if deployment.backend == "export-deploy":
@@ -512,17 +523,21 @@ def backend_of(deployment: Any, *, on_cluster: bool) -> BackendName | None:
         if deployment.device == "cpu":
             return "builtin-cpu"
         return "builtin-gpu" if deployment.device == "cuda" or on_cluster else "builtin-cpu"
-    if isinstance(deployment, VllmDeployment) and deployment.checkpoint_path and not deployment.hf_model_handle:
-        return "vllm"
+    if isinstance(deployment, (VllmDeployment, SglangDeployment)):
+        return deployment.type if deployment.checkpoint_path and not deployment.hf_model_handle else None
     return None
 
 
 def user_tokenizer(deployment: Any) -> str | None:
-    """`deployment.tokenizer` when the user named one (None for the checkpoint's own)."""
+    """`deployment.tokenizer` when the user named one (None for the checkpoint's own: `from-checkpoint`, or the
+    checkpoint's own path, vLLM's and SGLang's default)."""
     from ckpteval.config.schema import FROM_CHECKPOINT
 
     value = getattr(deployment, "tokenizer", None)
-    return None if value in (None, FROM_CHECKPOINT) else str(value)
+    checkpoint = str(getattr(deployment, "checkpoint_path", None) or "").rstrip("/")
+    if value in (None, FROM_CHECKPOINT) or str(value).rstrip("/") == checkpoint:
+        return None
+    return str(value)
 
 
 def clients_read(deployment: Any, checkpoint: str) -> str | None:

@@ -24,7 +24,8 @@ def logs_command(
         typer.Option(
             "--source",
             "-s",
-            help="job (default), deployment, judge (a judge deployed beside it), a task name, or slurm "
+            help="job (default), deployment, judge (a judge deployed beside it), export (vLLM/SGLang's export "
+            "step), a task name, or slurm "
             "(nemo-run's sbatch output).",
         ),
     ] = "job",

@@ -26,9 +26,12 @@ _PROBE = "import ckpteval, sys; sys.stdout.write(ckpteval.__file__)"
 
 
 def needs_cluster_python(plan: JobPlan) -> bool:
-    """Whether the job runs ckpteval's own server with the profile's Python on a bare node (no image)."""
+    """Whether the job runs ckpteval with the profile's Python on a bare node (no image): its own server, or the
+    export step of vLLM/SGLang on a Megatron checkpoint."""
     step = plan.deployment.step
-    return plan.deployment.kind == BUILTIN_KIND and step is not None and not step.image
+    export = plan.deployment.export_step
+    builtin = plan.deployment.kind == BUILTIN_KIND and step is not None and not step.image
+    return builtin or (export is not None and not export.image)
 
 
 def import_problem(remote: Remote, python: str) -> str | None:
@@ -56,7 +59,8 @@ def check_builtin_python(remote: Remote, plan: JobPlan, profile: Profile) -> Non
         return
     raise ConfigError(
         f"Profile [{profile.name}]: python = {shlex.quote(profile.python)} cannot import ckpteval on "
-        f"{remote.description} ({problem}), and the builtin deployment runs ckpteval with it.",
+        f"{remote.description} ({problem}), and the job runs ckpteval with it (the builtin deployment, or the "
+        "export step of vLLM/SGLang).",
         hint="Install ckpteval for that Python on the cluster, or set python in the profile to one that has it "
         '(python = "/path/to/venv/bin/python"), or run the deployment in an image with ckpteval '
         "(deployment.image=...).",

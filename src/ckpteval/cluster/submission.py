@@ -74,6 +74,9 @@ def job_images(plan: JobPlan) -> list[ImageRef]:
         if dep.step and dep.step.image and is_squashable(dep.step.image):
             where = "deployment" if role == "model" else role  # the config section that names the image
             refs.append(ImageRef(dotpath=f"{where}.image", image=dep.step.image))
+    export = plan.deployment.export_step  # ckpteval's image (the profile's), exporting for vLLM/SGLang
+    if export is not None and export.image and is_squashable(export.image):
+        refs.append(ImageRef(dotpath="run.env.container_image (the export step)", image=export.image))
     for i, task in enumerate(plan.tasks):
         image = task.runs[0].step.image  # every run (repeat) of a task uses the task's container
         if image and is_squashable(image):
@@ -88,9 +91,11 @@ def with_images(plan: JobPlan, mapping: dict[str, str]) -> JobPlan:
         return dataclasses.replace(step, image=mapping.get(step.image, step.image)) if step.image else step
 
     def swapped(deployment: DeploymentPlan) -> DeploymentPlan:
-        if deployment.step is None:
-            return deployment
-        return dataclasses.replace(deployment, step=swap(deployment.step))
+        if deployment.step is not None:
+            deployment = dataclasses.replace(deployment, step=swap(deployment.step))
+        if deployment.export_step is not None:
+            deployment = dataclasses.replace(deployment, export_step=swap(deployment.export_step))
+        return deployment
 
     tasks = tuple(
         dataclasses.replace(t, runs=tuple(dataclasses.replace(r, step=swap(r.step)) for r in t.runs))

@@ -488,7 +488,7 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             )
         return  # a task whose endpoint type it does not serve: ckpteval.tasks.runnable.endpoint_served
     if not isinstance(deployment, MegatronDeployment):
-        if getattr(deployment, "runs_in_image", False) and not execution.runs_containers:
+        if getattr(deployment, "runs_in_image", False) and not execution.runs_containers and not _runs_here(deployment):
             raise ConfigError(
                 f"deployment: {deployment.type} runs a container image; this machine runs no containers.",
                 hint="Evaluate on a Slurm profile (--run/--batch PROFILE), or serve the model yourself and use "
@@ -510,6 +510,14 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
             "deployment.backend=export-deploy needs the NeMo container image.",
             hint="Set container_image in the env.toml profile, or deployment.image=...",
         )
+
+
+def _runs_here(deployment: Any) -> bool:
+    """A deployment whose server is a command installed on this machine too (`vllm`) runs here without its image."""
+    import shutil
+
+    executable = getattr(deployment, "executable_here", None)
+    return bool(executable and shutil.which(executable))
 
 
 def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execution) -> None:

@@ -165,6 +165,9 @@ class Endpoints:
     health: str
 
 
+# the dtype of the Hugging Face export vLLM/SGLang serve of a Megatron checkpoint (`hfexport.write.DTYPES`)
+ExportDtype = Literal["checkpoint", "float32", "bfloat16", "float16"]
+
 FROM_CHECKPOINT = "from-checkpoint"  # deployment.tokenizer: the checkpoint's own tokenizer, as the job publishes it
 
 S = TypeVar("S", bound=type)
@@ -258,6 +261,34 @@ class VllmDeployment:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.95
+    # a Megatron checkpoint_path is exported to Hugging Face by the job's first step (ckpteval.job.hf_export)
+    # in this dtype: "checkpoint" (the stored weights') or float32 / bfloat16 / float16
+    export_dtype: ExportDtype = "checkpoint"
+    env_vars: dict[str, str] = field(default_factory=dict)
+    extra_args: str = ""
+    endpoints: Endpoints
+
+    runs_in_image: ClassVar[bool] = True  # its server is in `image`: the execution must run containers
+    executable_here: ClassVar[str] = "vllm"  # on PATH here, it runs on this machine without its image
+
+
+@register_deployment_section
+@dataclass(frozen=True, kw_only=True)
+class SglangDeployment:
+    """SGLang's OpenAI-compatible server (`python3 -m sglang.launch_server`) on a Hugging Face directory, or on
+    a Megatron checkpoint through the job's export step, as vLLM."""
+
+    type: Literal["sglang"]
+    checkpoint_path: str | None
+    hf_model_handle: str | None = None
+    tokenizer: str | None
+    served_model_name: str
+    image: str
+    port: int = 8000
+    tensor_parallel_size: int = 8
+    data_parallel_size: int = 1
+    mem_fraction_static: float | None = None  # None: SGLang's own choice
+    export_dtype: ExportDtype = "checkpoint"
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints
@@ -352,7 +383,7 @@ def deployed_judge(config: EvalConfig) -> MegatronJudge | None:
 
 
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.
-Deployment = MegatronDeployment | VllmDeployment | GenericDeployment | NoDeployment
+Deployment = MegatronDeployment | VllmDeployment | SglangDeployment | GenericDeployment | NoDeployment
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ from ckpteval.config.schema import (
     DEPLOYMENT_TYPES,
     GenericDeployment,
     MegatronDeployment,
+    SglangDeployment,
     VllmDeployment,
     deployment_types,
     register_deployment_section,
@@ -50,6 +51,9 @@ class LaunchContext:
     # the address it listens on: 127.0.0.1 beside the job's first node; all of a node's addresses when it runs
     # on nodes of its own (a judge on Slurm), reached at that node's name
     host: str = "127.0.0.1"
+    # the Hugging Face directory to serve instead of `checkpoint_path`: the export step's link, where the
+    # backend `serves_hf_export` and the checkpoint is a Megatron one (`ckpteval.job.hf_export`)
+    served_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class DeploymentBackend:
     # returning (the plan, a line saying what it found, or None); imported only when a job is submitted
     # (Export-Deploy's: the entry point its image really has, `cluster.export_deploy.resolve_for_run`)
     before_start: str | None = None
+    # it serves Hugging Face directories: a Megatron checkpoint_path is exported by the job's first step
+    serves_hf_export: bool = False
 
     @property
     def reports_identity(self) -> bool:
@@ -182,8 +188,16 @@ def _export_deploy_mixing(deployment: MegatronDeployment) -> str:
 def _vllm(deployment: VllmDeployment, context: LaunchContext) -> Launch:
     from ckpteval.deploy.commands import vllm_command
 
+    command = vllm_command(deployment, port=context.port, identity=context.identity, model=context.served_dir)
+    # in its image where steps run in images; here (`executable_here`), the `vllm` installed on this machine
+    return Launch(command=command, image=deployment.image if context.containers else None)
+
+
+def _sglang(deployment: SglangDeployment, context: LaunchContext) -> Launch:
+    from ckpteval.deploy.commands import sglang_command
+
     return Launch(
-        command=vllm_command(deployment, port=context.port, identity=context.identity), image=deployment.image
+        command=sglang_command(deployment, port=context.port, model=context.served_dir), image=deployment.image
     )
 
 
@@ -214,5 +228,20 @@ register_backend(
         before_start="ckpteval.cluster.export_deploy:resolve_for_run",
     )
 )
-register_backend(DeploymentBackend("vllm", VllmDeployment, _vllm, identity_route="models"))
+register_backend(
+    DeploymentBackend(
+        "vllm",
+        VllmDeployment,
+        _vllm,
+        identity_route="models",
+        serves_hf_export=True,
+        before_start="ckpteval.job.hf_export:make_cache_dir",
+    )
+)
+# SGLang takes one served model name: it cannot report the job's identity beside it (unverified, as generic)
+register_backend(
+    DeploymentBackend(
+        "sglang", SglangDeployment, _sglang, serves_hf_export=True, before_start="ckpteval.job.hf_export:make_cache_dir"
+    )
+)
 register_backend(DeploymentBackend("generic", GenericDeployment, _generic))

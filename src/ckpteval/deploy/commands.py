@@ -3,6 +3,7 @@
 - megatron/builtin: ckpteval's own megatron-core server (`python -m ckpteval.server serve ...`, its flags
   from `ServeOptions.to_argv`: the config's settings become the server's options here, and only here)
 - vllm: `vllm serve` in the vLLM image
+- sglang: `python3 -m sglang.launch_server` in the SGLang image
 - generic: the configured command, as written
 
 (megatron/export-deploy's Ray Serve command is `deploy.export_deploy.export_deploy_command`.)
@@ -14,7 +15,13 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ckpteval.config.schema import FROM_CHECKPOINT, GenericDeployment, MegatronDeployment, VllmDeployment
+from ckpteval.config.schema import (
+    FROM_CHECKPOINT,
+    GenericDeployment,
+    MegatronDeployment,
+    SglangDeployment,
+    VllmDeployment,
+)
 from ckpteval.server.options import ServeOptions
 
 
@@ -61,11 +68,13 @@ def builtin_command(
     return "exec " + shlex.join(argv)
 
 
-def vllm_command(deployment: VllmDeployment, *, port: int, identity: str | None = None) -> str:
-    """`vllm serve` of the HF handle (or the checkpoint path) on `port`; `extra_args` go last, as written.
-    `identity` becomes a second served model name: vLLM answers to both and lists both in /v1/models, where
-    the job checks it (responses name the first, the one the tasks use)."""
-    model = deployment.hf_model_handle or deployment.checkpoint_path or ""
+def vllm_command(
+    deployment: VllmDeployment, *, port: int, identity: str | None = None, model: str | None = None
+) -> str:
+    """`vllm serve` of `model` (the export of a Megatron checkpoint), else the HF handle or the checkpoint path,
+    on `port`; `extra_args` go last, as written. `identity` becomes a second served model name: vLLM answers to
+    both and lists both in /v1/models, where the job checks it (responses name the first, the one the tasks use)."""
+    model = model or deployment.hf_model_handle or deployment.checkpoint_path or ""
     argv = [
         "vllm",
         "serve",
@@ -82,6 +91,30 @@ def vllm_command(deployment: VllmDeployment, *, port: int, identity: str | None 
         str(deployment.gpu_memory_utilization),
         "--trust-remote-code",
     ]
+    return shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+
+
+def sglang_command(deployment: SglangDeployment, *, port: int, model: str | None = None) -> str:
+    """SGLang's OpenAI-compatible server on `model` (the export of a Megatron checkpoint), else the HF handle or
+    the checkpoint path, on `port`, with the config's tensor and data parallel sizes; `extra_args` go last."""
+    argv = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model or deployment.hf_model_handle or deployment.checkpoint_path or "",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--served-model-name",
+        deployment.served_model_name,
+        f"--tp-size={deployment.tensor_parallel_size}",
+        f"--dp-size={deployment.data_parallel_size}",
+        "--trust-remote-code",
+    ]
+    if deployment.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(deployment.mem_fraction_static)]
     return shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
 
 

@@ -271,14 +271,16 @@ class HostsScripts(Protocol):
 
 def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], bool] | None = None) -> str:
     """The log file (relative to the job dir) of `source`: job, deployment (the model's), a role's deployment
-    (judge, model), or a task (the newest started repeat of a repeated task when `exists` (a predicate on the
-    relative path) is given, else its first)."""
+    (judge, model), export (vLLM/SGLang's export step), or a task (the newest started repeat of a repeated task
+    when `exists` (a predicate on the relative path) is given, else its first)."""
     from ckpteval.errors import EvaluationError
     from ckpteval.invocation.jobdir import JobDir
     from ckpteval.job.roles import role_by_stem, roles
 
     if source == "job":
         return JobDir.JOB_LOG
+    if source == "export":  # vLLM/SGLang on a Megatron checkpoint: the export step before the engine
+        return JobDir.EXPORT_LOG
     task = record.task(source)
     deployed = role_by_stem(source)
     if task is None and deployed is not None:
@@ -286,7 +288,7 @@ def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], b
     if task is None:
         raise EvaluationError(
             f"Invocation {record.id} has no task '{source}'.",
-            hint="Choose job, deployment, "
+            hint="Choose job, deployment, export, "
             + ", ".join(r.name for r in roles() if not r.evaluated)
             + ", or one of: "
             + ", ".join(record.task_names)

@@ -155,7 +155,13 @@ def check_checkpoint(job: PlannedJob, host: JobHost) -> PreviewPanel | None:
     refuse_origin_mismatch(description, ignore=getattr(deployment, "ignore_origin_mismatch", False))
     refuse_unexpected_tensors(description, ignore=getattr(deployment, "ignore_unexpected_tensors", False))
     job.described(description)  # the job now serves the iteration described (pinned)
-    return checkpoint_panel(description, backend)
+    panel = checkpoint_panel(description, backend)
+    if job.plan.deployment.export_step is None:
+        return panel
+    from ckpteval.job.hf_export import export_status
+
+    status = export_status(job.compiled, description, host.remote)
+    return dataclasses.replace(panel, body=f"{panel.body}\nexport        {status}")
 
 
 def refuse_unrunnable(compiled: CompiledConfig) -> None:

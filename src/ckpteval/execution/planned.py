@@ -73,7 +73,9 @@ class PlannedJob:
         job waits in a queue moves it)."""
         self.description = description
         pinned = pinned_iteration(description)
-        if pinned is None or self.toolchain is None or pinned == self.plan.deployment.pinned_iteration:
+        # a Hugging Face directory needs no export step (one planned before it was read, on a cluster)
+        unexported = description.layout == "huggingface" and self.plan.deployment.export_step is not None
+        if self.toolchain is None or not (unexported or (pinned and pinned != self.plan.deployment.pinned_iteration)):
             return
         self.plan = _plan(
             self.compiled,
@@ -83,6 +85,7 @@ class PlannedJob:
             self.launcher,
             exports_itself=self.exports_itself,
             pinned=pinned,
+            layout=description.layout,
         )
 
     @property
@@ -109,9 +112,16 @@ def _plan(
     *,
     exports_itself: bool,
     pinned: str | None,
+    layout: str | None = None,
 ) -> JobPlan:
     plan = build_plan(
-        compiled, invocation=invocation, job_dir=job_dir, toolchain=toolchain, launcher=launcher, pinned=pinned
+        compiled,
+        invocation=invocation,
+        job_dir=job_dir,
+        toolchain=toolchain,
+        launcher=launcher,
+        pinned=pinned,
+        checkpoint_layout=layout,
     )
     if exports_itself:
         plan = add_export_step(plan, compiled, key_file=_planned_key_file(compiled, job_dir))

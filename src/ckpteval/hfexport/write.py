@@ -19,16 +19,18 @@ import dataclasses
 import json
 import shutil
 import tempfile
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckpteval.config.schema import ExportDtype
 from ckpteval.errors import DeploymentError
 from ckpteval.server.prepare import current_umask, locked, swap_into_place
 
 MANIFEST_FILE = "ckpteval_export.json"
 MANIFEST_VERSION = 1  # bump when what is written for the same checkpoint changes
-DTYPES = ("checkpoint", "float32", "bfloat16", "float16")
+DTYPES: tuple[str, ...] = typing.get_args(ExportDtype)  # deployment.export_dtype's values
 SHARD_BYTES = 5 * 1024**3  # the Hugging Face hub's shard size; vLLM and transformers read any
 _OWN_FILES = ("config.json", "generation_config.json")  # never taken from the tokenizer's directory
 

@@ -12,7 +12,9 @@
   state/<role>{,_port,_identity,_served_checkpoint.json}, logs/<role>.log   another role's (judge: state/judge)
   state/requests              how the tasks' requests go: side by side, or in groups (and why)
   state/request_probe.json    the request-settings probe's verdict and what it saw; state/turn-<g>: group g may send
-  logs/{job.log,deployment.log,request_probe.log}
+  state/hf_export.json        vLLM/SGLang on a Megatron checkpoint: what its export step did
+  hf_export                   ... and the link to the export the engine serves
+  logs/{job.log,deployment.log,request_probe.log,export.log}
   tasks/<task>/run_config.yml nemo-evaluator's run config (a repeated task: run_config-rs<i>.yml)
   tasks/<task>/repeats        a repeated task only: its number of samples per problem
   tasks/<task>/{state,.done,client.log,output/}   (a repeated task: client-rs<i>.log, output-rs<i>/{...,.done})
@@ -51,6 +53,11 @@ class JobDir:
     DEPLOYMENT_MOVED = "state/deployment_moved"  # the job's words when that is not the port planned (taken)
     DEPLOYMENT_IDENTITY = "state/deployment_identity"  # the identity the job verified its endpoint reports
     SERVED_CHECKPOINT = "state/served_checkpoint.json"  # what the builtin server loaded (server.loaded)
+    # vLLM/SGLang on a Megatron checkpoint: the directory the engine serves (a link into the export cache),
+    # what the export step did (`ckpteval.hfexport.cache.CachedExport`) and its log
+    HF_EXPORT = "hf_export"
+    HF_EXPORT_REPORT = "state/hf_export.json"
+    EXPORT_LOG = "logs/export.log"
     FINISHED = "state/finished"  # the job's exit code
     ENDED = "state/ended"  # when the job ended (UTC, ISO 8601), written just before FINISHED
     SLURM_JOB = "state/slurm_job"

@@ -79,9 +79,11 @@ def build_plan(
     toolchain: Toolchain,
     launcher: Launcher,
     pinned: str | None = None,
+    checkpoint_layout: str | None = None,
 ) -> JobPlan:
     """The job for `compiled`, to run in `job_dir` (absolute; on the cluster for Slurm). `pinned`: the
-    checkpoint iteration to serve ("1000", "release"), as described before submission."""
+    checkpoint iteration to serve ("1000", "release"), as described before submission; `checkpoint_layout`:
+    the described checkpoint's (whether vLLM/SGLang serve it through an export: `deploy.hf_export`)."""
     config = compiled.config
     mounts = _mounts(compiled, job_dir=job_dir if launcher == "srun-containers" else None)
     plans: list[DeploymentPlan] = []
@@ -97,6 +99,7 @@ def build_plan(
                 launcher=launcher,
                 mounts=mounts,
                 pinned=pinned if role.evaluated else None,
+                checkpoint_layout=checkpoint_layout if role.evaluated else None,
                 # on Slurm each role's server has nodes of its own, after those of the roles before it
                 node_offset=sum(p.step.nodes for p in plans if p.step) if launcher == "srun-containers" else 0,
             )
@@ -149,6 +152,7 @@ def _deployment_plan(
     mounts: tuple[str, ...],
     pinned: str | None,
     node_offset: int = 0,
+    checkpoint_layout: str | None = None,
 ) -> DeploymentPlan:
     """How the job serves `role` with `deployment` (its config section): its step, port, identity, files;
     with a `node_offset`, on nodes of its own after the job's first `node_offset` (reached at its node's name)."""
@@ -164,6 +168,12 @@ def _deployment_plan(
     # a backend that holds its own port takes it when it starts (the planned one, or any free one if that is
     # taken: no race with another job, or another role, on the machine) and writes it here for the job
     port_file = JobDir(job_dir).join(role.port_file) if backend.holds_port else None
+    # vLLM/SGLang on a Megatron checkpoint (the evaluated model's): the job exports it first
+    export = (
+        _export_step(compiled, job_dir, toolchain, launcher, mounts, pinned, checkpoint_layout)
+        if role.evaluated
+        else None
+    )
     step, kind = _deployment_step(
         compiled,
         deployment,
@@ -177,6 +187,7 @@ def _deployment_plan(
         port_file=port_file,
         pinned=pinned,
         host="0.0.0.0" if node_offset else "127.0.0.1",
+        exported=export is not None,
     )
     if node_offset:
         step = dataclasses.replace(step, node_offset=node_offset)
@@ -198,6 +209,7 @@ def _deployment_plan(
         role=role.name,
         served_model_name=getattr(deployment, "served_model_name", None),
         host_var=f"{role.var}_HOST" if node_offset else None,
+        export_step=export,
     )
 
 
@@ -311,6 +323,26 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     return tuple(dict.fromkeys(out))
 
 
+def _export_step(
+    compiled: CompiledConfig,
+    job_dir: str,
+    toolchain: Toolchain,
+    launcher: Launcher,
+    mounts: tuple[str, ...],
+    pinned: str | None,
+    layout: str | None,
+) -> Step | None:
+    """The step that exports a Megatron checkpoint for vLLM/SGLang before the engine starts, if it needs one."""
+    from ckpteval.job.hf_export import export_step, needs_export
+
+    if not needs_export(compiled, layout=layout):
+        return None
+    containers = launcher == "srun-containers"
+    return export_step(
+        compiled, job_dir=job_dir, python=toolchain.python, containers=containers, mounts=mounts, pinned=pinned
+    )
+
+
 def _deployment_step(
     compiled: CompiledConfig,
     deployment: Any,
@@ -325,10 +357,16 @@ def _deployment_step(
     port_file: str | None,
     pinned: str | None,
     host: str = "127.0.0.1",
+    exported: bool = False,
 ) -> tuple[Step, str]:
     """`role`'s deployment step, as its registered backend launches it, and the backend's kind. Only the
-    model's server publishes its tokenizer (the task clients read it)."""
+    model's server publishes its tokenizer (the task clients read it). `exported`: it serves the export
+    step's directory (which its container mounts), not the checkpoint."""
+    from ckpteval.job.hf_export import engine_mounts, served_link
+
     backend = backend_for(deployment)
+    if exported:
+        mounts = (*mounts, *engine_mounts(compiled))
     context = LaunchContext(
         python=toolchain.python,
         port=port,
@@ -339,6 +377,7 @@ def _deployment_step(
         iteration=pinned if backend.takes_iteration else None,
         report_file=JobDir(job_dir).join(role.served_file) if backend.reports_checkpoint else None,
         host=host,
+        served_dir=served_link(job_dir) if exported else None,
     )
     launch = backend.launch(deployment, context)
     env = dict(getattr(deployment, "env_vars", {}) or {})
@@ -390,6 +429,10 @@ def _task_plan(
         client_tokenizer(compiled, job_dir),
         token_ids=published_tokenizer(compiled, job_dir) is not None,  # the builtin server
     )
+    if deployment_plan.export_step is not None:  # the clients read the export's tokenizer
+        from ckpteval.job.hf_export import with_export_tokenizer
+
+        evaluator_config = with_export_tokenizer(evaluator_config, compiled, job_dir)
     evaluator_config = _with_judge(compiled, task, evaluator_config, base_url=base_url, judge_plan=judge_plan)
     overrides = _judge_overrides(compiled, task, deployment_plan, judge_plan)
     env = {**client_env(offline_data=config.evaluation.offline_data, dataset_dir=task.dataset_dir), **task.env_vars}

@@ -81,6 +81,9 @@ class DeploymentPlan:
         from ckpteval.job.roles import role
 
         return role(self.role).port_var
+    # run to its end before the deployment starts (its failure stops the job): vLLM's or SGLang's export of
+    # a Megatron checkpoint (`ckpteval.job.hf_export`)
+    export_step: Step | None = None
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it

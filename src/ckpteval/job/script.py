@@ -204,6 +204,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
     timeout = int(dep.readiness_timeout)
     lines = [
         *_pinned_tracker_check(dep.pinned_tracker, dep.pinned_iteration),
+        *_export_lines(dep.export_step, launcher),
         f"say {shlex.quote('starting the deployment (' + dep.kind + ')')}",
         # setsid: the deployment and everything it spawns form one process group we can stop as a whole
         f"setsid {_launch(dep.step, launcher, name='deployment')} > logs/deployment.log 2>&1 &",
@@ -277,6 +278,23 @@ def _pinned_tracker_check(tracker: str | None, pinned: str | None) -> list[str]:
         f"now=$(tr -d '[:space:]' < {path} 2>/dev/null || echo missing)",
         f'if [ "$now" != {shlex.quote(pinned)} ]; then',
         f'  say {shlex.quote(before)}"$now"{shlex.quote(after)}; mark state/deployment failed; JOB_RC=3; exit 3',
+        "fi",
+    ]
+
+
+def _export_lines(step: Step | None, launcher: Launcher) -> list[str]:
+    """The export step before the engine (`ckpteval.job.hf_export`): its notes in the job's log; when it
+    fails (a parity mismatch names what differs in its `error:` line), the job stops before the engine starts."""
+    if step is None:
+        return []
+    return [
+        "say 'exporting the checkpoint to Hugging Face for the engine (or finding its export in the cache)'",
+        f"{_launch(step, launcher, name='export')} > {JobDir.EXPORT_LOG} 2>&1",
+        "rc=$?",
+        f"grep -E '^(export|error): ' {JobDir.EXPORT_LOG} | while IFS= read -r line; do say \"$line\"; done",
+        'if [ "$rc" -ne 0 ]; then',
+        f'  say "the export step failed (exit $rc): the engine is not started; last lines of {JobDir.EXPORT_LOG}:"',
+        f"  tail -n 20 {JobDir.EXPORT_LOG}; mark state/deployment failed; JOB_RC=3; exit 3",
         "fi",
     ]
 

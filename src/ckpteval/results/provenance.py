@@ -61,6 +61,9 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         tokenizer = (tokenizer or {}) | {"served_sha256": tokenizer_sha256({"directory": published})}
     if "versions" in deployment:
         deployment["versions_from"] = "the submitting machine (job.yaml)"
+    exported = _json_file(job_dir / JobDir.HF_EXPORT_REPORT)
+    if exported is not None:  # vLLM/SGLang on a Megatron checkpoint: the export served, its parity report
+        deployment["hf_export"] = exported
     images = submitted.get("task_images") or {}
     endpoint = _endpoint(job_dir, deployment.pop("endpoint_owned", None))
     per_task = {name: _task(job_dir / task_dir, images.get(name)) for name, task_dir in tasks}
@@ -74,6 +77,14 @@ def read_provenance(job_dir: Path, tasks: Sequence[tuple[str, str]]) -> Provenan
         tasks=per_task,
         judge=_judge(submitted.get("judge"), endpoint, per_task, job_dir),
     )
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str, Any] | None:

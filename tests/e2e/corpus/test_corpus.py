@@ -53,7 +53,8 @@ def test_inspect_describes_the_checkpoint(corpus: dict[str, Path], name: str) ->
     assert f"{parallel['tensor']} {parallel['pipeline']} {parallel['expert']}" == saved
     assert data["tokenizer"]["kind"] == tokenizer and data["tokenizer"]["problem"] is None, data["tokenizer"]
     verdicts = {v["backend"]: v["can_serve"] for v in data["backends"]}
-    assert verdicts == {"builtin-cpu": True, "builtin-gpu": True, "export-deploy": True, "vllm": False}
+    # every corpus architecture has a Hugging Face family: vLLM and SGLang serve it through the job's export
+    assert verdicts == {"builtin-cpu": True, "builtin-gpu": True, "export-deploy": True, "vllm": True, "sglang": True}
     assert data["format"] == ("torch" if name.startswith("legacy") else "torch_dist")
     assert data["parameters"] > 0 and data["weight_bytes"] >= 2 * data["parameters"]
     if name == "bridge":

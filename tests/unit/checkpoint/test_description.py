@@ -45,11 +45,13 @@ def test_the_tiny_checkpoint_is_described_as_saved(tiny_checkpoint: Path) -> Non
     assert d.tokenizer is not None and d.tokenizer.kind == "HuggingFaceTokenizer" and not d.tokenizer.problem
     assert {s.name for s in d.forward_settings} >= {"swiglu", "normalization", "position_embedding_type"}
     assert all(s.status == "served" for s in d.forward_settings)
-    assert [v.backend for v in d.backends if v.can_serve] == ["builtin-cpu", "builtin-gpu", "export-deploy"]
-    assert (
-        "Hugging Face" in d.verdict("vllm").reason and "export-hf: yes, as LlamaForCausalLM" in d.verdict("vllm").reason
-    )
-    assert "evaluate export-hf CKPT OUT" in d.verdict("vllm").hint
+    assert [v.backend for v in d.backends if v.can_serve] == [
+        "builtin-cpu", "builtin-gpu", "export-deploy", "vllm", "sglang"
+    ]  # fmt: skip
+    for engine in ("vllm", "sglang"):  # through the job's export step
+        reason = d.verdict(engine).reason
+        assert "via its Hugging Face export (export-hf: yes, as LlamaForCausalLM)" in reason
+        assert "checks parity before the engine starts" in reason
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -113,7 +115,7 @@ def test_a_hugging_face_directory_is_for_vllm(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 2000)
     d = describe_checkpoint(tmp_path)
     assert (d.layout, d.family, d.parameters) == ("huggingface", "LlamaForCausalLM", 1000)
-    assert d.verdict("vllm").can_serve and not d.verdict("builtin-gpu").can_serve
+    assert d.verdict("vllm").can_serve and d.verdict("sglang").can_serve and not d.verdict("builtin-gpu").can_serve
 
 
 def test_inspect_command_text_json_and_bad_paths(variants: dict[str, Path], tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ def test_a_python_without_ckpteval_is_refused_before_submission_with_the_fix():
         check_builtin_python(remote, plan(), profile(WITHOUT_CKPTEVAL))
     assert err.value.message == (
         f"Profile [C]: python = {WITHOUT_CKPTEVAL} cannot import ckpteval on this machine "
-        "(ModuleNotFoundError: No module named 'ckpteval'), and the builtin deployment runs ckpteval with it."
+        "(ModuleNotFoundError: No module named 'ckpteval'), and the job runs ckpteval with it (the builtin "
+        "deployment, or the export step of vLLM/SGLang)."
     )
     assert 'python = "/path/to/venv/bin/python"' in (err.value.hint or "")
     with pytest.raises(ConfigError):

@@ -78,7 +78,7 @@ def test_a_config_names_the_registered_type_and_sets_its_own_keys(health_double:
         ("+deployment.prepare=tiny", "deployment.prepare belongs to deployment type megatron"),
         (
             "deployment.type=health-dubble",
-            "'health-dubble'; it must be one of 'megatron', 'vllm', 'generic', 'none', "
+            "'health-dubble'; it must be one of 'megatron', 'vllm', 'sglang', 'generic', 'none', "
             "'health-double'. Did you mean 'health-double'?",
         ),
         ("deployment.type=[a,b]", "'deployment.type' is ['a', 'b']; it must be one of"),
