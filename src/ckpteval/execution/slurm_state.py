@@ -148,7 +148,13 @@ def remembered(record: InvocationRecord) -> InvocationStatus | None:
     if final is None or final.job != slurm_job_id(record):
         return None
     tasks = tuple(TaskSnapshot(**dataclasses.asdict(t)) for t in final.tasks)
-    snapshot = JobSnapshot(deployment=final.deployment, tasks=tasks, finished=final.finished, ended=final.ended)
+    snapshot = JobSnapshot(
+        deployment=final.deployment,
+        tasks=tasks,
+        finished=final.finished,
+        ended=final.ended,
+        others=tuple(final.others.items()),
+    )
     return InvocationStatus(
         record=record,
         state=final.state,  # type: ignore[arg-type]
@@ -171,6 +177,7 @@ def remember(status: InvocationStatus) -> None:
         finished=snapshot.finished,
         tasks=[TaskStatus(**dataclasses.asdict(t)) for t in snapshot.tasks],
         ended=snapshot.ended,
+        others=dict(snapshot.others),
     )
     record.save()
 

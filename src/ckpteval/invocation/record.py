@@ -102,6 +102,7 @@ class FinalStatus:
     finished: int | None
     tasks: list[TaskStatus]
     ended: str = ""  # when the job ended, as it wrote it (state/ended)
+    others: dict[str, str] = field(default_factory=dict)  # the other roles' deployments (a judge's): role -> state
 
 
 @dataclass

@@ -110,6 +110,8 @@ def _chat_requests(log: Path) -> int:
     return sum('"POST /v1/chat/completions' in line for line in log.read_text(errors="replace").splitlines())
 
 
+# two SmolLM2 servers on CPU, and the judge asked again for each reply without a rating: 13 min at load ~18
+@pytest.mark.timeout(1800)
 def test_a_builtin_judge_is_a_second_server_of_the_job(tmp_path: Path) -> None:
     from tests.e2e.conftest import packaged_checkpoint
 
