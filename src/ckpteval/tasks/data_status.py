@@ -47,6 +47,7 @@ class TaskDataStatus:
     missing: tuple[DatasetRef, ...] = ()  # neither staged nor fetched here
     to_push: tuple[DatasetRef, ...] = ()  # fetched here, not staged
     detail: str = ""
+    ref: str = ""  # the name `-t` takes for it (`harness.task` where the bare name is ambiguous)
 
     @property
     def staged(self) -> bool:
@@ -61,6 +62,21 @@ def data_statuses(
     staged_there: Callable[[DatasetRef], bool] | None,
 ) -> list[TaskDataStatus]:
     """Each task's status; `staged_there` None: the cluster was not asked (dry run)."""
+    import dataclasses
+
+    from ckpteval.tasks.catalog import load_catalog
+
+    catalog = load_catalog()
+    found = _statuses(specs, cached_here=cached_here, staged_there=staged_there)
+    return [dataclasses.replace(status, ref=catalog.ref(spec)) for spec, status in zip(specs, found, strict=True)]
+
+
+def _statuses(
+    specs: Sequence[TaskSpec],
+    *,
+    cached_here: Callable[[DatasetRef], bool],
+    staged_there: Callable[[DatasetRef], bool] | None,
+) -> list[TaskDataStatus]:
     out = []
     for spec in specs:
         data = task_data(spec)
@@ -101,7 +117,7 @@ def refuse_missing(statuses: Sequence[TaskDataStatus], *, profile: str, where: s
             f" (+{len(s.missing) - 3} more)" if len(s.missing) > 3 else ""
         )
         lines.append(f"{s.task}: {shown}")
-    tasks = " ".join(f"-t {s.task}" for s in missing)
+    tasks = " ".join(f"-t {s.ref or s.task}" for s in missing)
     raise ConfigError(
         f"Profile [{profile}] has compute_internet = false and these tasks' datasets are not staged on {where} "
         "nor fetched here: " + "; ".join(lines) + ".",
@@ -124,7 +140,7 @@ def refuse_unreachable_hub(needs: Sequence[TaskDataStatus], *, cache: str) -> No
     if not needs:
         return
     lines = [f"{s.task}: {', '.join(ref.key for ref in s.missing[:3])}" for s in needs]
-    tasks = " ".join(f"-t {s.task}" for s in needs)
+    tasks = " ".join(f"-t {s.ref or s.task}" for s in needs)
     raise ConfigError(
         "The Hugging Face Hub does not answer from this machine (or HF_HUB_OFFLINE is set), and these tasks' "
         f"datasets are neither in the dataset cache {cache} nor packaged: " + "; ".join(lines) + ".",

