@@ -72,3 +72,12 @@ def test_where_each_chat_task_finds_its_data_offline(isolated_user: Path, tmp_pa
     ifeval = compiled.tasks[0].spec
     unmet = data_available(ifeval, ["google/IFEval"], cache="/cache")
     assert unmet is not None and "evaluate data fetch -t lm-evaluation-harness.ifeval" in unmet.fix
+
+
+def test_evaluate_data_fetch_of_chat_fetches_ifeval_and_says_why_not_the_others(isolated_user: Path) -> None:
+    from ckpteval.config.data_select import datasets_of
+
+    refs, notes = datasets_of(["chat"], [])
+    assert [r.path for r in refs] == ["google/IFEval"]
+    assert notes[0].startswith("mtbench: nothing to fetch: its 80 questions, reference answers and judge prompts")
+    assert [n.partition(":")[0] for n in notes[1:]] == ["ns_aime2025", "ns_arena_hard_v2"]
