@@ -71,10 +71,10 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
             mode_cell = [mode if mode != previous_mode else ""] if with_modes else []
             rows.append([label if i == 0 else "", *mode_cell, metric, *values])
             previous_mode = mode
-        judged = [_judge_errors_cell(task, o, r) for o, r in zip(outcomes, results, strict=True)]
-        if any(judged):  # beside the score: how many of the judge's replies held no rating
+        counted = [_judge_errors_cell(task, o, r) for o, r in zip(outcomes, results, strict=True)]
+        if any(counted):  # beside the score: how many of the judge's replies held no rating
             rows.append(
-                ["", *([""] if with_modes else []), JUDGE_ERRORS_ROW, *(c for cell in judged for c in (cell, ""))]
+                ["", *([""] if with_modes else []), JUDGE_ERRORS_ROW, *(c for cell in counted for c in (cell, ""))]
             )
     if with_modes:
         footnotes.append(REPEATS_NOTE)

@@ -61,6 +61,11 @@ def _job_dir(cwd: Path) -> Path:
     return job
 
 
+def _table_rows(stdout: str) -> list[list[str]]:
+    """The body rows of the closing score table rich drew (cells between its │ rules)."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in stdout.splitlines() if line.startswith("│")]
+
+
 def _status(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CKPTEVAL_")},
@@ -94,9 +99,9 @@ def test_an_api_judge_scores_mtbench_names_itself_and_its_errors_are_counted(tmp
     assert mtbench["status"] == "succeeded" and mtbench["metrics"]["average_score"]["value"] == 7.0
     assert mtbench["judge_errors"] == {"errors": 1, "judgments": 4, "max_error_rate": 0.5}
     # beside the score in the closing table, and in status (the invocation, the list, JSON)
-    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in proc.stdout.splitlines() if "│" in line]
-    assert ["", "judge errors", "1 of 4", ""] in rows, proc.stdout
-    assert "judge errors 1 of 4" in proc.stdout
+    rows = _table_rows(proc.stdout)
+    assert rows[0] == ["mtbench", "average_score", "7.0000", ""] and ["", "judge errors", "1 of 4", ""] in rows
+    assert "judge errors 1 of 4" in " ".join(proc.stdout.split())  # and the judge's note under the table
     invocation = results["invocation"]
     shown = _status(tmp_path, invocation)
     assert shown.returncode == 0 and "mtbench: judge errors 1 of 4" in shown.stdout, shown.stdout
@@ -128,7 +133,7 @@ def test_past_the_threshold_the_judge_fails_the_task_and_no_score_is_printed(tmp
     assert mtbench["judge_errors"]["errors"] == 1 and mtbench["judge_errors"]["judgments"] == 4
     assert mtbench["error"].startswith("Judge errors 1 of 4: more than 5%")
     # the closing table prints no score for it, only that it failed and why
-    rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in proc.stdout.splitlines() if "│" in line]
-    assert ["mtbench", "failed", "—", ""] in rows, proc.stdout
+    rows = _table_rows(proc.stdout)
+    assert rows == [["mtbench", "failed", "—", ""], ["", "judge errors", "1 of 4", ""]], proc.stdout
     assert "7.0000" not in proc.stdout
     assert "mtbench failed: Judge errors 1 of 4" in " ".join(proc.stdout.split())
