@@ -414,13 +414,19 @@ def serve(options: ServeOptions) -> None:
 
 
 def serve_delegate(settings: DelegateSettings, *, host: str = "0.0.0.0", port: int = 9050) -> None:
-    """Serve the eval-delegate (GET /health, POST /evaluate) for a training loop until interrupted."""
+    """Serve the eval-delegate (GET /health, POST /evaluate) for a training loop until interrupted. Its judge
+    (from its overrides) is checked first; the env.toml found where it starts is the one every evaluation reads."""
+    import dataclasses
+
+    from ckpteval.config.profiles import find_env_file
     from ckpteval.delegate.server import serve as serve_service
-    from ckpteval.delegate.service import ROUTES
+    from ckpteval.delegate.service import ROUTES, judge_summary
 
     if settings.endpoint_type not in ROUTES:
         raise ConfigError(f"--endpoint-type must be completions or chat, not {settings.endpoint_type!r}.")
-    serve_service(settings, host=host, port=port)
+    if settings.env_file is None:  # each evaluation compiles in its rollout dir: find env.toml from here
+        settings = dataclasses.replace(settings, env_file=find_env_file())
+    serve_service(settings, host=host, port=port, judge=judge_summary(settings))
 
 
 # -- watching a training run ----------------------------------------------------------------------------------

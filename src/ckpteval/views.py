@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ckpteval.results.answers import shorten
     from ckpteval.results.caveats import CAVEAT_MARK, caveat_notes, caveats
     from ckpteval.results.compare import REGRESSION_EXIT_CODE, UNTRUSTED_EXIT_CODE
+    from ckpteval.results.model import JudgeErrors
     from ckpteval.results.table import FAILED_MARK, table_rows
     from ckpteval.watch.verdicts import verdict_lines
 
@@ -52,6 +53,7 @@ __all__ = sorted(
         "export_destinations",
         "finished_at",
         "invocation_ids",
+        "judge_errors",
         "no_tasks_hint",
         "note_seen_before",
         "planned_documents",
@@ -174,7 +176,8 @@ def planned_documents(compiled: CompiledConfig) -> dict[str, str]:
 def score_summary(record: InvocationRecord) -> str:
     """An invocation's scores in a few words, from the results.json this machine holds ("" where it holds
     none): each task's first metric, the documents behind it and, for a choice task, what guessing scores:
-    `adlr_mmlu 0.2456 n=57 (at chance: 0.25)`."""
+    `adlr_mmlu 0.2456 n=57 (at chance: 0.25)`; a judged task's judge errors, `mtbench 7.0000 (judge errors 3
+    of 80)`."""
     from ckpteval.errors import CkptevalError
     from ckpteval.results.store import read_results
     from ckpteval.results.table import chance_text
@@ -191,13 +194,31 @@ def score_summary(record: InvocationRecord) -> str:
         metric = next(iter(outcome.metrics.values()), None)
         if outcome.status != "succeeded" or metric is None:
             parts.append(f"{name} {outcome.status}")
-            continue
-        n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
-        chance = chance_text(next(iter(outcome.metrics)), metric, outcome.chance)
-        parts.append(
-            f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else "") + (f" ({chance})" if chance else "")
-        )
+        else:
+            n = metric.n_samples if metric.n_samples is not None else outcome.n_samples
+            chance = chance_text(next(iter(outcome.metrics)), metric, outcome.chance)
+            parts.append(
+                f"{name} {metric.value:.4f}" + (f" n={n}" if n is not None else "") + (f" ({chance})" if chance else "")
+            )
+        if outcome.judge_errors is not None:  # beside the score, or beside `failed` when they failed it
+            parts[-1] += f" ({outcome.judge_errors.text()})"
     return ", ".join(parts)
+
+
+def judge_errors(record: InvocationRecord) -> dict[str, JudgeErrors]:
+    """Per judge-scored task whose harness counted them, its judge errors (`judge errors 3 of 80`), from the
+    results.json this machine holds (nothing fetched: {} when there is none here yet)."""
+    from ckpteval.errors import CkptevalError
+    from ckpteval.results.store import read_results
+
+    path = results_file(record)
+    if path is None or not path.is_file():
+        return {}
+    try:
+        found = read_results(path)
+    except (CkptevalError, OSError, ValueError):
+        return {}
+    return {name: o.judge_errors for name, o in found.tasks.items() if o.judge_errors is not None}
 
 
 def recorded_caveats(record: InvocationRecord) -> list[str]:

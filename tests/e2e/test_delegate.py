@@ -148,3 +148,41 @@ def test_delegate_answers_like_evaluate(router: RunningServer, tmp_path: Path) -
     for repeat in (0, 1):
         assert _responses(delegate_task, repeat) == _responses(job_dir / "tasks" / "gsm8k", repeat)
     assert _responses(delegate_task, 0) != _responses(delegate_task, 1)  # the seeds differ, so do the samples
+
+
+@pytest.mark.long  # about 3 min on 2 cores: MT-Bench's harness answers and judges one two-turn question
+def test_a_judged_benchmark_is_scored_by_the_judge_the_delegate_was_started_with(
+    shared_servers: SharedServers, tmp_path: Path
+) -> None:
+    """`evaluate serve-delegate judge=api ...`: an mtbench request is judged by that judge (an OpenAI-shaped
+    stand-in over HTTP), the answer names it and carries the judge errors beside the score."""
+    pytest.importorskip("core_evals.mtbench")
+    from tests.support.judge_standin import JudgeStandIn
+
+    smol = shared_servers.get("smol")  # SmolLM2-135M-Instruct: MT-Bench talks to its chat route
+    judge = JudgeStandIn(model_id="judge-standin", rating=6).start()
+    port = free_port()
+    params = "evaluation.nemo_evaluator_config.config.params"
+    argv = [
+        sys.executable, "-m", "ckpteval.cli", "serve-delegate", "--host", "127.0.0.1", "--port", str(port),
+        "--max-concurrent-requests", "1", "--openai-model-name", MODEL, "--output-root", str(tmp_path / "out"),
+        "judge=api", f"judge.url={judge.url}", f"judge.model_id={judge.model_id}",
+        f"{params}.limit_samples=1", f"{params}.max_new_tokens=8",
+    ]  # fmt: skip
+    log = open(tmp_path / "delegate.log", "wb")  # noqa: SIM115 (closed at the end)
+    service = subprocess.Popen(argv, cwd=tmp_path, env=_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        payload = {"rollout_id": 3, "router_url": smol.url, "benchmarks": [{"name": "mtbench"}]}
+        answer = slime_post(f"http://127.0.0.1:{port}/evaluate", payload, timeout=1200, max_retries=6)
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+        log.close()
+        judge.stop()
+    started = (tmp_path / "delegate.log").read_text(errors="replace")
+    assert f"judge of judged benchmarks: api judge-standin at {judge.url}" in started
+    assert answer["judge"] == {"kind": "api", "model_id": "judge-standin", "url": judge.url}
+    metrics = answer["metrics"]
+    assert metrics["eval/mtbench/greedy/average_score"] == 6.0  # the stand-in's rating: its verdicts scored it
+    assert (metrics["eval/mtbench/greedy/judge_errors"], metrics["eval/mtbench/greedy/judge_judgments"]) == (0, 2)
+    assert judge.requests and {r["model"] for r in judge.requests} == {"judge-standin"}

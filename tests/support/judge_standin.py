@@ -2,7 +2,9 @@
 
 It serves `/v1/models` (its model id) and `/v1/chat/completions`, counts the requests it gets, keeps
 their bodies, and answers each with a verdict in MT-Bench's format (`Rating: [[7]]`); with `garbage_every`
-= n, every n-th reply is text no judge parser can read.
+= n, every n-th reply is text no judge parser can read; with `garbage_every_prompt` = n, every reply to the
+n-th, 2n-th, ... distinct prompt it is asked to judge (so a harness that asks again gets garbage again: one
+judgment in n fails for good).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ class JudgeStandIn:
     model_id: str = "judge-standin"
     rating: int = 7
     garbage_every: int = 0
+    garbage_every_prompt: int = 0
     api_key: str | None = None  # when set, a request without `Authorization: Bearer <key>` gets 401
     requests: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the distinct prompts judged, in the order first asked
     unauthorized: int = 0
     _server: ThreadingHTTPServer | None = None
 
@@ -66,10 +70,16 @@ class JudgeStandIn:
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     self._send(404, {"error": "not found"})
                     return
+                prompt = json.dumps(body.get("messages") or [], sort_keys=True)
                 with lock:
                     standin.requests.append(body)
                     n = len(standin.requests)
-                garbage = standin.garbage_every and n % standin.garbage_every == 0
+                    if prompt not in standin.prompts:
+                        standin.prompts.append(prompt)
+                    nth = standin.prompts.index(prompt) + 1
+                garbage = (standin.garbage_every and n % standin.garbage_every == 0) or (
+                    standin.garbage_every_prompt and nth % standin.garbage_every_prompt == 0
+                )
                 text = "I cannot decide." if garbage else f"The answer is fine. Rating: [[{standin.rating}]]"
                 self._send(
                     200,

@@ -71,8 +71,11 @@ def status_command(
             from ckpteval.views import requests_in_words
 
             console.print(f"task requests: {escape(requests_in_words(s.snapshot.requests))}", highlight=False)
-        from ckpteval.views import CAVEAT_MARK, recorded_caveats
+        from ckpteval.views import CAVEAT_MARK, judge_errors, recorded_caveats
 
+        for name, counted in judge_errors(s.record).items():  # a judged task's failed judge replies
+            color = "yellow" if counted.errors else "dim"
+            console.print(f"[{color}]{escape(name)}: {escape(counted.text())}[/]", highlight=False)
         for line in recorded_caveats(s.record):
             console.print(f"[yellow]{CAVEAT_MARK} {escape(line)}[/]", highlight=False)
         for t in s.snapshot.tasks if s.snapshot else ():
@@ -174,12 +177,18 @@ def _task_json(t) -> dict:
 
 
 def _as_json(s) -> dict:
+    from dataclasses import asdict
+
+    from ckpteval.views import judge_errors
+
+    judged = judge_errors(s.record)
     tasks = (
         [
             _task_json(t)
             | {"done": t.done, "total": t.total}
             | ({"docs": t.docs, "docs_total": t.docs_total} if t.docs is not None else {})
             | ({"error": t.error, "log": t.log, "hint": t.hint or None} if t.error else {})
+            | ({"judge_errors": asdict(judged[t.name])} if t.name in judged else {})
             for t in s.snapshot.tasks
         ]
         if s.snapshot

@@ -7,8 +7,9 @@ Precedence, lowest first — all of it decided in `composition_layers`, nowhere 
    registered one is set like a shipped one
 1. packaged defaults (`conf/default.yaml` and the groups it selects)
 2. stage configs, `-c` left to right (names from the user's config dirs or the packaged `conf/`, or paths)
-3. the env.toml profile (`run.env`, `run.wandb`, and the execution group it implies)
-4. command-line overrides (`a.b=1`, `+a.c=2`, `~a.d`, `deployment=vllm`)
+3. the env.toml profile (`run.env`, `run.wandb`, the execution group it implies, and its judge: a
+   `[judges.NAME]` of env.toml, which `judge=NAME` also selects)
+4. command-line overrides (`a.b=1`, `+a.c=2`, `~a.d`, `deployment=vllm`, `judge=NAME`)
 5. the `-t` task filter
 
 Hydra's compose API does 1-4 (so `defaults` lists really compose config groups); 5 is applied to the
@@ -146,13 +147,14 @@ def locate_config(ref: str, search_path: Sequence[Path], cwd: Path) -> tuple[str
 
 
 def profile_node(profile: Profile, env: EnvFile) -> dict[str, Any]:
-    """The profile as a config layer: `run.env`, `run.wandb` and the execution group it selects."""
+    """The profile as a config layer: `run.env`, `run.wandb`, the execution group it selects and its judge."""
     node: dict[str, Any] = {"run": {"env": profile.to_config()}}
     wandb = {k: v for k, v in (("entity", env.wandb.entity), ("project", env.wandb.project)) if v is not None}
     if wandb:
         node["run"]["wandb"] = wandb
     group = find_executor(profile.executor).config_group
-    node["defaults"] = [{"override /execution": group}, "_self_"]
+    judge = [{"override /judge": profile.judge}] if profile.judge else []  # a [judges.NAME] of env.toml
+    node["defaults"] = [{"override /execution": group}, *judge, "_self_"]
     return node
 
 
@@ -202,6 +204,7 @@ def _compose_unresolved(
         files.append(path)
 
     sections = _store_registered_sections(store, search_path)
+    _store_named_judges(store, env)
     layers = composition_layers(request, profile, env, names, sections=sections)
     store.store(name=_PROFILE, node=layers.profile_node)
     store.store(name=_PRIMARY, node={"defaults": [*layers.configs, "_self_"]})
@@ -230,6 +233,21 @@ def _store_registered_sections(store: Any, search_path: Sequence[Path]) -> bool:
     if added:
         store.store(name=_SECTIONS, node={"export": added})
     return bool(added)
+
+
+_NAMED_JUDGES: set[str] = set()  # the env.toml judges last stored: another env.toml's must not linger
+
+
+def _store_named_judges(store: Any, env: EnvFile) -> None:
+    """env.toml's [judges.NAME] as options of the `judge` group: `judge=NAME` (or a profile's `judge = NAME`)
+    selects one as it selects a packaged judge, and an unknown name is answered with the close ones."""
+    group = store.repo.get("judge") or {}
+    for name in _NAMED_JUDGES - set(env.judges):
+        group.pop(f"{name}.yaml", None)
+    _NAMED_JUDGES.clear()
+    for name, node in env.judges.items():
+        store.store(group="judge", name=name, node=node)
+        _NAMED_JUDGES.add(name)
 
 
 def section_defaults(section: type) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ckpteval.errors import ConfigError
 from ckpteval.tasks.catalog import load_catalog
-from ckpteval.tasks.data_status import OWN_DATA
+from ckpteval.tasks.data_status import CARRIES_ITS_DATA, OWN_DATA
 from ckpteval.tasks.datasets import LM_EVAL_HARNESS, DatasetRef, task_data
 from ckpteval.tasks.offline_data import offline_source_key
 
@@ -29,6 +29,9 @@ def datasets_of(
     for name in names:
         spec = catalog.get(name)
         data = task_data(spec)
+        if spec.harness in CARRIES_ITS_DATA:
+            notes.append(f"{name}: nothing to fetch: {CARRIES_ITS_DATA[spec.harness]}")
+            continue
         if data.datasets is None:
             packaged = " (it has packaged offline data)" if offline_source_key(spec) else ""
             why = OWN_DATA if spec.harness != LM_EVAL_HARNESS else data.unknown

@@ -43,7 +43,8 @@ def check_judged_tasks(config: EvalConfig, tasks: Sequence[JudgedTask]) -> None:
         if config.judge.type == "none":
             raise ConfigError(
                 f"Task {task.name} is scored by a judge model and no judge is set: add judge=api "
-                "judge.url=URL judge.model_id=MODEL (or judge=self: the model judges itself)."
+                "judge.url=URL judge.model_id=MODEL, judge=NAME (a [judges.NAME] of env.toml), or judge=self "
+                "(the model judges itself)."
             )
         own = ((task.evaluator_config.get("config") or {}).get("params") or {}).get("extra", {}).get("judge")
         if not use.fillable and not own:

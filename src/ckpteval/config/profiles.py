@@ -14,7 +14,16 @@ remote_job_dir = "/lustre/me/ckpteval"
 [MY-CLUSTER-DEBUG]
 extends = "MY-CLUSTER"
 partition = "interactive"
+
+[judges.llama-70b]            # a judge set once, named with judge=llama-70b
+type = "api"
+url = "https://judge.example.com/v1"
+model_id = "meta/llama-3.1-70b-instruct"
+api_key_name = "JUDGE_API_KEY"   # the NAME of a variable holding its key, never the key
 ```
+
+A profile's `judge = "llama-70b"` makes that judge its judge-scored tasks' judge unless `judge=...` names
+another.
 
 The file is found by `--env-file`, then `$CKPTEVAL_ENV_FILE`, then by walking up from the working
 directory, then in the user config dir. Without `--run`/`--batch` the built-in `local` profile is used
@@ -26,10 +35,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ckpteval.config.executors import find_executor
 from ckpteval.config.paths import is_dir, is_file
@@ -40,7 +50,8 @@ from ckpteval.merge import deep_merge
 ENV_FILE_NAME = "env.toml"
 ENV_FILE_VAR = "CKPTEVAL_ENV_FILE"
 LOCAL_PROFILE = "local"
-RESERVED_SECTIONS = ("wandb", "cli")
+RESERVED_SECTIONS = ("wandb", "cli", "judges")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +97,9 @@ class Profile:
     watch_time: str = "04:00:00"
     watch_signal_lead: int = 300  # seconds before the time limit when it resubmits itself and exits
     watch_python: str | None = None  # the Python on the cluster with this version of ckpteval installed
+    # The judge of judge-scored tasks run with this profile: a [judges.NAME] of the same env.toml
+    # (`judge=...` on the command line names another).
+    judge: str | None = None
 
     def to_config(self) -> dict[str, Any]:
         """The profile as the `run.env` node of the composed config (every key present)."""
@@ -108,6 +122,8 @@ class EnvFile:
     raw_profiles: dict[str, dict[str, Any]]
     wandb: WandbSettings
     config_dirs: tuple[Path, ...] = ()
+    # [judges.NAME]: judge sections (as `judge:` in a config), each validated as it is read
+    judges: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def profile_names(self) -> list[str]:
@@ -132,6 +148,15 @@ class EnvFile:
         profile = from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
         find_executor(profile.executor, where=f"{self.path} [{name}]")
         _check_numbers(profile, where=f"{self.path} [{name}]")
+        if profile.judge is not None and profile.judge not in (*self.judges, *packaged_judges()):
+            named = sorted(self.judges)
+            raise ConfigError(
+                f"{self.path} [{name}]: judge = {profile.judge!r} names no [judges.{profile.judge}] table."
+                + did_you_mean(profile.judge, named),
+                hint=("Judges set in this file: " + ", ".join(named) + ".")
+                if named
+                else f'Add one: [judges.{profile.judge}] with type = "api", url, model_id (see env.toml.example).',
+            )
         return profile
 
     def _merged(self, name: str, chain: tuple[str, ...]) -> dict[str, Any]:
@@ -234,6 +259,7 @@ def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> E
         )
     config_dirs = tuple((path.parent / Path(d).expanduser()).resolve() for d in dirs)
 
+    judges = _judges(data.get("judges", {}), where=str(path))
     profiles: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
         if key in RESERVED_SECTIONS:
@@ -244,7 +270,50 @@ def load_env_file(explicit: Path | None = None, *, cwd: Path | None = None) -> E
                 hint="Put settings inside a profile, e.g. [MY-CLUSTER], or in [wandb].",
             )
         profiles[key] = value
-    return EnvFile(path=path, raw_profiles=profiles, wandb=wandb, config_dirs=config_dirs)
+    return EnvFile(path=path, raw_profiles=profiles, wandb=wandb, config_dirs=config_dirs, judges=judges)
+
+
+def packaged_judges() -> set[str]:
+    """The names `judge=` takes without env.toml (the packaged `conf/judge` options, the registered types): a
+    named judge cannot take one."""
+    from ckpteval.config.schema import JUDGE_TYPES
+
+    group = Path(__file__).resolve().parent.parent / "conf" / "judge"
+    return {p.stem for p in group.glob("*.yaml")} | set(JUDGE_TYPES)
+
+
+def _judges(raw: Any, *, where: str) -> dict[str, dict[str, Any]]:
+    """The [judges.NAME] tables, each typed as a `judge:` section (its dotted path and the close key in any
+    message), its key given as the NAME of a variable, its name not one of the packaged judges'."""
+    from ckpteval.config.schema import JUDGE_TYPES
+    from ckpteval.config.typed import Registered, typed_value
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [judges] must hold tables, one per judge: [judges.NAME].")
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in raw.items():
+        dotted = f"judges.{name}"
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{where}: '{dotted}' must be a table ([{dotted}] with type, url, model_id).",
+                hint="See env.toml.example.",
+            )
+        if name in packaged_judges():
+            raise ConfigError(
+                f"{where}: [{dotted}] takes the name of the packaged judge={name}.",
+                hint=f"Name it otherwise, e.g. [judges.my-{name}].",
+            )
+        typed_value(Annotated[Any, Registered(JUDGE_TYPES, by="type")], table, where=where, path=dotted)
+        key = table.get("api_key_name")
+        if isinstance(key, str) and not _VARIABLE_NAME.fullmatch(key):
+            # the value may be the key itself, pasted by mistake: it is not repeated here
+            raise ConfigError(
+                f"{where}: '{dotted}.api_key_name' must be the NAME of an environment variable that holds the "
+                "judge's key (e.g. JUDGE_API_KEY), not the key.",
+                hint="Export the key in that variable; env.toml never holds a secret.",
+            )
+        out[name] = dict(table)
+    return out
 
 
 def toml_value(value: Any) -> str:

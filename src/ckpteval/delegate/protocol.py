@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpteval.results.model import TaskOutcome, flat_metrics
+from ckpteval.results.model import TaskOutcome, flat_metrics, judge_error_values
 
 SAMPLING_FIELDS = ("n_samples_per_eval_prompt", "temperature", "top_p", "top_k", "max_response_len")
 METRIC_PREFIX = "eval"
@@ -140,7 +140,8 @@ def parse_request(body: bytes | str | Mapping[str, Any]) -> EvalRequest:
 
 def raw_metrics(outcome: TaskOutcome) -> dict[str, Any]:
     """One benchmark's metrics as NeMo-Skills' metrics.json nests them: mode -> {metric: value, ...},
-    with `<metric>_stderr`, `<metric>_std_dev` and `num_entries` beside the values."""
+    with `<metric>_stderr`, `<metric>_std_dev` and `num_entries` beside the values, and a judged benchmark's
+    `judge_errors` and `judge_judgments` where its harness counted them."""
     nested: dict[str, Any] = {}
     n_samples = None
     for key, value in flat_metrics(outcome).items():
@@ -149,9 +150,10 @@ def raw_metrics(outcome: TaskOutcome) -> dict[str, Any]:
             continue
         mode, metric = key.split("/", 1)
         nested.setdefault(mode, {})[metric] = value
-    if n_samples is not None:
-        for metrics in nested.values():
+    for metrics in nested.values():
+        if n_samples is not None:
             metrics["num_entries"] = n_samples
+        metrics.update(judge_error_values(outcome))  # a judged benchmark: its judge's unscored replies
     return nested
 
 

@@ -82,10 +82,12 @@ def make_server(settings: DelegateSettings, *, host: str, port: int) -> Threadin
     return server
 
 
-def serve(settings: DelegateSettings, *, host: str, port: int) -> None:
-    """Serve until interrupted (Ctrl-C / SIGINT)."""
+def serve(settings: DelegateSettings, *, host: str, port: int, judge: str = "") -> None:
+    """Serve until interrupted (Ctrl-C / SIGINT); `judge`: the judge of judged benchmarks, in words."""
     server = make_server(settings, host=host, port=port)
     log.info("eval delegate on http://%s:%s (results under %s)", host, server.server_address[1], settings.output_root)
+    if judge:
+        log.info("judge of judged benchmarks: %s", judge)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -6,6 +6,12 @@ their repeats and sampling params) written into the rollout's directory, `deploy
 (e.g. `limit_samples`), then the same job script, results and results.json as `evaluate` itself. So a
 delegate's numbers are `evaluate`'s numbers, and `evaluate results <job_id>` shows them later.
 
+Judged benchmarks (MT-Bench, Arena-Hard, AIME with a math judge) are scored by the judge the delegate was
+started with: its own overrides (`judge=api judge.url=... judge.model_id=...`, `judge=NAME` of env.toml's
+[judges], `judge=self`: the router's model) apply to every evaluation, checked as it starts
+(`judge_summary`); without one a judged benchmark is answered 400 in one line. The response names the judge
+and each judged benchmark's judge errors (`eval/<benchmark>/<mode>/judge_errors`).
+
 Evaluations run one at a time (a lock; further requests wait their turn, as in slime's skills server),
 each with at most `max_concurrent_requests` requests in flight toward the model (the harness's
 `parallelism`). Nothing is exported: the training loop logs the returned metrics itself.
@@ -24,6 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
+from ckpteval.config.compose import CompileRequest
 from ckpteval.delegate.protocol import Benchmark, EvalRequest, flat_delegate_metrics, raw_metrics
 from ckpteval.errors import EvaluationError
 from ckpteval.routes import BY_ENDPOINT_TYPE
@@ -45,7 +52,7 @@ class DelegateSettings:
     endpoint_type: Literal["completions", "chat"] = "completions"
     configs: tuple[str, ...] = ()  # base stage configs (-c), composed before the request's benchmarks
     overrides: tuple[str, ...] = ()  # Hydra overrides applied to every evaluation (e.g. limit_samples)
-    env_file: Path | None = None
+    env_file: Path | None = None  # the env.toml (profiles, named judges); None: the one found where it started
 
 
 class EvaluationFailed(EvaluationError):
@@ -125,7 +132,6 @@ class Delegate:
 
     def _evaluate(self, request: EvalRequest) -> dict[str, Any]:
         from ckpteval.api import run
-        from ckpteval.config.compose import CompileRequest
         from ckpteval.invocation.jobdir import JobDir
 
         rollout_dir = Path(self.settings.output_root).resolve() / f"{int(time.time())}-rollout-{request.rollout_id}"
@@ -158,9 +164,12 @@ class Delegate:
             )
         raw = {name: raw_metrics(outcome) for name, outcome in results.tasks.items()}
         task_dirs = dict(record.task_dirs)
+        judge = results.provenance.judge if results.provenance else None
         return {
             "job_id": invocation,
             "rollout_id": request.rollout_id,
+            # who scored the judged benchmarks (kind, model id, URL; None: no judge was configured)
+            "judge": {k: judge.get(k) for k in ("kind", "model_id", "url") if judge.get(k)} if judge else None,
             "command": " ".join(record.command_line),
             "output_dir": job_dir.root,
             "log_path": str(job_log),
@@ -176,6 +185,36 @@ class Delegate:
                 for name, outcome in results.tasks.items()
             ],
         }
+
+
+def judge_summary(settings: DelegateSettings) -> str:
+    """The judge every evaluation uses, in words, from the delegate's base configs and overrides as they
+    compose (env.toml's named judges included). ConfigError: a judge section that does not type, or an API
+    judge whose key variable is not set here (each evaluation would be refused)."""
+    import os
+    import typing
+
+    from ckpteval.config.compose import compose
+    from ckpteval.config.schema import EvalConfig
+    from ckpteval.config.typed import typed_value
+    from ckpteval.errors import ConfigError
+
+    overrides = (*settings.overrides, "deployment=none", "target.api_endpoint.url=http://router.invalid/v1")
+    request = CompileRequest(configs=settings.configs, overrides=overrides, env_file=settings.env_file)
+    raw = compose(request).data.get("judge") or {"type": "none"}
+    hint = typing.get_type_hints(EvalConfig, include_extras=True)["judge"]
+    judge = typed_value(hint, raw, where="the delegate's config", path="judge")
+    key = getattr(judge, "api_key_name", None)
+    if key and not os.environ.get(key):
+        raise ConfigError(
+            f"judge.api_key_name is {key}, but ${key} is not set where the delegate runs.",
+            hint=f"Export {key} with the judge's key before `evaluate serve-delegate`.",
+        )
+    if judge.type == "none":
+        return "none (a judged benchmark is refused: start the delegate with judge=...)"
+    if judge.type == "api":
+        return f"api {judge.model_id} at {judge.url}"
+    return judge.type + (" (the router's model judges its own answers)" if judge.type == "self" else "")
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

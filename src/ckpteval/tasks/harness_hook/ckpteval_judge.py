@@ -6,9 +6,10 @@ parser (`core_evals.mtbench.output.parse_output`) looks only for `result.json`: 
 ends in "Failed to find `result.json`". Its judgments (`judgements/<judge>_single.jsonl`) score a reply it
 could not read (no `[[rating]]` after its retries) -1, and its summary leaves them out of the average.
 
-The patched parser reads the judge's own result, and adds two scores beside the average: `judge_errors`
-(judgments without a rating) and `judge_judgments`. Past CKPTEVAL_JUDGE_MAX_ERROR_RATE (a fraction) the
-task fails, with the judge's last replies in its log.
+The patched parser reads the judge's own result and counts the judge errors (judgments that hold no rating
+after the harness's retries) into `judge_errors.json` beside the harness output, whether the task then
+scores or not: ckpteval's results, table, `status` and exports read them from there. Past
+CKPTEVAL_JUDGE_MAX_ERROR_RATE (a fraction) the task fails, with the judge's last replies in its log.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ JUDGE_WAIT_ENV = "CKPTEVAL_JUDGE_WAIT_S"
 DEPLOYMENT_HEADER = "x-ckpteval-deployment"  # ckpteval.server.identity's
 JUDGE_CHANGED_EXIT = 3
 LAST_REPLIES = 3
+JUDGE_ERRORS_FILE = "judge_errors.json"  # {"errors": n, "judgments": m, "max_error_rate": x}, in the output dir
+FAILED_PREFIX = "ckpteval: judge errors"  # how the failure's message starts (tasks/failure.py looks for it)
 
 
 class JudgeFailures(RuntimeError):
@@ -50,10 +53,16 @@ def check_judgments(rows: list[dict[str, Any]], max_error_rate: float) -> tuple[
     if rows and len(errors) / len(rows) > max_error_rate:
         last = "\n".join(f"  judge reply: {str(r.get('judgment') or '(none)')[:300]!r}" for r in errors[-LAST_REPLIES:])
         raise JudgeFailures(
-            f"judge errors {len(errors)} of {len(rows)}: more than {max_error_rate:.0%} of the judge's replies "
+            f"{FAILED_PREFIX} {len(errors)} of {len(rows)}: more than {max_error_rate:.0%} of the judge's replies "
             f"failed or held no rating; the task is not scored. Its last unreadable replies:\n{last}"
         )
     return len(errors), len(rows)
+
+
+def write_judge_errors(output_dir: pathlib.Path, errors: int, judgments: int, max_error_rate: float) -> None:
+    """Record the task's judge errors beside its harness output (read by `ckpteval.results.collect`)."""
+    tally = {"errors": errors, "judgments": judgments, "max_error_rate": max_error_rate}
+    (output_dir / JUDGE_ERRORS_FILE).write_text(json.dumps(tally) + "\n", encoding="utf-8")
 
 
 def patch_mtbench_output(module: ModuleType) -> None:
@@ -69,14 +78,10 @@ def patch_mtbench_output(module: ModuleType) -> None:
         if not own and len(named) == 1:
             (named[0].parent / "result.json").write_text(named[0].read_text(encoding="utf-8"), encoding="utf-8")
         rate = float(os.environ.get(MAX_ERROR_RATE_ENV) or 0.05)
-        errors, total = check_judgments(_judgments(root), rate)
-        result = real(output_dir)
-        score = sys.modules[type(result).__module__].Score  # nemo_evaluator's api_dataclasses
-        for group in result.groups.values():
-            for metric in group.metrics.values():
-                metric.scores["judge_errors"] = score(value=errors, stats={})
-                metric.scores["judge_judgments"] = score(value=total, stats={})
-        return result
+        rows = _judgments(root)
+        write_judge_errors(root, sum(r.get("score") == -1 for r in rows), len(rows), rate)
+        check_judgments(rows, rate)
+        return real(output_dir)
 
     parse_output.__ckpteval_patched__ = True  # type: ignore[attr-defined]
     parse_output.__wrapped__ = real  # type: ignore[attr-defined]
