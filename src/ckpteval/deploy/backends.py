@@ -76,6 +76,9 @@ class DeploymentBackend:
     # every response; else results record the checkpoint as described before submission, unverified
     reports_checkpoint: bool = False
     known_mixing: Callable[[Any], str] | None = None  # why it mixes request settings, known before any probe
+    # a running one loads another checkpoint of the same model in place (`deployment.load_into`,
+    # `ckpteval.server.inplace`): what `evaluate watch` keeps across checkpoints; else a fresh one each time
+    loads_in_place: bool = False
 
     @property
     def reports_identity(self) -> bool:
@@ -147,6 +150,13 @@ def _export_deploy(deployment: MegatronDeployment, context: LaunchContext) -> La
     (a cluster run swaps in what the image really has)."""
     from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, export_deploy_command
 
+    if deployment.load_into:
+        raise ConfigError(
+            "deployment.load_into loads a checkpoint into a running builtin server; Export-Deploy cannot load "
+            "in place.",
+            hint="Drop deployment.load_into (a fresh deployment), or set deployment.backend=builtin.",
+        )
+
     command = export_deploy_command(deployment, DEFAULT_ENTRY_POINT, port=context.port)
     return Launch(command=command, image=deployment.image, nodes=deployment.num_nodes)
 
@@ -181,6 +191,7 @@ register_backend(
         publishes_tokenizer=True,
         takes_iteration=True,
         reports_checkpoint=True,
+        loads_in_place=True,
     )
 )
 register_backend(

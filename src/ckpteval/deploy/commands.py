@@ -53,6 +53,7 @@ def builtin_command(
         port_file=None if port_file is None else Path(port_file),
         port_fallback=port_file is not None,
         report_file=None if report_file is None else Path(report_file),
+        load_into=Path(deployment.load_into) if deployment.load_into else None,
     )
     argv = options.to_argv(python)
     return "exec " + shlex.join(argv)
