@@ -62,8 +62,11 @@ def status_command(
         console.print(table)
         if s.snapshot and s.snapshot.requests:
             console.print(f"requests: {escape(s.snapshot.requests)}", highlight=False)
-        from ckpteval.views import CAVEAT_MARK, recorded_caveats
+        from ckpteval.views import CAVEAT_MARK, recorded_caveats, recorded_usage
 
+        used = recorded_usage(s.record)
+        if used:
+            console.print(escape(used), highlight=False)
         for line in recorded_caveats(s.record):
             console.print(f"[yellow]{CAVEAT_MARK} {escape(line)}[/]", highlight=False)
         for t in s.snapshot.tasks if s.snapshot else ():

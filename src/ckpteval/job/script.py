@@ -147,6 +147,7 @@ JOB_RC=1
 GATE_PID=""
 finish() {
   [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment
+  times > state/cpu_times 2>/dev/null  # the CPU time of the job's processes (results.usage)
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
 }
 trap finish EXIT
