@@ -12,6 +12,7 @@ stops it (the kept server goes on). Stdlib only.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import urllib.error
@@ -124,10 +125,11 @@ def stand_in(options: Any) -> None:
     if options.report_file is not None:
         write_report(options.report_file, checkpoint)
     port = int((directory / PORT_FILE).read_text().strip())
-    if options.port_file is not None:
-        from ckpteval.server.serve import publish_port
-
-        publish_port(options.port_file, port)
+    if options.port_file is not None:  # atomically, as the server writes its own (`serve.publish_port`)
+        options.port_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = options.port_file.with_name(f".{options.port_file.name}.tmp.{os.getpid()}")
+        tmp.write_text(f"{port}\n")
+        os.replace(tmp, options.port_file)
     content = (checkpoint.get("content") or {}).get("sha256", "")[:12]
     how = "weights read" if answer.weights_read else "the checkpoint it held: no weights read"
     print(
