@@ -113,7 +113,14 @@ def parse_sacct_allocation(line: str) -> dict[str, Any] | None:
         start = datetime.fromisoformat(fields[3]).timestamp() if fields[3] not in ("", "Unknown") else None
     except ValueError:
         start = None
-    return {"job": fields[0], "elapsed_seconds": elapsed, "gpus": gpus, "start": start, "state": fields[4].split(" ")[0], "alloc_tres": fields[2]}
+    return {
+        "job": fields[0],
+        "elapsed_seconds": elapsed,
+        "gpus": gpus,
+        "start": start,
+        "state": fields[4].split(" ")[0],
+        "alloc_tres": fields[2],
+    }
 
 
 def elapsed_seconds(text: str) -> float | None:

@@ -63,7 +63,8 @@ class Usage:
         if self.on_cpu:
             ratio = self.cpu_per_wall
             return f"CPU: {self.wall_seconds:.0f} s wall" + (f", {ratio:.1f} CPU-s/s" if ratio is not None else "")
-        return f"{self.gpu_hours:.3g} GPU-h ({self.gpus} GPU{'s' if self.gpus != 1 else ''} × {_minutes(self.wall_seconds)})"
+        gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        return f"{self.gpu_hours:.3g} GPU-h ({gpus} × {_minutes(self.wall_seconds)})"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -92,9 +93,7 @@ def read_usage(job_dir: Path, *, served_device: str | None, deployment_kind: str
         return None
     wall = max(0.0, (ended - started).total_seconds())
     gpus = 0 if kept == "none" or not served_device or served_device.startswith("cpu") else 1
-    return Usage(
-        JOB_CLOCK, wall, gpus, round(wall * gpus / 3600, 6), phases, _cpu_seconds(job_dir), deployment=kept
-    )
+    return Usage(JOB_CLOCK, wall, gpus, round(wall * gpus / 3600, 6), phases, _cpu_seconds(job_dir), deployment=kept)
 
 
 def _loaded_in_place(job_dir: Path) -> bool:

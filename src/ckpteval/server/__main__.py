@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
                     from ckpteval.server.checkpoint import publish_tokenizer
 
                     publish_tokenizer(
-                        options.checkpoint, options.publish_tokenizer, tokenizer=options.tokenizer, pinned=options.iteration
+                        options.checkpoint,
+                        options.publish_tokenizer,
+                        tokenizer=options.tokenizer,
+                        pinned=options.iteration,
                     )
                 stand_in(options)
                 return 0

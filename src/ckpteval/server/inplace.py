@@ -72,7 +72,9 @@ def incompatibilities(current: dict[str, Any], candidate: dict[str, Any]) -> lis
     """Why a checkpoint (`served_layout`) cannot be loaded into a server holding another; empty: it can."""
     reasons = []
     for part in ("architecture", "parallel layout"):
-        differ = sorted(k for k in current[part].keys() | candidate[part].keys() if current[part].get(k) != candidate[part].get(k))
+        differ = sorted(
+            k for k in current[part].keys() | candidate[part].keys() if current[part].get(k) != candidate[part].get(k)
+        )
         if differ:
             shown = ", ".join(f"{k} {current[part].get(k)} -> {candidate[part].get(k)}" for k in differ[:4])
             reasons.append(f"another {part} ({shown}{', ...' if len(differ) > 4 else ''})")
@@ -136,7 +138,8 @@ class InPlaceLoader:
                     "refused": reasons,
                     **ApiError(
                         409,
-                        f"{info.iter_dir} cannot be loaded into this server: " + "; ".join(reasons)
+                        f"{info.iter_dir} cannot be loaded into this server: "
+                        + "; ".join(reasons)
                         + ". Start a fresh deployment for it.",
                         code="incompatible",
                     ).body(),
@@ -199,9 +202,9 @@ class InPlaceLoader:
 
         loaded = self.loaded
         previous = loaded.report
-        if self.intact and previous is not None and Path(previous.path) == Path(info.iter_dir):
-            if content_identity(info.iter_dir).sha256 == previous.content.sha256:
-                return dataclasses.replace(previous, pinned=iteration, in_place=True), True
+        same_dir = self.intact and previous is not None and Path(previous.path) == Path(info.iter_dir)
+        if same_dir and content_identity(info.iter_dir).sha256 == previous.content.sha256:
+            return dataclasses.replace(previous, pinned=iteration, in_place=True), True
         model = loaded.runner.model
         check_no_unexpected_tensors(model, info.architecture, info.iter_dir, ignore=self.ignore_unexpected_tensors)
         load_weights(model, info.iter_dir)

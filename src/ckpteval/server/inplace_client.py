@@ -119,7 +119,9 @@ def stand_in(options: Any) -> None:
     if not answer.loaded:
         raise DeploymentError(
             answer.message or f"The server of {directory} did not load {options.checkpoint} (HTTP {answer.status}).",
-            hint="Start a fresh deployment for this checkpoint (drop deployment.load_into)." if answer.refused else None,
+            hint="Start a fresh deployment for this checkpoint (drop deployment.load_into)."
+            if answer.refused
+            else None,
         )
     checkpoint = answer.checkpoint or {}
     if options.report_file is not None:

@@ -105,12 +105,17 @@ class KeptDeployment:
             answer = load_in_place(self.directory, iter_dir, check=True, timeout=600)
         except DeploymentError as exc:
             self.stop()
-            return Placement(None, f"iteration {iteration}: the kept deployment did not answer ({exc.message}); "
-                             "a fresh deployment for it")
+            return Placement(
+                None,
+                f"iteration {iteration}: the kept deployment did not answer ({exc.message}); a fresh deployment for it",
+            )
         if answer.status == 409 and answer.refused:
             self.stop()
-            return Placement(None, f"iteration {iteration}: {'; '.join(answer.refused)} than the kept deployment: "
-                             "a fresh deployment for it")
+            return Placement(
+                None,
+                f"iteration {iteration}: {'; '.join(answer.refused)} than the kept deployment: "
+                "a fresh deployment for it",
+            )
         return Placement(str(self.directory), note)
 
     def running(self) -> bool:

@@ -28,7 +28,9 @@ EVALUATE = [sys.executable, "-m", "ckpteval.cli"]
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
 
 
-def _watch(save_dir: Path, cwd: Path, env: dict[str, str], *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _watch(
+    save_dir: Path, cwd: Path, env: dict[str, str], *extra: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     command = [
         *EVALUATE,
         "watch",

@@ -46,7 +46,8 @@ def test_what_is_not_an_allocation_is_none() -> None:
 def test_a_real_local_job_reports_its_wall_time_phases_and_cpu_time(tmp_path: Path) -> None:
     """A job whose deployment takes 2 s to become healthy and whose task burns a second of CPU."""
     port = free_port()
-    burn = f"{sys.executable} -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 1.0: pass\")'"
+    loop = 'exec("while time.process_time() - t < 1.0: pass")'
+    burn = f"{sys.executable} -c 'import time; t = time.process_time(); {loop}'"
     plan = make_plan(tmp_path / "job", port=port, tasks=[("a", burn)])
     job = Path(plan.job_dir)
     started = time.time()

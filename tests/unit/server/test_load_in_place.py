@@ -123,8 +123,8 @@ sys.path.insert(0, {hook_dir()!r})
 import ckpteval_responses as hook
 recorder = hook.Recorder({str(output)!r})
 recorder.checkpoint = {first_answer!r}
-request = urllib.request.Request({url + "/v1/completions"!r}, data=json.dumps({{"prompt": "ab", "max_tokens": 2}}).encode(),
-                                 headers={{"Content-Type": "application/json"}})
+body = json.dumps({{"prompt": "ab", "max_tokens": 2}}).encode()
+request = urllib.request.Request({url + "/v1/completions"!r}, data=body, headers={{"Content-Type": "application/json"}})
 with urllib.request.urlopen(request) as response:
     recorder.check_answer(response.headers)
 print("scored")
@@ -158,7 +158,9 @@ def test_only_the_owner_loads_a_late_client_is_refused_another_architecture_too_
         # another architecture: refused before anything is touched, the server serves what it did
         refused = load_in_place(load_dir, str(other / "iter_0000001"), identity="inv-x")
         assert refused.status == 409 and not refused.loaded
-        assert any(r.startswith("another architecture (") and "num_layers" in r for r in refused.refused), refused.refused
+        assert any(r.startswith("another architecture (") and "num_layers" in r for r in refused.refused), (
+            refused.refused
+        )
         assert "fresh deployment" in refused.message
         status, health = _health(kept.url)
         assert status == 200 and health["deployment"] == "inv-1" and health["checkpoint"]["content"]["sha256"] == served

@@ -29,7 +29,12 @@ def _compiled(iter_dir: Path, *overrides: str):  # type: ignore[no-untyped-def]
     return compile_config(
         configs=["tiny"],
         tasks=["hellaswag"],
-        overrides=["deployment.prepare=null", f"run.model={iter_dir}", f"deployment.tokenizer={iter_dir.parent / 'tokenizer'}", *overrides],
+        overrides=[
+            "deployment.prepare=null",
+            f"run.model={iter_dir}",
+            f"deployment.tokenizer={iter_dir.parent / 'tokenizer'}",
+            *overrides,
+        ],
     )
 
 
@@ -63,7 +68,9 @@ def test_another_architecture_gets_a_fresh_deployment_and_the_next_save_a_kept_o
     kept = KeptDeployment("run42-abc", lambda _i, iter_dir: _compiled(Path(iter_dir)))
     try:
         first = kept.place(1, str(three_saves / "iter_0000001"))
-        assert first.load_into == str(kept.directory) and first.note.startswith("iteration 1: started the kept deployment")
+        assert first.load_into == str(kept.directory) and first.note.startswith(
+            "iteration 1: started the kept deployment"
+        )
         assert (kept.directory / "secret").stat().st_mode & 0o077 == 0
         server = kept.process
         assert server is not None and kept.running()
