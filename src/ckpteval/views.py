@@ -237,6 +237,24 @@ def recorded_caveats(record: InvocationRecord) -> list[str]:
     return [c.line() for c in caveats(InvocationResults.from_json(data))] if isinstance(data, dict) else []
 
 
+def recorded_usage(record: InvocationRecord) -> str | None:
+    """What an invocation cost, in one line ("used 0.012 GPU-h (1 GPU × 43 s): start-up 20 s, ..."), from the
+    results.json this machine holds (`ckpteval.results.usage`); None when there is none here, or no usage in it."""
+    import json
+
+    from ckpteval.results.model import InvocationResults
+    from ckpteval.results.table import usage_note
+
+    path = results_file(record)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("usage"), dict):
+        return None
+    return usage_note(InvocationResults.from_json(data))
+
+
 def finished_at(record: InvocationRecord) -> float | None:
     """When the invocation's job finished (a POSIX time), where this machine has its job directory or a
     fetched copy of it: the time the job recorded as it ended (`state/ended`); for a local job from before

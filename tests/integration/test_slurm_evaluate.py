@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.execution.slurm_state import slurm_job_id
+from ckpteval.cluster.slurm import elapsed_seconds
 from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
@@ -111,6 +112,15 @@ def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile,
     )
     nodes, tres = alloc.stdout.strip().split("|")
     assert nodes == "2" and "gres/gpu=16" in tres  # 8 fake GPUs on each of the 2 nodes
+    # its GPU-hours: the scheduler's accounting of the allocation (elapsed x GPUs allocated), split by the job's log
+    elapsed = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "Elapsed"], capture_output=True, text=True)
+    usage = data["usage"]
+    wall = elapsed_seconds(elapsed.stdout.strip())
+    assert (usage["source"], usage["gpus"], usage["wall_seconds"]) == ("sacct", 16, wall)
+    assert usage["gpu_hours"] == round(wall * 16 / 3600, 6) > 0
+    assert set(usage["phases"]) == {"startup", "tasks", "idle"} and usage["phases"]["tasks"] > 0
+    assert abs(sum(usage["phases"].values()) - wall) <= 2  # the allocation's seconds, each in one phase
+    assert f"used {usage['gpu_hours']:.3g} GPU-h (16 GPUs" in cli("status", invocation).output
     log = cli("logs", invocation).output
     assert "deployment healthy" in log and "all tasks succeeded" in log
     client = cli("logs", invocation, "--source", "adlr_humaneval_greedy").output
@@ -121,6 +131,7 @@ def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile,
     run = read_offline_run(run_dir)
     assert (run.run_id, run.project) == (f"ckpteval-{invocation}", "ckpteval-it")
     assert run.summary[f"adlr_humaneval_greedy/{name}"] == metric["value"]
+    assert run.summary["usage/gpus"] == 16 and run.summary["usage/gpu_hours"] > 0  # the allocation so far
     assert "exporting the results" in log
 
 

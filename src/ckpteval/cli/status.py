@@ -71,11 +71,14 @@ def status_command(
             from ckpteval.views import requests_in_words
 
             console.print(f"task requests: {escape(requests_in_words(s.snapshot.requests))}", highlight=False)
-        from ckpteval.views import CAVEAT_MARK, judge_errors, recorded_caveats
+        from ckpteval.views import CAVEAT_MARK, judge_errors, recorded_caveats, recorded_usage
 
         for name, counted in judge_errors(s.record).items():  # a judged task's failed judge replies
             color = "yellow" if counted.errors else "dim"
             console.print(f"[{color}]{escape(name)}: {escape(counted.text())}[/]", highlight=False)
+        used = recorded_usage(s.record)
+        if used:
+            console.print(escape(used), highlight=False)
         for line in recorded_caveats(s.record):
             console.print(f"[yellow]{CAVEAT_MARK} {escape(line)}[/]", highlight=False)
         for t in s.snapshot.tasks if s.snapshot else ():

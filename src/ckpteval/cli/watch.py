@@ -24,6 +24,7 @@ _EVENT_STYLE = {
     "exported": "dim",
     "error": "red",
     "verdict": "magenta",
+    "deployment": "blue",
 }
 
 
@@ -92,6 +93,13 @@ def watch_command(
     ] = False,
     env_file: Annotated[Path | None, typer.Option("--env-file", help="The env.toml to read profiles from.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="`status`: print JSON.")] = False,
+    fresh_deployments: Annotated[
+        bool,
+        typer.Option(
+            "--fresh-deployments",
+            help="A fresh deployment per checkpoint, not one kept and each checkpoint loaded into it in place.",
+        ),
+    ] = False,
     detach: Annotated[
         bool,
         typer.Option(
@@ -153,6 +161,7 @@ def watch_command(
         wandb_run_id=wandb_run_id,
         follow_every=follow_every or 0.0,
         eval_timeout=eval_timeout,
+        fresh_deployments=fresh_deployments,
     )
     if detach:
         if once:
@@ -253,6 +262,8 @@ def _dry_run(spec: Any) -> None:
         else:
             what = f"[dim]incomplete (missing {', '.join(ckpt.missing)})[/]"
         console.print(f"  iteration {ckpt.iteration:>9}  {what}")
+    if result.deployment is not None:
+        console.print(escape(result.deployment.line))
     if not result.would_evaluate:
         console.print("nothing to evaluate now")
         return

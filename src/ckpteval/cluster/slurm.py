@@ -14,6 +14,8 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from ckpteval.cluster.remote import Remote
 from ckpteval.errors import ClusterError
@@ -73,6 +75,65 @@ def job_state(remote: Remote, job_id: str) -> SlurmJobState:
             elapsed=fields[2].strip() if len(fields) > 2 else "",
         )
     return SlurmJobState(job_id=str(job_id), state="UNKNOWN", reason=(rest or result.stderr).strip()[:200])
+
+
+ALLOCATION_FIELDS = "JobID,Elapsed,AllocTRES,Start,State"
+
+
+def job_allocation(remote: Remote, job_id: str) -> dict[str, Any] | None:
+    """The scheduler's accounting of a job's allocation (`sacct -X`): elapsed seconds, GPUs allocated, its start;
+    None when sacct does not know the job (accounting off, or not recorded yet)."""
+    result = remote.run(
+        ["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", ALLOCATION_FIELDS], timeout=60, check=False
+    )
+    for line in result.stdout.splitlines():
+        parsed = parse_sacct_allocation(line)
+        if parsed is not None and parsed["job"] == str(job_id):
+            return parsed
+    return None
+
+
+def parse_sacct_allocation(line: str) -> dict[str, Any] | None:
+    """One line of `sacct -X -n -P -o JobID,Elapsed,AllocTRES,Start,State` as `state/allocation.json`'s content:
+    elapsed seconds, GPUs allocated (`gres/gpu=N` of AllocTRES), its start (epoch seconds); None for a line
+    that is not such a record (a job sacct does not know yet)."""
+    fields = line.strip().split("|")
+    if len(fields) < 5 or not fields[0] or fields[0].startswith("sacct:"):
+        return None
+    elapsed = elapsed_seconds(fields[1])
+    if elapsed is None:
+        return None
+    gpus = 0
+    for part in fields[2].split(","):
+        name, _, value = part.partition("=")
+        if name in ("gres/gpu", "gpu") and value.isdigit():
+            gpus = int(value)
+    start = None
+    try:
+        start = datetime.fromisoformat(fields[3]).timestamp() if fields[3] not in ("", "Unknown") else None
+    except ValueError:
+        start = None
+    return {
+        "job": fields[0],
+        "elapsed_seconds": elapsed,
+        "gpus": gpus,
+        "start": start,
+        "state": fields[4].split(" ")[0],
+        "alloc_tres": fields[2],
+    }
+
+
+def elapsed_seconds(text: str) -> float | None:
+    """Slurm's `[D-]HH:MM:SS` (or `MM:SS`) as seconds; None if it is not one."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    if not clock or not all(p.isdigit() for p in parts) or not 2 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None
+    numbers = [int(p) for p in parts]
+    if len(numbers) == 2:
+        numbers.insert(0, 0)
+    hours, minutes, seconds = numbers
+    return float((int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds)
 
 
 def cancel_job(remote: Remote, job_id: str, *, wait: float = 60.0) -> SlurmJobState:

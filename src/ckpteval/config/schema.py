@@ -234,6 +234,9 @@ class MegatronDeployment:
     prefix_cache: bool = True  # builtin only: compute each shared token prefix once
     prefix_cache_mib: int | None = None  # builtin only: the prefix cache's memory; None: sized to the machine
     access_log: bool = False  # builtin only: log every request in the deployment's log
+    # builtin only: load the checkpoint in place into the running server of this load directory instead of
+    # starting one (`ckpteval.server.inplace_client`; what `evaluate watch` sets)
+    load_into: str | None = None
     # export-deploy speed settings (see docs/deploy.md); None/False: Export-Deploy's default
     micro_batch_size: int | None = None
     enable_cuda_graphs: bool = False

@@ -90,6 +90,9 @@ class DeploymentBackend:
     before_start: str | None = None
     # it serves Hugging Face directories: a Megatron checkpoint_path is exported by the job's first step
     serves_hf_export: bool = False
+    # a running one loads another checkpoint of the same model in place (`deployment.load_into`,
+    # `ckpteval.server.inplace`): what `evaluate watch` keeps across checkpoints; else a fresh one each time
+    loads_in_place: bool = False
 
     @property
     def reports_identity(self) -> bool:
@@ -175,6 +178,13 @@ def _export_deploy(deployment: MegatronDeployment, context: LaunchContext) -> La
     (a cluster run swaps in what the image really has)."""
     from ckpteval.deploy.export_deploy import DEFAULT_ENTRY_POINT, export_deploy_command
 
+    if deployment.load_into:
+        raise ConfigError(
+            "deployment.load_into loads a checkpoint into a running builtin server; Export-Deploy cannot load "
+            "in place.",
+            hint="Drop deployment.load_into (a fresh deployment), or set deployment.backend=builtin.",
+        )
+
     command = export_deploy_command(deployment, DEFAULT_ENTRY_POINT, port=context.port)
     return Launch(command=command, image=deployment.image, nodes=deployment.num_nodes)
 
@@ -217,6 +227,7 @@ register_backend(
         publishes_tokenizer=True,
         takes_iteration=True,
         reports_checkpoint=True,
+        loads_in_place=True,
     )
 )
 register_backend(

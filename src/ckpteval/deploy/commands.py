@@ -63,6 +63,7 @@ def builtin_command(
         port_fallback=port_file is not None,
         report_file=None if report_file is None else Path(report_file),
         access_log=deployment.access_log,
+        load_into=Path(deployment.load_into) if deployment.load_into else None,
     )
     argv = options.to_argv(python)
     return "exec " + shlex.join(argv)

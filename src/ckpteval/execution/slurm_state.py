@@ -182,6 +182,21 @@ def remember(status: InvocationStatus) -> None:
     record.save()
 
 
+def record_allocation(session: ClusterSession, job_id: str, local: Path) -> None:
+    """The scheduler's accounting of the job's allocation (sacct), into the local copy's state/allocation.json
+    (`results.usage` reads it: the GPU-hours); nothing when sacct does not know the job."""
+    import json
+
+    from ckpteval.cluster.slurm import job_allocation
+    from ckpteval.results.usage import ALLOCATION_FILE
+
+    allocation = session.call(lambda r: job_allocation(r, job_id))
+    if allocation is not None:
+        target = local / ALLOCATION_FILE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(allocation, indent=2) + "\n", encoding="utf-8")
+
+
 def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: bool) -> InvocationResults:
     """Fetch the job directory's result files and collect the results (written to results.json, here and
     on the cluster, when `final`: the job has ended)."""
@@ -191,6 +206,8 @@ def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: b
 
     local = local_job_copy(record)
     session.call(lambda r: fetch_job_dir(r, record.job_dir, local))
+    if final and record.slurm_job_id:
+        record_allocation(session, record.slurm_job_id, local)
     results = collect_results(
         local, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
     )

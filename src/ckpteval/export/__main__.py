@@ -119,6 +119,7 @@ def _results(
         raise ConfigError(f"{path} does not exist and no --task NAME=DIR was given to collect results from.")
     provenance = _provenance(job_dir)
     invocation = invocation or provenance.get("invocation") or job_dir.name
+    _record_allocation(job_dir)
     deployment = config.get("deployment") or {}
     results = collect_results(
         job_dir,
@@ -130,6 +131,24 @@ def _results(
     )
     write_results(job_dir, results)
     return results
+
+
+def _record_allocation(job_dir: Path) -> None:
+    """Inside a Slurm job: the scheduler's accounting of its allocation so far (sacct), for the GPU-hours of the
+    results exported now (`results.usage`); collected again, whole, once the job has ended."""
+    import json
+    import os
+
+    from ckpteval.cluster.remote import LocalRemote
+    from ckpteval.cluster.slurm import job_allocation
+    from ckpteval.results.usage import ALLOCATION_FILE
+
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return
+    allocation = job_allocation(LocalRemote(), job_id)
+    if allocation is not None:
+        (job_dir / ALLOCATION_FILE).write_text(json.dumps(allocation, indent=2) + "\n", encoding="utf-8")
 
 
 def _provenance(job_dir: Path) -> dict[str, Any]:

@@ -87,6 +87,19 @@ def metric_values(results: InvocationResults) -> dict[str, float]:
     return out
 
 
+def usage_values(results: InvocationResults) -> dict[str, float]:
+    """What the invocation cost (`results.usage`), under `usage/`: gpu_hours, wall_seconds, gpus, the seconds of
+    each phase (startup, tasks, idle) and, on the CPU, cpu_seconds; empty when it was not measured."""
+    usage = results.usage or {}
+    out = {
+        f"usage/{k}": float(usage[k])
+        for k in ("gpu_hours", "wall_seconds", "gpus", "cpu_seconds")
+        if _finite(usage.get(k))
+    }
+    out.update({f"usage/{k}_seconds": float(v) for k, v in (usage.get("phases") or {}).items() if _finite(v)})
+    return out
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

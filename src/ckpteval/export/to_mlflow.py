@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from ckpteval.config.schema import MlflowExport
 from ckpteval.errors import ExportError
-from ckpteval.export.content import ExportContent, metric_values, sample_tables
+from ckpteval.export.content import ExportContent, metric_values, sample_tables, usage_values
 from ckpteval.export.context import Curves
 from ckpteval.export.outcome import ExportOutcome
 
@@ -132,7 +132,8 @@ def _write_run(content: ExportContent, settings: MlflowExport, uri: str) -> str:
     produced_by = {"ckpteval": {"provenance": provenance_summary(results.provenance)}}
     every = {**flat_params(content.config), **flat_params(produced_by)}
     params = [Param(k, v) for k, v in every.items() if k not in have_params]
-    metrics = [Metric(k, v, now, 0) for k, v in metric_values(results).items() if have_metrics.get(k) != v]
+    values = {**metric_values(results), **usage_values(results)}
+    metrics = [Metric(k, v, now, 0) for k, v in values.items() if have_metrics.get(k) != v]
     run_tags = [RunTag(k, v) for k, v in tags.items()]
     for batch in _chunks(params):
         client.log_batch(run_id, params=batch)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ckpteval.config.schema import WandbExport
 from ckpteval.errors import ExportError
-from ckpteval.export.content import ExportContent, metric_values, run_config, sample_tables
+from ckpteval.export.content import ExportContent, metric_values, run_config, sample_tables, usage_values
 from ckpteval.export.context import Curves, ExportContext
 from ckpteval.export.credentials import (
     LOGIN_HINT,
@@ -205,6 +205,7 @@ def _write_run(
         if metrics and not run.resumed:  # a re-export must not add a second history row
             run.log(metrics, step=0)
         run.summary.update(metrics)
+        run.summary.update(usage_values(results))  # what it cost: summary only (no step of its own)
         artifact = wandb.Artifact(
             spec.artifact_name,
             type=ARTIFACT_TYPE,

@@ -208,8 +208,14 @@ def collect_results(
     """Every task's outcome, the invocation's status (succeeded only if every task did) and what produced
     the numbers (`provenance`)."""
     from ckpteval.results.provenance import read_provenance
+    from ckpteval.results.usage import read_usage
 
     provenance = read_provenance(job_dir, tasks)
+    usage = read_usage(
+        job_dir,
+        served_device=(provenance.checkpoint or {}).get("device"),
+        deployment_kind=provenance.deployment.get("kind"),
+    )
     outcomes = {name: task_outcome(job_dir / task_dir, name) for name, task_dir in tasks}
     outcomes = {name: refuse_unserved(outcome, provenance) for name, outcome in outcomes.items()}
     statuses = {o.status for o in outcomes.values()}
@@ -229,6 +235,7 @@ def collect_results(
         label=label,
         tasks=outcomes,
         provenance=provenance,
+        usage=usage.to_json() if usage is not None else None,
     )
 
 

@@ -113,6 +113,7 @@ class InvocationResults:
     label: str | None = None
     tasks: dict[str, TaskOutcome] = field(default_factory=dict)
     provenance: Provenance | None = None  # what produced the numbers (ckpteval.results.provenance)
+    usage: dict[str, Any] | None = None  # GPU-hours and where the time went (`ckpteval.results.usage.Usage`)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for results.json (None fields kept, so the shape is stable; a metric's `std_dev`

@@ -112,6 +112,8 @@ def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str
         "architecture": served.get("architecture"),
         "device": served.get("device"),
         "dtype": served.get("dtype"),
+        # loaded into a server that served another checkpoint before (`evaluate watch` keeps one: server.inplace)
+        "in_place": bool(served.get("in_place")),
     }
     if planned:
         kept = ("layout", "format", "metadata_sha256", "unexpected_tensors", "unexpected_tensors_ignored")

@@ -51,6 +51,24 @@ def _fmt(metric: Metric | None, name: str = "", chance: float | None = None) -> 
     return f"{text} ({said})" if said else text
 
 
+def usage_note(result: InvocationResults, *, several: bool = False) -> str:
+    """The footer line of what an invocation cost: "used 0.012 GPU-h (1 GPU × 43 s): start-up 20, tasks 20, idle
+    3 s" (on the CPU: its wall time and CPU-seconds per second); from `results.usage`."""
+    from ckpteval.results.usage import Usage
+
+    usage = Usage.from_json(result.usage or {})
+    who = f"{result.label or result.invocation} " if several else ""
+    phases = ", ".join(f"{_PHASE_WORDS.get(k, k)} {v:.0f}" for k, v in usage.phases.items())
+    kept = "; loaded in place into the watcher's deployment" if usage.deployment == "kept" else ""
+    label = usage.label()
+    if usage.source == "sacct":
+        label = label[:-1] + ", sacct)" if label.endswith(")") else label + " (sacct)"
+    return f"{who}used {label}" + (f": {phases} s" if phases else "") + kept
+
+
+_PHASE_WORDS = {"startup": "start-up", "tasks": "tasks", "idle": "idle"}
+
+
 def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, rows, footnotes) of the score table for one or more invocations.
 
@@ -98,6 +116,7 @@ def table_rows(results: Sequence[InvocationResults]) -> tuple[list[str], list[li
             )
     if with_modes:
         footnotes.append(REPEATS_NOTE)
+    footnotes.extend(usage_note(r, several=len(results) > 1) for r in results if r.usage)
     from ckpteval.results.caveats import caveat_notes
 
     footnotes.extend(caveat_notes(results))  # last: what the numbers cannot be trusted for

@@ -52,6 +52,20 @@ def main(argv: list[str] | None = None) -> int:
             from ckpteval.server.serve import hold_port, serve
 
             options = ServeOptions.from_args(args)
+            if options.load_into is not None:  # no server of its own: the kept one loads the checkpoint
+                from ckpteval.server.inplace_client import stand_in
+
+                if options.publish_tokenizer:
+                    from ckpteval.server.checkpoint import publish_tokenizer
+
+                    publish_tokenizer(
+                        options.checkpoint,
+                        options.publish_tokenizer,
+                        tokenizer=options.tokenizer,
+                        pinned=options.iteration,
+                    )
+                stand_in(options)
+                return 0
             # the port first: held (and answering "loading") through the slow steps below
             sock = hold_port(options)
             try:

@@ -182,14 +182,70 @@ class _Disconnected(Exception):
     pass
 
 
+class ServingGate:
+    """Whether the model serves now, and the requests it is answering (what a load in place drains).
+
+    `serving`: requests pass; `loading` (another checkpoint is being loaded into the model) and `failed` (a load
+    failed: the model holds no checkpoint whole) answer 503 and name no checkpoint. `close()` stops new requests,
+    `drained()` waits until those already in have been answered."""
+
+    def __init__(self) -> None:
+        self.state = "serving"  # serving | loading | failed
+        self.error = ""
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+
+    def enter(self) -> bool:
+        """Let a request in (False: the model does not serve now)."""
+        if self.state != "serving":
+            return False
+        self._in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def close(self) -> None:
+        self.state = "loading"
+
+    async def drained(self) -> None:
+        """Return once every request let in has been answered."""
+        while self._in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        self._idle = None
+
+    def unavailable(self) -> tuple[int, Any]:
+        """The 503 a request gets while the model does not serve."""
+        if self.state == "failed":
+            message = f"No checkpoint is served: loading one failed ({self.error})."
+        else:
+            message = "The server is loading another checkpoint; try again once /v1/health says healthy."
+        body = ApiError(503, message, type="service_unavailable", code=503).body()
+        return 503, {"status": self.state, **body}
+
+
+# what answers whatever the gate says: the load itself and the counters
+_UNGATED = (routes.STATS,)
+AdminHandler = Callable[[dict[str, Any], Any], Awaitable[tuple[int, Any]]]
+
+
 class AsgiApp:
     """ASGI entry point: routing, JSON in and out, error bodies."""
 
     def __init__(self, server: OpenAIServer) -> None:
+        self.server = server
         self.routes = server.routes()
-        content = (server.checkpoint or {}).get("content") or {}
-        # every response names the deployment and the checkpoint content it answers with
-        self.headers = [*_JSON_HEADERS, *identity_headers(server.identity, content.get("sha256"))]
+        self.gate = ServingGate()
+        self.admin: dict[str, AdminHandler] = {}  # path -> handler(scope, body): POST only, never gated
+        self.name_answers()
+
+    def name_answers(self) -> None:
+        """Every response names the deployment and the checkpoint content it answers with (the server's now)."""
+        content = (self.server.checkpoint or {}).get("content") or {}
+        self.headers = [*_JSON_HEADERS, *identity_headers(self.server.identity, content.get("sha256"))]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -197,19 +253,37 @@ class AsgiApp:
             return
         if scope["type"] != "http":
             return
-        status, payload = await self._handle(scope, receive)
+        path = scope["path"].rstrip("/") or "/"
+        if path in self.admin or path in _UNGATED:
+            status, payload = await self._handle(scope, receive)
+            await self._send(send, status, payload, self.headers)
+        elif not self.gate.enter():
+            await self._send(send, *self.gate.unavailable(), _JSON_HEADERS)
+        else:
+            try:
+                headers = self.headers  # the identity this answer is computed with, whatever a load does next
+                status, payload = await self._handle(scope, receive)
+                await self._send(send, status, payload, headers)
+            finally:
+                self.gate.leave()
+
+    @staticmethod
+    async def _send(send: Any, status: int, payload: Any, headers: list[tuple[bytes, bytes]]) -> None:
         data = orjson.dumps(payload)
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [*self.headers, (b"content-length", str(len(data)).encode())],
+                "headers": [*headers, (b"content-length", str(len(data)).encode())],
             }
         )
         await send({"type": "http.response.body", "body": data})
 
     async def _handle(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
         path = scope["path"].rstrip("/") or "/"
+        admin = self.admin.get(path)
+        if admin is not None:
+            return await self._handle_admin(admin, scope, receive)
         methods = self.routes.get(path)
         try:
             if methods is None:
@@ -230,6 +304,24 @@ class AsgiApp:
         except _Disconnected:
             return 499, {}
         except Exception as exc:  # the HTTP boundary: log it, answer 500, keep serving
+            log.exception("request to %s failed", scope["path"])
+            return 500, ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error").body()
+
+    async def _handle_admin(self, handler: AdminHandler, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
+        try:
+            if scope["method"] != "POST":
+                raise ApiError(405, f"{scope['path']} accepts POST, not {scope['method']}.", code=405)
+            raw = await _read_body(scope, receive)
+            try:
+                body = orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError as exc:
+                raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+            return await handler(scope, body)
+        except ApiError as exc:
+            return exc.status, exc.body()
+        except _Disconnected:
+            return 499, {}
+        except Exception as exc:  # the HTTP boundary, as for every route: log it, answer 500, keep serving
             log.exception("request to %s failed", scope["path"])
             return 500, ApiError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error").body()
 

@@ -34,6 +34,7 @@ class LoadedReport:
     tokenizer_dir: str
     device: str
     dtype: str
+    in_place: bool = False  # loaded into a server that served another checkpoint before (`server.inplace`)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -49,6 +49,8 @@ class ServeOptions:
     port_file: Path | None = None  # write the port held here as soon as it is held
     port_fallback: bool = False  # a taken --port: take one the kernel assigns instead of failing
     report_file: Path | None = None  # write what was loaded here (`server.loaded`) once it serves
+    load_secret_file: Path | None = None  # accept loads in place (`server.inplace`) from who reads this secret
+    load_into: Path | None = None  # start no server: load into the one whose load directory this is
 
     @staticmethod
     def flags() -> tuple[Flag, ...]:
@@ -188,6 +190,18 @@ FLAGS: tuple[Flag, ...] = (
         cli=False,
     ),
     Flag("report_file", "Write what was loaded (path, iteration, content identity, args) here as JSON.", cli=False),
+    Flag(
+        "load_secret_file",
+        "Accept POST /v1/load (load another checkpoint of the same model in place) from whoever can read the "
+        "secret written here (mode 0600).",
+        cli=False,
+    ),
+    Flag(
+        "load_into",
+        "Start no server: load --checkpoint in place into the running one whose load directory this is (its "
+        "port and load secret), stand for it until stopped.",
+        cli=False,
+    ),
 )
 _FIELDS = {f.name: f for f in dataclasses.fields(ServeOptions)}
 _HINTS = typing.get_type_hints(ServeOptions)

@@ -250,6 +250,12 @@ def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
     listening socket already held (`hold_port`), else the port is taken now."""
     if options.replicas < 1:
         raise DeploymentError(f"--replicas must be at least 1, not {options.replicas}.")
+    if options.replicas > 1 and options.load_secret_file is not None:
+        raise DeploymentError(
+            "--load-secret-file loads in place into one server process, not into --replicas "
+            f"{options.replicas} behind a router.",
+            hint="Serve one replica, or start a fresh deployment per checkpoint.",
+        )
     if options.prefix_cache and options.prefix_cache_mib is not None and options.prefix_cache_mib < 1:
         raise DeploymentError(
             f"--prefix-cache-mib must be at least 1, not {options.prefix_cache_mib}.",
@@ -302,6 +308,8 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 identity=options.identity,
             )
             arch = loaded.info.architecture
+            if options.load_secret_file is not None:
+                _accept_loads(options, loaded, app)
             if options.report_file is not None and loaded.report is not None:
                 from ckpteval.server.loaded import write_report
 
@@ -342,6 +350,24 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
         if scheduler is not None:
             scheduler.stop()
             _say(prompt_summary(scheduler.stats))
+
+
+def _accept_loads(options: ServeOptions, loaded: LoadedModel, app: Any) -> None:
+    """Serve `POST /v1/load` (`server.inplace`) to whoever reads the secret written to `--load-secret-file`."""
+    from ckpteval.server.inplace import LOAD_ROUTE, InPlaceLoader, write_load_secret
+
+    assert options.load_secret_file is not None
+    scorer = loaded.runner.prefix_scorer
+    loader = InPlaceLoader(
+        secret=write_load_secret(options.load_secret_file),
+        loaded=loaded,
+        app=app,
+        tokenizer=options.tokenizer,
+        ignore_unexpected_tensors=options.ignore_unexpected_tensors,
+        prefix_cache_bytes=scorer.cache.budget_bytes if scorer is not None else None,
+        report_file=options.report_file,
+    )
+    app.admin[LOAD_ROUTE] = loader.handle
 
 
 def prompt_summary(stats: Any) -> str:

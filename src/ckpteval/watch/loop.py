@@ -38,10 +38,34 @@ class WatchEvent:
     """Something the watcher did or saw."""
 
     # ready | incomplete | submitted | adopted | succeeded | verdict | retry | failed | skipped | exported | error
+    # | deployment (kept across checkpoints or not, and why: `watch.kept`)
     kind: str
     message: str
     iteration: int | None = None
     invocation: str | None = None
+
+
+def add_usage(entry: IterationEntry, usage: dict[str, Any] | None) -> None:
+    """Add one evaluation's usage (results.json's `usage`) to its checkpoint's sums."""
+    if not usage:
+        return
+    total = entry.usage
+    for key in ("gpu_hours", "wall_seconds", "cpu_seconds"):
+        if isinstance(usage.get(key), int | float):
+            total[key] = round(float(total.get(key, 0.0)) + float(usage[key]), 6)
+    total["attempts"] = int(total.get("attempts", 0)) + 1
+    total["kept"] = usage.get("deployment") == "kept"
+    for phase, seconds in (usage.get("phases") or {}).items():
+        total[f"{phase}_seconds"] = round(float(total.get(f"{phase}_seconds", 0.0)) + float(seconds), 3)
+
+
+def usage_words(usage: dict[str, Any]) -> str:
+    """'; 0.003 GPU-h, 41 s (start-up 3 s)' or '; CPU, 41 s (start-up 3 s)': a checkpoint's sums, for the terminal."""
+    if not usage:
+        return ""
+    cost = f"{usage['gpu_hours']:.3g} GPU-h" if usage.get("gpu_hours") else "CPU"
+    startup = f" (start-up {usage['startup_seconds']:.0f} s)" if "startup_seconds" in usage else ""
+    return f"; {cost}, {usage.get('wall_seconds', 0.0):.0f} s{startup}"
 
 
 class Pipeline(Protocol):
@@ -247,13 +271,16 @@ class Watcher:
             attempt.state, attempt.ended_at = now.state, self.clock()
             finished.append(entry.iteration)
             results = now.results
+            if results is not None:
+                add_usage(entry, results.usage)
             if now.state == "succeeded" and results is not None and results.status == "succeeded":
                 from ckpteval.export.content import metric_values
 
                 entry.state, entry.metrics = "succeeded", metric_values(results)
                 entry.content = _served_content(results)
                 scores = ", ".join(f"{k} {v:.4g}" for k, v in entry.metrics.items() if _is_score(k))
-                self._emit("succeeded", f"iteration {entry.iteration}: {scores or 'no scores'}", entry, now.invocation)
+                message = f"iteration {entry.iteration}: {scores or 'no scores'}" + usage_words(entry.usage)
+                self._emit("succeeded", message, entry, now.invocation)
                 self._judge(entry)
                 continue
             attempt.error = now.detail or f"the evaluation ended {now.state}"

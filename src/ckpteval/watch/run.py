@@ -28,6 +28,7 @@ from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
+from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision
 from ckpteval.watch.loop import Watcher, WatchEvent
 from ckpteval.watch.readiness import SaveDirListing, list_save_dir
 from ckpteval.watch.state import (
@@ -46,13 +47,27 @@ from ckpteval.watch.submit import EvaluationState
 
 
 class SubmitPipeline:
-    """The production pipeline: `ckpteval.watch.submit` for one watch run (library calls only)."""
+    """The production pipeline: `ckpteval.watch.submit` for one watch run (library calls only); with `kept`, each
+    checkpoint that fits is loaded into the run's kept deployment (`watch.kept`), the others get a fresh one."""
 
-    def __init__(self, spec: WatchSpec, run: str) -> None:
-        self.spec, self.run = spec, run
+    def __init__(
+        self,
+        spec: WatchSpec,
+        run: str,
+        *,
+        kept: KeptDeployment | None = None,
+        on_event: Callable[[WatchEvent], None] = lambda _e: None,
+    ) -> None:
+        self.spec, self.run, self.kept, self.on_event = spec, run, kept, on_event
 
     def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:
-        return submit.submit(self.spec, iteration, iter_dir, run=self.run, invocation=invocation)
+        load_into = None
+        if self.kept is not None:
+            placement = self.kept.place(iteration, iter_dir)
+            if placement.note:
+                self.on_event(WatchEvent("deployment", placement.note, iteration))
+            load_into = placement.load_into
+        return submit.submit(self.spec, iteration, iter_dir, run=self.run, invocation=invocation, load_into=load_into)
 
     def adopt(self, iteration: int, iter_dir: str, invocation: str) -> bool:
         return submit.adopt(invocation, run=self.run, iteration=iteration, iter_dir=iter_dir)
@@ -116,6 +131,14 @@ def runs_here(profile: Profile) -> bool:
     return not find_executor(profile.executor).on_cluster or profile.tunnel == "local"
 
 
+def jobs_run_here(profile: Profile) -> bool:
+    """Whether the profile's evaluation jobs run on this machine (where a kept deployment would run): not on a
+    cluster's compute nodes, even for a watcher on the cluster's login node."""
+    from ckpteval.config.executors import find_executor
+
+    return not find_executor(profile.executor).on_cluster
+
+
 def _resolve(spec: WatchSpec) -> Profile:
     """Check the spec's numbers, make its save dir absolute and its max pending concrete; its profile."""
     if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0 or spec.follow_every < 0:
@@ -135,11 +158,20 @@ class OpenWatch(Watcher):
 
     lock: RunLock
     lister: SaveDirLister
+    kept: KeptDeployment | None = None
 
     def close(self) -> None:
-        """Release the lock and the save dir's connection (the state stays as it was last saved)."""
-        self.lister.close()
-        self.lock.__exit__(None, None, None)
+        """Stop the kept deployment, release the lock and the save dir's connection (the state stays as it was
+        last saved). With an evaluation in flight (a watcher stopped mid-way) the kept deployment is left serving
+        it; the next watcher, or `watch stop --cancel`, stops it."""
+        try:
+            if not self.state.in_flight():
+                if self.kept is not None:
+                    self.kept.stop()
+                KeptDeployment(self.state.run, None).stop_leftover()  # one an earlier watcher left serving
+        finally:
+            self.lister.close()
+            self.lock.__exit__(None, None, None)
 
 
 def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lambda _e: None) -> OpenWatch:
@@ -161,6 +193,15 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
     else:
         state.spec = spec  # the options of this start apply from now on; what was done stays done
     lister = SaveDirLister(profile, spec.save_dir)
+    decision = keep_decision(spec, settings.config, here=jobs_run_here(profile))
+    on_event(WatchEvent("deployment", decision.line))
+    kept = None
+    if decision.keep:
+
+        def compile_first(iteration: int, iter_dir: str) -> Any:
+            return submit.compile_evaluation(spec, iteration, iter_dir, run=run)
+
+        kept = KeptDeployment(run, compile_first)
 
     def exporter(st: WatchState, entries: list[IterationEntry]) -> str | None:
         from ckpteval.watch.curves import export_curves
@@ -173,9 +214,15 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
         compare_with_earlier(st, entry)
 
     watcher = OpenWatch(
-        state, lister=lister, pipeline=SubmitPipeline(spec, run), on_event=on_event, exporter=exporter, judge=judge
+        state,
+        lister=lister,
+        pipeline=SubmitPipeline(spec, run, kept=kept, on_event=on_event),
+        on_event=on_event,
+        exporter=exporter,
+        judge=judge,
     )
     watcher.lock = lock
+    watcher.kept = kept
     return watcher
 
 
@@ -248,6 +295,7 @@ class DryRun:
     would_evaluate: list[int]
     already: dict[int, str]  # iteration -> its recorded state
     preview: tuple[Any, str, list[Any]] | None  # (compiled, invocation, panels) of the first to evaluate
+    deployment: KeepDecision | None = None  # whether one deployment is kept across checkpoints, and why (not)
 
 
 def dry_run(spec: WatchSpec) -> DryRun:
@@ -265,10 +313,11 @@ def dry_run(spec: WatchSpec) -> DryRun:
     if spec.policy == "latest":
         todo = todo[-1:]
     first = next((c for c in listing.ready if todo and c.iteration == todo[0]), None)
-    preview = submit.preview(spec, first.iteration, first.path, run=run) if first else None
-    if first is None:
-        submit.watch_settings(spec, run=run)  # still check the config
-    return DryRun(run=run, listing=listing, would_evaluate=todo, already=done, preview=preview)
+    settings = submit.watch_settings(spec, run=run)  # checks the config even with nothing to evaluate
+    decision = keep_decision(spec, settings.config, here=jobs_run_here(profile))
+    load_into = str(KeptDeployment(run, None).directory) if decision.keep else None
+    preview = submit.preview(spec, first.iteration, first.path, run=run, load_into=load_into) if first else None
+    return DryRun(run=run, listing=listing, would_evaluate=todo, already=done, preview=preview, deployment=decision)
 
 
 @dataclass(frozen=True)
@@ -422,6 +471,7 @@ def _withdraw(state: WatchState, stopped: str, *, deadline: float, timeout: floa
             if waiting:
                 time.sleep(0.2)
         current.save()
+        KeptDeployment(state.run, None).stop_leftover()  # what a watcher stopped mid-evaluation left serving
     if waiting:
         problems.append(
             f"still running after {timeout:g} s: " + ", ".join(f"{inv} (iteration {e.iteration})" for e, inv in waiting)

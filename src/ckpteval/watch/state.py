@@ -63,6 +63,9 @@ class IterationEntry:
     verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     save: str = ""  # the listing's signature of the save evaluated (`watch.readiness.CheckpointStatus.save`)
     content: str | None = None  # the content sha256 the server reported it loaded (results.json's checkpoint)
+    # what its evaluations cost, summed over every attempt that reported it (results.json's `usage`): gpu_hours,
+    # wall_seconds, cpu_seconds, attempts (how many were counted), kept (its checkpoint was loaded in place)
+    usage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def current(self) -> Attempt | None:
@@ -87,6 +90,7 @@ class WatchSpec:
     follow_every: float = 0.0  # seconds between two status queries of an evaluation in flight (0: here 5, Slurm 30)
     eval_timeout: float | None = None  # seconds an evaluation may take from submission; None: from the config
     status_error_limit: int = 20  # status queries in a row without an answer before the attempt counts as failed
+    fresh_deployments: bool = False  # a fresh deployment per checkpoint even where one could be kept (`watch.kept`)
 
 
 @dataclass

@@ -47,8 +47,11 @@ class EvaluationState:
         return self.state in FINAL_STATES
 
 
-def checkpoint_overrides(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tuple[str, ...]:
-    """The overrides that make the usual invocation evaluate exactly this iteration (the user's come after)."""
+def checkpoint_overrides(
+    spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
+) -> tuple[str, ...]:
+    """The overrides that make the usual invocation evaluate exactly this iteration (the user's come after);
+    `load_into`: the kept deployment's load directory (`watch.kept`), where the checkpoint is loaded in place."""
     return (
         f"run.model={iter_dir}",
         f"deployment.tokenizer={posixpath.join(spec.save_dir, TOKENIZER_DIR)}",
@@ -57,23 +60,28 @@ def checkpoint_overrides(spec: WatchSpec, iteration: int, iter_dir: str, *, run:
         *spec.overrides,
         # the watcher exports one run with a point per iteration, not a run per invocation
         *(f"export.{name}.enabled=false" for name in EXPORT_SECTIONS),
+        *([f"deployment.load_into={load_into}"] if load_into else []),
     )
 
 
-def evaluation_request(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> CompileRequest:
+def evaluation_request(
+    spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
+) -> CompileRequest:
     """The compile request of the evaluation of one iteration (the usual one for the spec's profile)."""
     return make_request(
         spec.configs,
         profile=spec.profile,
-        overrides=checkpoint_overrides(spec, iteration, iter_dir, run=run),
+        overrides=checkpoint_overrides(spec, iteration, iter_dir, run=run, load_into=load_into),
         tasks=spec.tasks,
         env_file=spec.env_file,
     )
 
 
-def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> CompiledConfig:
+def compile_evaluation(
+    spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
+) -> CompiledConfig:
     """The compiled config of the evaluation of one iteration; ConfigError on bad input."""
-    compiled = compile_config(evaluation_request(spec, iteration, iter_dir, run=run))
+    compiled = compile_config(evaluation_request(spec, iteration, iter_dir, run=run, load_into=load_into))
     if compiled.config.deployment.type != "megatron":
         raise ConfigError(
             f"evaluate watch serves each Megatron checkpoint; the config's deployment is "
@@ -83,22 +91,33 @@ def compile_evaluation(spec: WatchSpec, iteration: int, iter_dir: str, *, run: s
     return compiled
 
 
-def preview(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str) -> tuple[CompiledConfig, str, list[Any]]:
+def preview(
+    spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
+) -> tuple[CompiledConfig, str, list[Any]]:
     """What `--dry-run` shows for one iteration: the compiled config, an invocation id, the job's panels."""
     from ckpteval.execution.pipeline import plan_job
 
-    compiled = compile_evaluation(spec, iteration, iter_dir, run=run)
+    compiled = compile_evaluation(spec, iteration, iter_dir, run=run, load_into=load_into)
     invocation = new_invocation_id()
     return compiled, invocation, plan_job(compiled, invocation).preview()
 
 
-def submit(spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, invocation: str | None = None) -> str:
+def submit(
+    spec: WatchSpec,
+    iteration: int,
+    iter_dir: str,
+    *,
+    run: str,
+    invocation: str | None = None,
+    load_into: str | None = None,
+) -> str:
     """Submit the evaluation of one iteration, detached, through `ckpteval.submit`, as `invocation` (an id the
     watcher recorded first; a fresh one when None); returns its invocation id (recorded as usual, with the
-    watch run and iteration it evaluates)."""
+    watch run and iteration it evaluates). `load_into`: served by the kept deployment (`watch.kept`)."""
     from ckpteval.api import submit as submit_invocation
 
-    outcome = submit_invocation(compile_evaluation(spec, iteration, iter_dir, run=run), invocation=invocation)
+    compiled = compile_evaluation(spec, iteration, iter_dir, run=run, load_into=load_into)
+    outcome = submit_invocation(compiled, invocation=invocation)
     assert outcome.record is not None
     outcome.record.watch = WatchOrigin(run=run, iteration=iteration, iter_dir=iter_dir)
     outcome.record.save()
@@ -140,6 +159,7 @@ class WatchSettings:
 
     export: Any  # the config's `export` section
     eval_timeout: float
+    config: Any = None  # the whole compiled config (`watch.kept.keep_decision` reads its deployment)
 
 
 def watch_settings(spec: WatchSpec, *, run: str) -> WatchSettings:
@@ -147,7 +167,7 @@ def watch_settings(spec: WatchSpec, *, run: str) -> WatchSettings:
     config = _check_config(spec, run=run)
     walltime = getattr(config.execution, "walltime", None)
     default = 2 * walltime_seconds(walltime) if walltime else LOCAL_EVAL_TIMEOUT
-    return WatchSettings(export=config.export, eval_timeout=spec.eval_timeout or default)
+    return WatchSettings(export=config.export, eval_timeout=spec.eval_timeout or default, config=config)
 
 
 def walltime_seconds(walltime: str) -> float:

@@ -175,3 +175,21 @@ def test_export_to_an_mlflow_server_over_http(tmp_path: Path, mlflow_server: str
     run_id = _check_run(mlflow_server, "5a5b5c5d")
     (again,) = _export(job, results)
     assert again.locations == (run_id,)
+
+
+def test_what_the_invocation_cost_is_logged_as_metrics(tmp_path: Path):
+    import dataclasses
+
+    from mlflow.tracking import MlflowClient
+
+    from ckpteval.results.usage import Usage
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job, results = _job(tmp_path, "c0570002", uri)
+    usage = Usage("job clock", 96.0, 0, 0.0, {"startup": 30.0, "tasks": 60.0, "idle": 6.0}, cpu_seconds=150.5)
+    (outcome,) = _export(job, dataclasses.replace(results, usage=usage.to_json()))
+    assert outcome.status == "exported", outcome
+    (run,) = _runs(uri, "c0570002")
+    metrics = MlflowClient(tracking_uri=uri).get_run(run.info.run_id).data.metrics
+    assert metrics["usage/gpu_hours"] == 0.0 and metrics["usage/cpu_seconds"] == 150.5
+    assert metrics["usage/wall_seconds"] == 96.0 and metrics["usage/tasks_seconds"] == 60.0

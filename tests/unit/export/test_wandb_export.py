@@ -154,3 +154,22 @@ def test_a_given_key_is_used_without_looking_for_a_login(tmp_path: Path):
     environ = {"WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
     (outcome,) = _export(job, results, environ, key=key, report=None)
     assert outcome.status == "failed"  # it tried (no "not logged in" skip), and the server is not there
+
+
+def test_what_the_invocation_cost_is_in_the_run_summary(tmp_path: Path):
+    import dataclasses
+
+    from ckpteval.results.usage import Usage
+
+    job, results = _job(tmp_path, "c0570001")
+    usage = Usage("sacct", 754.0, 8, 1.675556, {"startup": 312.0, "tasks": 430.0, "idle": 12.0})
+    (outcome,) = _export(job, dataclasses.replace(results, usage=usage.to_json()), {"WANDB_MODE": "offline"})
+    assert outcome.status == "exported"
+    (run_dir,) = offline_run_dirs(job)
+    summary = read_offline_run(run_dir).summary
+    assert (summary["usage/gpu_hours"], summary["usage/gpus"], summary["usage/wall_seconds"]) == (1.675556, 8, 754)
+    assert (summary["usage/startup_seconds"], summary["usage/tasks_seconds"], summary["usage/idle_seconds"]) == (
+        312,
+        430,
+        12,
+    )

@@ -134,7 +134,7 @@ class FakeEvaluations:
         outer = self
 
         class Pipeline:
-            def __init__(self, spec: WatchSpec, run: str) -> None:
+            def __init__(self, spec: WatchSpec, run: str, **_options: object) -> None:  # kept=, on_event=
                 pass
 
             def submit(self, iteration: int, iter_dir: str, invocation: str) -> str:

@@ -99,6 +99,7 @@ STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
 stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
   [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
+  times > state/cpu_times 2>/dev/null  # the CPU time of the job's processes (results.usage)
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
 }
 trap finish EXIT
