@@ -1,7 +1,7 @@
 """A judged task on the real test cluster: `evaluate --batch CI -c tiny -t mtbench judge=builtin ...` deploys
 the model and, on a node of its own in the same allocation, the judge (SmolLM2 as both), runs one MT-Bench
-question against them, and brings the results back. Two deployments in `status`, a log per role, the
-allocation sized for both, the judge's step on the second node. Needs the `judge` extra (MT-Bench's harness).
+question against them. Two deployments in `status`, the allocation sized for both, the judge's step on a
+node of its own, reached at its name. Needs the `judge` extra (MT-Bench's harness).
 """
 
 from __future__ import annotations
@@ -89,14 +89,7 @@ def test_a_judge_runs_on_a_node_of_its_own_in_the_same_allocation(
     assert nodes["judge"] != nodes["deployment"]
     assert "the judge runs on its own node(s) from" in log and "judge healthy" in log
 
-    # every judge request reached the judge, none the model (counted in each server's access log)
-    judge_log = cli("logs", invocation, "-s", "judge").output
-    model_log = cli("logs", invocation, "-s", "deployment").output
+    # each judgment was recorded (the requests per server are counted in tests/e2e/tasks/test_judged.py)
     judgments = (Path(record.job_dir) / "tasks" / "mtbench" / "output").rglob("judgements/*_single.jsonl")
     rows = [json.loads(line) for path in judgments for line in path.read_text().splitlines() if line.strip()]
-    assert len(rows) == 2 and model_log.count('"POST /v1/chat/completions') == 2  # the two turns' answers, only
-    # the harness's validation, then each judgment (asked again, up to 5 times, when it holds no rating)
-    unreadable = sum(r["score"] == -1 for r in rows)
-    assert 3 <= judge_log.count('"POST /v1/chat/completions') <= 3 + 4 * unreadable
-    results = json.loads((Path(record.job_dir) / "results.json").read_text())
-    assert results["provenance"]["judge"]["verified"] is True
+    assert len(rows) == 2
