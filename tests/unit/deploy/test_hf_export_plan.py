@@ -14,7 +14,8 @@ import pytest
 from ckpteval.config.compile import CompiledConfig, compile_config
 from ckpteval.config.compose import CompileRequest
 from ckpteval.errors import ConfigError
-from ckpteval.job.build import build_plan, local_toolchain, slurm_toolchain
+from ckpteval.execution.slurm import slurm_toolchain
+from ckpteval.job.build import build_plan, local_toolchain
 from ckpteval.job.plan import JobPlan
 from ckpteval.job.script import render_job_script
 
