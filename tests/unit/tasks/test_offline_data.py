@@ -191,16 +191,18 @@ def test_off_mode_leaves_the_real_loader_alone(tmp_path: Path) -> None:
     """
     done = run_hooked(code, tmp_path, CKPTEVAL_OFFLINE_DATA="off")
     # only the harness fixes (legacy dataset ids, code_eval, documents counted, request_timeout per request, the
-    # wait for the deployment, the sanitizer, MT-Bench's result) are installed, not the data patches: the id
-    # rewrite wraps the real loader directly
+    # wait for the deployment, the sanitizer, MT-Bench's result and its judge client under both its names) are
+    # installed, not the data patches: the id rewrite wraps the real loader directly
     assert done.stdout.split() == [
         "datasets.load",
         "core_evals.mtbench.output",
         "datasets",
         "evaluate",
+        "fastchat.clients.openai",
         "lm_eval.api.model",
         "lm_eval.filters.sanitize",
         "lm_eval.models.api_models",
+        "mtbench_evaluator.fastchat.fastchat.clients.openai",
         "nemo_evaluator.core.input",
     ]
     assert done.returncode != 0 and "OfflineModeIsEnabled" in done.stderr  # datasets' own offline failure
