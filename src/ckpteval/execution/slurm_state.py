@@ -206,8 +206,9 @@ def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: b
 
     local = local_job_copy(record)
     session.call(lambda r: fetch_job_dir(r, record.job_dir, local))
-    if final and record.slurm_job_id:
-        record_allocation(session, record.slurm_job_id, local)
+    job_id = slurm_job_id(record)
+    if final and job_id:
+        record_allocation(session, job_id, local)
     results = collect_results(
         local, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
     )
