@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.invocation.record import load_record
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for
 from tests.integration.test_slurm_evaluate import cli, job_profile  # noqa: F401  (a fixture)
@@ -63,7 +64,7 @@ def test_a_judge_runs_on_a_node_of_its_own_in_the_same_allocation(
     assert submitted.exit_code == 0, submitted.output
     invocation = submitted.stdout.strip().splitlines()[-1]
     record = load_record(invocation)
-    job = str(record.slurm_job_id)
+    job = str(slurm_job_id(record))
 
     def status() -> dict:  # type: ignore[type-arg]
         return json.loads(cli("status", invocation, "--json").stdout)[0]

@@ -27,6 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, wait_for
@@ -61,8 +62,8 @@ def standin_bin(infra) -> Iterator[Path]:  # type: ignore[no-untyped-def]
 def no_job_outlives_its_test(infra) -> Iterator[None]:  # type: ignore[no-untyped-def]
     yield
     for record in list_records():
-        if record.slurm_job_id:
-            subprocess.run(["scancel", str(record.slurm_job_id)], capture_output=True)
+        if slurm_job_id(record):
+            subprocess.run(["scancel", str(slurm_job_id(record))], capture_output=True)
 
 
 def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore[no-untyped-def]
@@ -104,7 +105,7 @@ def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore
         assert submitted.exit_code == 0, submitted.output
         invocations.append(submitted.stdout.strip().splitlines()[-1])
     records = [load_record(i) for i in invocations]
-    subprocess.run(["scontrol", "release", *(str(r.slurm_job_id) for r in records)], check=True)
+    subprocess.run(["scontrol", "release", *(str(slurm_job_id(r)) for r in records)], check=True)
 
     def state(invocation: str) -> str:
         return json.loads(cli("status", invocation, "--json").stdout)[0]["state"]
