@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.cluster.slurm import elapsed_seconds
+from ckpteval.execution.slurm_state import slurm_job_id
 from ckpteval.invocation.record import list_records, load_record
 from tests.integration.conftest import REPO
 from tests.integration.slurm_jobs import free_port, sacct_steps, wait_for

@@ -13,8 +13,8 @@ from ckpteval.errors import close_matches
 def missing_key_hint(tree: Mapping[str, Any], key: str, value: str) -> str:
     """What to write instead of `key=value`, given the composed config (as plain data) it did not fit: the
     key with its first misspelled part corrected (`exection.output_dir` -> `execution.output_dir`), the section
-    corrected, with its keys, where the leaf is none of them (`exection.x`), the real path of a key that exists deeper, and
-    only then `+key=value`."""
+    corrected, with its keys, where the leaf is none of them (`exection.x`), the real path of a key that exists
+    deeper, and only then `+key=value`."""
     corrected = _corrected(tree, key.split("."))
     if corrected is not None:
         return f"Did you mean {corrected}={value}?"

@@ -80,7 +80,7 @@ def export_step(
 ) -> Step:
     """The step that exports (or finds) the checkpoint and links it for the engine: ckpteval's Python (the
     profile's image on a cluster, as the builtin server's), the job's mounts and the cache, writable."""
-    from ckpteval.job.plan import JobPlan, Step
+    from ckpteval.job.plan import Step
 
     deployment = compiled.config.deployment
     cache = export_cache_dir(compiled)

@@ -74,6 +74,9 @@ class DeploymentPlan:
     # it runs on nodes of its own (`step.node_offset`): the job reaches it at the host in this shell variable
     # (its first node, set by the job script before it starts), not at 127.0.0.1
     host_var: str | None = None
+    # run to its end before the deployment starts (its failure stops the job): vLLM's or SGLang's export of
+    # a Megatron checkpoint (`ckpteval.job.hf_export`)
+    export_step: Step | None = None
 
     @property
     def port_var(self) -> str:
@@ -81,9 +84,6 @@ class DeploymentPlan:
         from ckpteval.job.roles import role
 
         return role(self.role).port_var
-    # run to its end before the deployment starts (its failure stops the job): vLLM's or SGLang's export of
-    # a Megatron checkpoint (`ckpteval.job.hf_export`)
-    export_step: Step | None = None
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it

@@ -311,7 +311,7 @@ def _published_port(port_file: str, timeout: int, planned: int | None, role: Rol
         label, var, log, state = role.label, role.var, role.log, role.state_file
     moved = f"port {planned} was taken: the {label} serves on port ${var}_PORT instead"
     held = f'say "the {label} holds port ${var}_PORT"'
-    mark_moved = f"mark {JobDir.DEPLOYMENT_MOVED} \"{moved}\"; " if role is None else ""
+    mark_moved = f'mark {JobDir.DEPLOYMENT_MOVED} "{moved}"; ' if role is None else ""
     said = (  # a planned port 0 is any port the kernel assigns
         [held]
         if not planned

@@ -344,7 +344,10 @@ FIRST_HOUR_MISTAKES = [
     (["-c", "tiny", "--batch_size", "8"], "deployment.max_batch_size=8"),
     (["-c", "tiny", "--device", "cuda:0"], "pass deployment.device=cuda"),
     (["-c", "tiny", "--model_args", "pretrained=x"], "the checkpoint is --model PATH (run.model=PATH)"),
-    (["-c", "tiny", "-d", "exection.x=1"], "No section 'exection': did you mean execution? Its keys: type, output_dir,"),
+    (
+        ["-c", "tiny", "-d", "exection.x=1"],
+        "No section 'exection': did you mean execution? Its keys: type, output_dir,",
+    ),
     (["version"], "Did you mean `evaluate --version`?"),
     (["-c", "tiny", "-d", "-t", ""], "-t '' names no task."),
     (["-c", "tiny", "--limit", "2x"], "--limit takes a number of documents per task (5), a fraction"),
