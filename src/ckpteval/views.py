@@ -240,19 +240,38 @@ def recorded_caveats(record: InvocationRecord) -> list[str]:
 def recorded_usage(record: InvocationRecord) -> str | None:
     """What an invocation cost, in one line ("used 0.012 GPU-h (1 GPU × 43 s): start-up 20 s, ..."), from the
     results.json this machine holds (`ckpteval.results.usage`); None when there is none here, or no usage in it."""
-    import json
-
     from ckpteval.results.model import InvocationResults
     from ckpteval.results.table import usage_note
+
+    data = _recorded_results(record)
+    if data is None or not isinstance(data.get("usage"), dict):
+        return None
+    return usage_note(InvocationResults.from_json(data))
+
+
+def recorded_usage_json(record: InvocationRecord) -> dict[str, Any] | None:
+    """The same as plain JSON values (results.json's `usage`: `ckpteval.results.usage.Usage.to_json`), for
+    `status --json`; None when this machine holds no results.json with usage for it."""
+    from ckpteval.results.usage import Usage
+
+    data = _recorded_results(record)
+    if data is None or not isinstance(data.get("usage"), dict):
+        return None
+    try:
+        return Usage.from_json(data["usage"]).to_json()
+    except TypeError:  # a results.json written by hand or by a version with other fields
+        return None
+
+
+def _recorded_results(record: InvocationRecord) -> dict[str, Any] | None:
+    import json
 
     path = results_file(record)
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("usage"), dict):
-        return None
-    return usage_note(InvocationResults.from_json(data))
+    return data if isinstance(data, dict) else None
 
 
 def finished_at(record: InvocationRecord) -> float | None:

@@ -121,6 +121,8 @@ def test_tiny_batch_deploys_in_the_job_and_brings_back_real_results(job_profile,
     assert set(usage["phases"]) == {"startup", "tasks", "idle"} and usage["phases"]["tasks"] > 0
     assert abs(sum(usage["phases"].values()) - wall) <= 2  # the allocation's seconds, each in one phase
     assert f"used {usage['gpu_hours']:.3g} GPU-h (16 GPUs" in cli("status", invocation).output
+    listed = json.loads(cli("status", invocation, "--json").output)
+    assert [s["usage"]["gpu_hours"] for s in listed] == [usage["gpu_hours"]]  # the same numbers, for scripts
     log = cli("logs", invocation).output
     assert "deployment healthy" in log and "all tasks succeeded" in log
     client = cli("logs", invocation, "--source", "adlr_humaneval_greedy").output

@@ -182,7 +182,7 @@ def _task_json(t) -> dict:
 def _as_json(s) -> dict:
     from dataclasses import asdict
 
-    from ckpteval.views import judge_errors
+    from ckpteval.views import judge_errors, recorded_usage_json
 
     judged = judge_errors(s.record)
     tasks = (
@@ -212,4 +212,6 @@ def _as_json(s) -> dict:
         "deployments": s.snapshot.deployments if s.snapshot else None,
         "requests": (s.snapshot.requests or None) if s.snapshot else None,
         "tasks": tasks,
+        # what it cost (results.json's `usage`: GPU-hours, wall, the split), once its results are here
+        "usage": recorded_usage_json(s.record),
     }

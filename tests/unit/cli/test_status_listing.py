@@ -53,3 +53,33 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
     assert listed["bbbb0002"]["detail"] == "not submitted: Slurm refused the job (sbatch): no"
     single = CliRunner().invoke(app, ["status", "aaaa0001"])
     assert single.exit_code == 1 and "Cannot reach 127.0.0.1:" in single.output and "Traceback" not in single.output
+
+
+def test_status_json_gives_what_an_invocation_cost_as_numbers(isolated_user, tmp_path):
+    """The usage line `status` prints, as results.json's numbers, for scripts (GPU-hours, wall, the split);
+    null while an invocation has no results here."""
+    from tests.support.comparisons import record_invocation, sample_rows
+
+    record_invocation(tmp_path, "cccc0003", {"mmlu": sample_rows("mmlu", {"exact_match": [1.0, 0.0, 1.0]})})
+    results = tmp_path / "cccc0003" / "results.json"
+    data = json.loads(results.read_text())
+    data["usage"] = {
+        "source": "job clock",
+        "wall_seconds": 7200.0,
+        "gpus": 2,
+        "gpu_hours": 4.0,
+        "phases": {"startup": 600.0, "tasks": 6000.0, "idle": 600.0},
+        "cpu_seconds": None,
+        "deployment": "own",
+    }
+    results.write_text(json.dumps(data))
+
+    listed = {s["invocation"]: s for s in json.loads(CliRunner().invoke(app, ["status", "--json"]).stdout)}
+    usage = listed["cccc0003"]["usage"]
+    assert (usage["gpu_hours"], usage["gpus"], usage["wall_seconds"]) == (4.0, 2, 7200.0)
+    assert usage["phases"] == {"startup": 600.0, "tasks": 6000.0, "idle": 600.0}
+    assert "used 4 GPU-h (2 GPUs" in CliRunner(env={"COLUMNS": "80"}).invoke(app, ["status", "cccc0003"]).output
+
+    results.unlink()
+    again = {s["invocation"]: s for s in json.loads(CliRunner().invoke(app, ["status", "--json"]).stdout)}
+    assert again["cccc0003"]["usage"] is None
