@@ -112,9 +112,10 @@ def stand_in(options: Any) -> None:
     serves, then wait until SIGTERM or Ctrl-C. DeploymentError (the job's deployment then fails, saying why)
     when the load is refused or fails."""
     from ckpteval.server.loaded import write_report
+    from ckpteval.server.serve import say
 
     directory = Path(options.load_into)
-    print(f"Loading {options.checkpoint} in place into the server of {directory} ...", flush=True)
+    say(f"Loading {options.checkpoint} in place into the server of {directory} ...")
     answer = load_in_place(directory, str(options.checkpoint), iteration=options.iteration, identity=options.identity)
     if not answer.loaded:
         raise DeploymentError(
@@ -134,13 +135,12 @@ def stand_in(options: Any) -> None:
         os.replace(tmp, options.port_file)
     content = (checkpoint.get("content") or {}).get("sha256", "")[:12]
     how = "weights read" if answer.weights_read else "the checkpoint it held: no weights read"
-    print(
+    say(
         f"Loaded in place in {answer.seconds:.1f} s ({how}): {checkpoint.get('path')} "
-        f"(content {content}), serving on port {port}. Standing for it until stopped.",
-        flush=True,
+        f"(content {content}), serving on port {port}. Standing for it until stopped."
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _s, _f: stop.set())
     stop.wait()
-    print("Stopped (the server goes on serving).", flush=True)
+    say("Stopped (the server goes on serving).")

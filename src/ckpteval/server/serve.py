@@ -87,7 +87,7 @@ def hold_port(options: ServeOptions) -> socket.socket:
         if not options.port_fallback or options.port == 0:
             raise
         sock = bind_socket(options.host, 0)
-        _say(f"Port {options.port} is taken; serving on port {bound_port(sock)} instead.")
+        say(f"Port {options.port} is taken; serving on port {bound_port(sock)} instead.")
     if options.port_file is not None:
         publish_port(options.port_file, bound_port(sock))
     return sock
@@ -289,7 +289,7 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
     try:
         with LoadingResponder(sock, options.identity) as ready:
             started = time.perf_counter()
-            _say(f"Loading {options.checkpoint} ...")
+            say(f"Loading {options.checkpoint} ...")
             loaded = load_model(
                 options.checkpoint,
                 device=options.device,
@@ -327,7 +327,7 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
             server = uvicorn.Server(config)
             url = f"http://{options.host}:{bound_port(sock)}"
             ready()
-        _say(
+        say(
             f"Loaded {loaded.report.path} (iteration {loaded.report.iteration}, content "
             f"{loaded.report.content.sha256[:12]}: {loaded.report.content.method}, "
             f"{loaded.report.content.seconds:.1f} s).\n"
@@ -345,11 +345,11 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        _say("Server stopped.")
+        say("Server stopped.")
     finally:
         if scheduler is not None:
             scheduler.stop()
-            _say(prompt_summary(scheduler.stats))
+            say(prompt_summary(scheduler.stats))
 
 
 def _accept_loads(options: ServeOptions, loaded: LoadedModel, app: Any) -> None:
@@ -408,7 +408,7 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     """A line of the server's own story (loading, serving, stopped) on its stderr: the deployment log."""
     announce = logging.getLogger("ckpteval.deploy.serve")
     if not announce.handlers:
