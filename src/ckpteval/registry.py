@@ -39,8 +39,9 @@ HOMES = {
 
 
 @functools.cache
-def installed_entry_points() -> metadata.EntryPoints:
-    """Every installed package's entry points, read once per process (one scan of the installed packages)."""
+def installed_entry_points() -> metadata.SelectableGroups:
+    """Every installed package's entry points, read once per process (one scan of the installed packages);
+    `.select(group=...)` picks one group's."""
     return metadata.entry_points()
 
 

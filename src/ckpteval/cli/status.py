@@ -98,8 +98,8 @@ def status_command(
     from ckpteval.views import score_summary
 
     # `where` only when it tells invocations apart (not every one ran here)
-    where = any(s.record.where != "local" for s in statuses)
-    header = ("invocation", "created", "model", *(["where"] if where else []), "state", "took", "scores")
+    show_where = any(s.record.where != "local" for s in statuses)
+    header = ("invocation", "created", "model", *(["where"] if show_where else []), "state", "took", "scores")
     # no vertical rules, no outer padding: the list fits 80 columns
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in header:
@@ -112,7 +112,7 @@ def status_command(
                 s.record.id,
                 s.record.created.replace("T", " ").removesuffix("Z")[5:16],  # 11-27 21:12 (UTC)
                 escape(model_name(s.record)),
-                *([escape(s.record.where)] if where else []),
+                *([escape(s.record.where)] if show_where else []),
                 escape(s.state + (f" ({s.detail})" if s.detail else "")),
                 duration(s),
                 # each task's first score and n (its task name alone until it has one)

@@ -130,7 +130,7 @@ def _settle_backend(data: dict[str, Any]) -> list[str]:
         deployment = data.get(key) or {}
         if deployment.get("type") != "megatron" or deployment.get("backend") != "auto":
             continue
-        section = EXECUTION_TYPES.get((data.get("execution") or {}).get("type"))
+        section: Any = EXECUTION_TYPES.get(str((data.get("execution") or {}).get("type")))
         chosen = "builtin" if section is not None and not section.runs_containers else "export-deploy"
         deployment["backend"] = chosen
         notes.append(f"{key}.backend auto -> {chosen}")

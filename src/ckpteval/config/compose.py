@@ -393,7 +393,7 @@ def _missing_key_hint(search_path: Sequence[Path], overrides: Sequence[str], key
         tree = OmegaConf.to_container(_hydra_compose(search_path, [o for o in groups if o not in mine]))
     except ConfigError:  # a group selection is wrong too: it is reported once this override is fixed
         tree = {}
-    return missing_key_hint(tree if isinstance(tree, dict) else {}, key, value)
+    return missing_key_hint({str(k): v for k, v in tree.items()} if isinstance(tree, dict) else {}, key, value)
 
 
 def _first_line(text: str) -> str:

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ckpteval.invocation.jobdir import JobDir
 
@@ -94,11 +94,11 @@ def take_snapshot(view: JobView, tasks: Sequence[tuple[str, str]], progress: Pro
         state = (view.read_text(JobDir.task_state(task_dir)) or "").strip() or "pending"
         if state == "pending" and view.read_text(JobDir.task_done(task_dir)) is not None:
             state = "succeeded"
-        counts = {}
+        counts: dict[str, Any] = {}
         if progress is not None and state != "pending":
             p = progress(view, task_dir)
             counts = {"done": p.done, "total": p.total, "docs": p.docs, "docs_total": p.docs_total}
-        why = _failure(view, task_dir) if state.startswith("failed") else {}
+        why: dict[str, Any] = _failure(view, task_dir) if state.startswith("failed") else {}
         snaps.append(TaskSnapshot(name=name, dir=task_dir, state=state, **counts, **why))
     requests = (view.read_text(JobDir.REQUESTS) or "").strip()
     ended = (view.read_text(JobDir.ENDED) or "").strip() if finished is not None else ""

@@ -267,7 +267,7 @@ def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
             from ckpteval.server.router import serve_replicas
 
             with LoadingResponder(sock, options.identity) as loaded_now:
-                serve_replicas(options, sock, _say, ready=loaded_now)
+                serve_replicas(options, sock, say, ready=loaded_now)
             return
         _serve_one(options, sock)
     finally:

@@ -170,6 +170,7 @@ class KeptDeployment:
         line = builtin_command(deployment, python=sys.executable, port=0)
         argv = shlex.split(line.removeprefix("exec "))
         options = ServeOptions.from_argv(argv[argv.index("serve") + 1 :])
+        loadable = load_dir_options(self.directory)
         options = dataclasses.replace(
             options,
             checkpoint=Path(iter_dir),
@@ -178,7 +179,8 @@ class KeptDeployment:
             publish_tokenizer=None,
             load_into=None,
             report_file=self.directory / "served_checkpoint.json",
-            **load_dir_options(self.directory),
+            port_file=loadable["port_file"],
+            load_secret_file=loadable["load_secret_file"],
         )
         return options.to_argv(sys.executable)
 
