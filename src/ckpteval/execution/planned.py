@@ -132,7 +132,7 @@ def add_export_step(plan: JobPlan, compiled: CompiledConfig, *, key_file: str | 
     """`plan` with the step that exports the results from inside the job, after the tasks (W&B, MLflow)."""
     from ckpteval.export.job import with_export_step
 
-    return with_export_step(plan, compiled, compiled.profile.python, key_file=key_file)
+    return with_export_step(plan, compiled, compiled.profile.part.step_python(), key_file=key_file)
 
 
 def _planned_key_file(compiled: CompiledConfig, job_dir: str) -> str | None:

@@ -313,7 +313,7 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     there first."""
     config = compiled.config
     out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
-    out.extend(compiled.profile.mounts)
+    out.extend(compiled.profile.part.step_mounts())
     out.extend(f"{src}:{dst}" for src, dst in config.execution.container_mounts().items())
     for _role, deployment in deployed_roles(config):
         checkpoint = getattr(deployment, "checkpoint_path", None)

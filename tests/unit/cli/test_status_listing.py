@@ -9,7 +9,7 @@ import socket
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import make_profile
 from ckpteval.execution.slurm_state import SlurmSubmission
 from ckpteval.invocation.record import InvocationRecord, TaskEntry
 
@@ -21,7 +21,7 @@ def refused_port() -> int:
 
 
 def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fail(isolated_user):
-    profile = Profile(name="gone", host="127.0.0.1", port=refused_port(), user="me", remote_job_dir="/x")
+    profile = make_profile(name="gone", host="127.0.0.1", port=refused_port(), user="me", remote_job_dir="/x")
     InvocationRecord(
         id="aaaa0001",
         created="2026-01-01T00:00:00Z",
