@@ -24,6 +24,13 @@ from ckpteval.registry import Registry
 Launcher = Literal["processes", "srun-containers"]
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalProfile(ExecutorProfile):
+    """This machine's keys (`executor = "local"`): none but how it is reached, which is here."""
+
+    tunnel: Literal["local"] = "local"
+
+
 @dataclass(frozen=True)
 class Executor:
     """One place jobs run."""
@@ -37,7 +44,8 @@ class Executor:
     watch_follow_every: float  # `evaluate watch`: seconds between status queries, by default
     hosts_watchers: bool = False  # its backend runs the cluster-hosted watcher (`host_scripts`: --detach)
     section: type | None = None  # its `execution` config section, registered with it (shipped: in config.schema)
-    profile: type[ExecutorProfile] = ExecutorProfile  # its env.toml keys (a dataclass of them; none by default)
+    # its env.toml keys, a dataclass of them (one that declares none takes this machine's: `tunnel = "local"`)
+    profile: type[ExecutorProfile] = LocalProfile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,13 +119,6 @@ class SshProfile(RemoteProfile):
     """A GPU machine reached over SSH with no scheduler (`executor = "ssh"`): no images, no scheduler keys."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class LocalProfile(ExecutorProfile):
-    """This machine's keys (`executor = "local"`): none but how it is reached, which is here."""
-
-    tunnel: Literal["local"] = "local"
-
-
 def remote_part(profile: Profile) -> RemoteProfile:
     """`profile`'s keys as a machine reached over SSH (ConfigError for an executor whose jobs run here)."""
     from ckpteval.errors import ConfigError
@@ -149,6 +150,9 @@ def _register_section(executor: Executor) -> None:
     if executor.section is not None:
         register_execution_section(executor.section)
 
+
+# The executor of a profile that names none (env.toml profiles were Slurm clusters' before `executor` existed).
+DEFAULT_EXECUTOR = "slurm"
 
 EXECUTORS: Registry[Executor] = Registry(
     "executor", entry_type=Executor, key=lambda e: e.name, group="executors", on_register=_register_section
@@ -198,7 +202,6 @@ register_executor(
         on_cluster=False,
         watch_max_pending=1,
         watch_follow_every=5.0,
-        profile=LocalProfile,
     )
 )
 register_executor(

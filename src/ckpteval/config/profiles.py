@@ -36,6 +36,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,9 @@ class ExecutorProfile:
         return True
 
     def step_python(self) -> str:
-        """The Python that runs ckpteval's own job steps where the job runs (the in-job export step)."""
-        return "python3"
+        """The Python that runs ckpteval's own job steps where the job runs (the in-job export step): on this
+        machine, the one running ckpteval."""
+        return sys.executable
 
     def step_image(self) -> str | None:
         """The container image ckpteval's own job steps run in (None: no container)."""
@@ -94,7 +96,7 @@ class Profile:
     executor (`ckpteval.config.executors`), so nothing outside that executor reads them."""
 
     name: str
-    executor: str = "slurm"  # a registered executor (`ckpteval.config.executors`)
+    executor: str  # a registered executor (`ckpteval.config.executors`)
     extends: str | None = None
     # The judge of judge-scored tasks run with this profile: a [judges.NAME] of the same env.toml
     # (`judge=...` on the command line names another).
@@ -108,11 +110,13 @@ class Profile:
         return {**neutral, **dataclasses.asdict(self.part)}
 
 
-def make_profile(name: str, executor: str = "slurm", *, where: str | None = None, **keys: Any) -> Profile:
+def make_profile(name: str, executor: str | None = None, *, where: str | None = None, **keys: Any) -> Profile:
     """A profile from env.toml keys (flat, as a profile table spells them), typed and validated as env.toml's
-    are: an unknown key is refused with its close names, a key of another executor with that executor."""
-    from ckpteval.config.executors import EXECUTORS, find_executor
+    are: an unknown key is refused with its close names, a key of another executor with that executor. Without
+    `executor`, the one a profile that names none gets (`DEFAULT_EXECUTOR`)."""
+    from ckpteval.config.executors import DEFAULT_EXECUTOR, EXECUTORS, find_executor
 
+    executor = executor or DEFAULT_EXECUTOR
     where = where or f"profile [{name}]"
     found = find_executor(executor, where=where)
     part_keys = {k: v for k, v in keys.items() if k not in NEUTRAL_KEYS}
@@ -199,8 +203,8 @@ class EnvFile:
         merged = self._merged(name, chain=())
         merged.pop("extends", None)
         where = f"{self.path} [{name}]"
-        executor = merged.pop("executor", "slurm")
-        if not isinstance(executor, str):
+        executor = merged.pop("executor", None)
+        if executor is not None and not isinstance(executor, str):
             raise ConfigError(f"{where}: 'executor' must be a string, not {executor!r}.")
         profile = make_profile(name, executor, where=where, **merged)
         if profile.judge is not None and profile.judge not in (*self.judges, *packaged_judges()):
