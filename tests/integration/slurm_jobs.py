@@ -134,7 +134,7 @@ def submit_plan(
         executor="slurm",
         job_dir=job_dir,
         tasks=[TaskEntry(t.name, t.dir, t.repeats) for t in tasks],
-        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch=dataclasses.asdict(spec)),
+        placement=SlurmSubmission(connection=profile.to_config(), sbatch=dataclasses.asdict(spec)),
     )
     with connect_remote(profile) as remote:
         upload_job_files(remote, job_dir, files, None)

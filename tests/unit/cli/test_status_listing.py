@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 
@@ -30,7 +29,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         executor="slurm",
         job_dir="/x/evaluations/aaaa0001",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
-        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch={}, job_ids=["42"]),
+        placement=SlurmSubmission(connection=profile.to_config(), sbatch={}, job_ids=["42"]),
     ).save()
     InvocationRecord(
         id="bbbb0002",
@@ -41,7 +40,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         job_dir="/x/evaluations/bbbb0002",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
         placement=SlurmSubmission(
-            connection=dataclasses.asdict(profile), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
+            connection=profile.to_config(), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
         ),
     ).save()
     result = CliRunner().invoke(app, ["status", "--json"])
