@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ckpteval.config.profiles import ExecutorProfile, Profile
+from ckpteval.config.profile_types import ExecutorProfile, Profile
 from ckpteval.config.schema import register_execution_section
 from ckpteval.errors import ConfigError, did_you_mean
 from ckpteval.registry import Registry

@@ -36,13 +36,13 @@ import dataclasses
 import json
 import os
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 from ckpteval.config.paths import is_dir, is_file
+from ckpteval.config.profile_types import NEUTRAL_KEYS, ExecutorProfile, Profile
 from ckpteval.config.typed import from_mapping
 from ckpteval.errors import ConfigError, did_you_mean
 from ckpteval.merge import deep_merge
@@ -52,62 +52,6 @@ ENV_FILE_VAR = "CKPTEVAL_ENV_FILE"
 LOCAL_PROFILE = "local"
 RESERVED_SECTIONS = ("wandb", "cli", "judges")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecutorProfile:
-    """The executor-owned part of a profile: the env.toml keys its executor reads, a dataclass that executor
-    declares (`Executor.profile`), typed and validated with the rest of the profile. The neutral layers ask it
-    the few questions below and read none of its fields; the answers here are a job's on this machine."""
-
-    def files_dir(self) -> str | None:
-        """Where the executor keeps jobs, results and caches on the machine its jobs run on (None: this one)."""
-        return None
-
-    def files_here(self) -> bool:
-        """Whether those files are on this machine (the CLI runs where the jobs run)."""
-        return True
-
-    def step_python(self) -> str:
-        """The Python that runs ckpteval's own job steps where the job runs (the in-job export step): on this
-        machine, the one running ckpteval."""
-        return sys.executable
-
-    def step_image(self) -> str | None:
-        """The container image ckpteval's own job steps run in (None: no container)."""
-        return None
-
-    def step_mounts(self) -> tuple[str, ...]:
-        """The profile's own container mounts (host:container), for every containerized step."""
-        return ()
-
-    def data_offline(self) -> bool:
-        """Whether the machine its jobs run on cannot reach a dataset hub (its datasets are staged there)."""
-        return False
-
-
-# The keys of every profile, whatever its executor; the rest are its executor's (`ExecutorProfile`).
-NEUTRAL_KEYS = ("executor", "extends", "judge")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Profile:
-    """Where and how an invocation runs: an env.toml profile. Its executor's keys are `part`, typed by the
-    executor (`ckpteval.config.executors`), so nothing outside that executor reads them."""
-
-    name: str
-    executor: str  # a registered executor (`ckpteval.config.executors`)
-    extends: str | None = None
-    # The judge of judge-scored tasks run with this profile: a [judges.NAME] of the same env.toml
-    # (`judge=...` on the command line names another).
-    judge: str | None = None
-    part: ExecutorProfile = field(default_factory=ExecutorProfile)  # the executor's own keys
-
-    def to_config(self) -> dict[str, Any]:
-        """The profile as the `run.env` node of the composed config: its keys as env.toml spells them (every key
-        present), the executor's beside the neutral ones."""
-        neutral = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "part"}
-        return {**neutral, **dataclasses.asdict(self.part)}
 
 
 def make_profile(name: str, executor: str | None = None, *, where: str | None = None, **keys: Any) -> Profile:

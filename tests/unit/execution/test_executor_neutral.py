@@ -38,6 +38,7 @@ NEUTRAL = [
     "job/hf_export.py",
     "job/roles.py",
     "config/profiles.py",
+    "config/profile_types.py",
     "config/compile.py",
     "config/compose.py",
     "export/job.py",
