@@ -34,7 +34,7 @@ from tests.support.hub_datasets import ALIASES, write_repos  # noqa: E402
 
 from ckpteval.cluster.connect import connect_remote  # noqa: E402
 from ckpteval.cluster.data_push import push_datasets, staged_status  # noqa: E402
-from ckpteval.config.profiles import Profile  # noqa: E402
+from ckpteval.config.profiles import make_profile  # noqa: E402
 from ckpteval.tasks.data_cache import fetch_datasets, manifest_rel  # noqa: E402
 from ckpteval.config.data_select import datasets_of  # noqa: E402
 
@@ -87,7 +87,7 @@ def main() -> None:
     rows = []
     for _ in range(args.rounds):
         rjd = f"{info['user_home']}/ckpteval-bench/{uuid.uuid4().hex[:10]}"
-        profile = Profile(
+        profile = make_profile(
             name="bench",
             host=info["ssh_host"],
             port=info["ssh_port"],

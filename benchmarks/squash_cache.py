@@ -25,7 +25,7 @@ from pathlib import Path
 from ckpteval.cluster.connect import connect_remote
 from ckpteval.cluster.images import ImageRef
 from ckpteval.cluster.squash import ensure_squashed, plan_squash
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import make_profile
 
 INFRA = Path("/tmp/ci-infra/infra.json")
 
@@ -59,7 +59,7 @@ def main() -> None:
     for _ in range(args.rounds):
         tag = uuid.uuid4().hex[:10]
         rjd = f"{info['user_home']}/ckpteval-bench/{tag}"
-        profile = Profile(
+        profile = make_profile(
             name="bench",
             host=info["ssh_host"],
             port=info["ssh_port"],

@@ -172,10 +172,10 @@ def _chown_for_ssh(path: Path) -> None:
 
 def _ssh_remote() -> tuple[Remote, Path]:
     from ckpteval.cluster.remote import connect_remote
-    from ckpteval.config.profiles import Profile
+    from ckpteval.config.profiles import make_profile
 
     info = json.loads(Path(os.environ.get("CI_INFRA_DIR", "/tmp/ci-infra"), "infra.json").read_text())
-    profile = Profile(
+    profile = make_profile(
         name="bench",
         host=info["ssh_host"],
         port=info["ssh_port"],

@@ -376,24 +376,18 @@ def inspect_checkpoint(
     """Describe a checkpoint before anything runs: layout, family, forward-changing settings, saved
     parallelism, dtype, size, tokenizer, and for each backend whether it can serve it (and the memory).
 
-    With a Slurm `profile` the path is on that cluster: its small files are read over SSH in one round trip
-    (no weights are downloaded). `tokenizer` is what `deployment.tokenizer` would say, `origin` what
-    `deployment.origin` would (the Hugging Face model it came from, compared with its args).
+    With a `profile` the path is where its jobs run, read through its executor's backend (on a cluster or a
+    machine reached over SSH: its small files in one round trip, no weights downloaded). `tokenizer` is what
+    `deployment.tokenizer` would say, `origin` what `deployment.origin` would (the Hugging Face model it came
+    from, compared with its args).
     """
     from ckpteval.checkpoint.description import describe_checkpoint
 
     if profile is None:
         return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
-    from ckpteval.config.executors import find_executor
     from ckpteval.config.profiles import load_env_file
+    from ckpteval.execution.backends import backend_for
 
     chosen = load_env_file(Path(env_file) if env_file else None).profile(profile)
-    if not find_executor(chosen.executor).on_cluster:
-        return describe_checkpoint(path, tokenizer=tokenizer, origin=origin)
-    from ckpteval.cluster.checkpoint_files import describe_remote_checkpoint
-    from ckpteval.cluster.session import ClusterSession
-
-    with ClusterSession(chosen) as session:
-        return session.call(
-            lambda remote: describe_remote_checkpoint(remote, str(path), tokenizer=tokenizer, origin=origin)
-        )
+    backend = backend_for(chosen.executor)
+    return backend.describe_checkpoint(chosen, str(path), tokenizer=tokenizer, origin=origin)

@@ -295,8 +295,23 @@ def _cluster_profile(name: str, env_file: str | Path | None, what: str) -> Profi
     if not find_executor(profile.executor).on_cluster:
         choices = " or ".join(f'executor = "{name}"' for name in cluster_executors())
         raise ConfigError(
-            f'Profile [{profile.name}] does not run on a Slurm cluster (executor = "{profile.executor}").',
-            hint=f"{what} is for Slurm profiles; pick one with {choices}.",
+            f'Profile [{profile.name}] runs its jobs on this machine (executor = "{profile.executor}").',
+            hint=f"{what} is for profiles whose jobs run on another machine; pick one with {choices}.",
+        )
+    return profile
+
+
+def _squashed_profile(name: str, env_file: str | Path | None) -> Profile:
+    """A profile whose job steps run in squashed images (a Slurm cluster's); ConfigError saying why otherwise."""
+    from ckpteval.cluster.squash import squash_applies
+
+    profile = _cluster_profile(name, env_file, "Squashing")
+    if not squash_applies(profile):
+        raise ConfigError(
+            f'Profile [{profile.name}] (executor = "{profile.executor}") runs its job steps in the Python of its '
+            "machine, with no container images: there is nothing to squash.",
+            hint="Squashing is for Slurm profiles (enroot images); name one, or install what the job needs for "
+            "the profile's `python` there.",
         )
     return profile
 
@@ -316,7 +331,7 @@ def squash_plan(
     cluster is asked (read-only) which files exist, else nothing is connected to."""
     from ckpteval.cluster.squash import containers_dir, plan_squash
 
-    chosen = _cluster_profile(profile, env_file, "Squashing")
+    chosen = _squashed_profile(profile, env_file)
     containers_dir(chosen)  # remote_job_dir set and absolute, before connecting
     return plan_squash(_image_refs(images), chosen, check=check, force=force)
 
@@ -335,7 +350,7 @@ def squash(
     from ckpteval.cluster.connect import connect_remote
     from ckpteval.cluster.squash import containers_dir, ensure_squashed
 
-    chosen = _cluster_profile(profile, env_file, "Squashing")
+    chosen = _squashed_profile(profile, env_file)
     containers_dir(chosen)
     refs = _image_refs(images)
     with connect_remote(chosen) as remote:

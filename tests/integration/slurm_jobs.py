@@ -101,8 +101,8 @@ def submit_plan(
     from ckpteval.cluster.connect import connect_remote
 
     invocation = invocation or new_invocation_id()
-    assert profile.remote_job_dir
-    job_dir = posixpath.join(profile.remote_job_dir, "evaluations", invocation)
+    assert profile.part.remote_job_dir
+    job_dir = posixpath.join(profile.part.remote_job_dir, "evaluations", invocation)
     deployment, tasks = make_plan(job_dir)
     plan = JobPlan(
         invocation=invocation,
@@ -118,12 +118,12 @@ def submit_plan(
     spec = SbatchSpec(
         invocation=invocation,
         job_script=JobDir(job_dir).join(JobDir.SCRIPT),
-        tunnel_dir=tunnel_dir_for(profile.remote_job_dir),
-        account=profile.account,
-        partition=profile.partition,
+        tunnel_dir=tunnel_dir_for(profile.part.remote_job_dir),
+        account=profile.part.account,
+        partition=profile.part.partition,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
-        time=profile.time,
+        time=profile.part.time,
         extra_flags=extra_flags or {},
     )
     record = InvocationRecord(
@@ -134,7 +134,7 @@ def submit_plan(
         executor="slurm",
         job_dir=job_dir,
         tasks=[TaskEntry(t.name, t.dir, t.repeats) for t in tasks],
-        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch=dataclasses.asdict(spec)),
+        placement=SlurmSubmission(connection=profile.to_config(), sbatch=dataclasses.asdict(spec)),
     )
     with connect_remote(profile) as remote:
         upload_job_files(remote, job_dir, files, None)

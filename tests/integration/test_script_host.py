@@ -39,10 +39,10 @@ def _script(name: str, directory: str, *, partition: str, account: str) -> str:
 def test_a_script_goes_with_its_files_is_listed_by_name_and_ends_on_its_signal(ci_profile):
     profile = ci_profile()
     name = f"ckpteval-test-{uuid.uuid4().hex[:8]}"
-    directory = posixpath.join(profile.remote_job_dir, "scripts")
+    directory = posixpath.join(profile.part.remote_job_dir, "scripts")
     with script_host(profile) as host:
         files = {
-            "run.sh": _script(name, directory, partition=profile.partition, account=profile.account),
+            "run.sh": _script(name, directory, partition=profile.part.partition, account=profile.part.account),
             "note.txt": "the file that went along",
         }
         job = host.submit(directory, files, "run.sh", what="the test's job")
@@ -66,11 +66,11 @@ def _cat(path: str) -> str:
 
 def test_a_script_slurm_refuses_is_one_clear_error(ci_profile):
     profile = ci_profile()
-    directory = posixpath.join(profile.remote_job_dir, "scripts")
+    directory = posixpath.join(profile.part.remote_job_dir, "scripts")
     with script_host(profile) as host, pytest.raises(ClusterError) as err:
         host.submit(
             directory,
-            {"run.sh": _script("refused", directory, partition="nowhere", account=profile.account)},
+            {"run.sh": _script("refused", directory, partition="nowhere", account=profile.part.account)},
             "run.sh",
             what="the job",
         )

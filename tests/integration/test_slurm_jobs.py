@@ -303,9 +303,9 @@ def test_failed_ssh_login_in_nemo_run_is_a_cluster_error(ci_profile, tmp_path: P
     spec = SbatchSpec(
         invocation="0badc0de",
         job_script="/nonexistent/job.sh",
-        tunnel_dir=tunnel_dir_for(profile.remote_job_dir),
-        account=profile.account,
-        partition=profile.partition,
+        tunnel_dir=tunnel_dir_for(profile.part.remote_job_dir),
+        account=profile.part.account,
+        partition=profile.part.partition,
         nodes=1,
         gpus_per_node=0,
         time="00:01:00",

@@ -22,6 +22,7 @@ version = "0.1"
 
 [project.entry-points."ckpteval.executors"]
 toy = "toy_plugin:EXECUTOR"
+toy-exporting = "toy_plugin:EXPORTING"
 
 [project.entry-points."ckpteval.deployments"]
 toy-health = "toy_plugin:DEPLOYMENT"
@@ -39,6 +40,7 @@ packages = ["toy_plugin"]
 
 MODULE = '''\
 """A toy plugin: an executor (jobs here, in a subdirectory), a deployment backend, a destination."""
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -59,6 +61,14 @@ class ToyBackend(LocalBackend):
         return str(path.parent / "toy-jobs" / invocation)
 
 
+class ToyExportingBackend(ToyBackend):
+    """The same, but its jobs export their results themselves (as a Slurm job does): the export step of the job
+    asks the destinations' registry in the job's own Python."""
+
+    executor = "toy-exporting"
+    exports_here = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class ToyHealth:
     type: Literal["toy-health"]
@@ -76,13 +86,24 @@ class ToyNotebook:
 
 
 def _write(content, settings, context):
-    Path(settings.path).write_text("exported\\n")
+    # which ckpteval entry point wrote it: "export" in a job's export step (python -m ckpteval.export)
+    with open(settings.path, "a") as out:
+        out.write(f"exported by {Path(sys.argv[0]).parent.name}\\n")
     return ExportOutcome("toy_notebook", "exported", settings.path)
 
 
 EXECUTOR = Executor(
     name="toy",
     backend="toy_plugin:ToyBackend",
+    config_group="local",
+    launcher="processes",
+    on_cluster=False,
+    watch_max_pending=1,
+    watch_follow_every=5.0,
+)
+EXPORTING = Executor(
+    name="toy-exporting",
+    backend="toy_plugin:ToyExportingBackend",
     config_group="local",
     launcher="processes",
     on_cluster=False,

@@ -27,6 +27,7 @@ from ckpteval.errors import ClusterError, DeploymentError
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.cluster.remote import Remote
+    from ckpteval.config.profiles import Profile
 
 MAX_FILE_MB = 64  # a tokenizer.json or a big model's tensor index fits; a weight shard never does
 _MISSING = "ckpteval-checkpoint-missing"
@@ -135,3 +136,12 @@ def describe_remote_checkpoint(
             identity = checkpoint_identity(locate_checkpoint(local).iter_dir, listing)
             description = dataclasses.replace(description, identity=identity)
         return with_paths_replaced(description, str(local), str(PurePosixPath(path)))
+
+
+def describe_at(profile: Profile, path: str, *, tokenizer: str | None, origin: str | None) -> CheckpointDescription:
+    """The checkpoint at `path` on the machine `profile` reaches (its small files in one round trip, over a
+    connection opened and closed here, reopened if it drops)."""
+    from ckpteval.cluster.session import ClusterSession
+
+    with ClusterSession(profile) as session:
+        return session.call(lambda remote: describe_remote_checkpoint(remote, path, tokenizer=tokenizer, origin=origin))

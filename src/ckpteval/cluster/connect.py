@@ -21,7 +21,9 @@ def connect_remote(profile: Profile, *, connect_timeout: float = 20.0) -> Remote
 
     Raises ClusterError (unknown host key, authentication failure, unreachable host) with a hint.
     """
-    if profile.tunnel == "local":
+    from ckpteval.config.executors import remote_part
+
+    if remote_part(profile).tunnel == "local":
         return LocalRemote()
     from ckpteval.cluster.ssh import SSHRemote  # paramiko: only when a profile needs SSH
 

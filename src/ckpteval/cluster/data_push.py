@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckpteval.cluster.squash import containers_dir
-from ckpteval.errors import ClusterError
+from ckpteval.errors import ClusterError, ConfigError
 from ckpteval.tasks.data_cache import is_cached, manifest_rel, offline_env, read_manifest
 from ckpteval.tasks.datasets import DatasetRef
 
@@ -33,8 +32,22 @@ STATUS_PREFIX = "ckpteval-data: "
 
 
 def datasets_dir(profile: Profile) -> str:
-    """`${remote_job_dir}/datasets` on the cluster (ConfigError if remote_job_dir is missing or relative)."""
-    return posixpath.join(posixpath.dirname(containers_dir(profile)), DATASETS_DIR)
+    """`${remote_job_dir}/datasets` where the profile's jobs run, a Slurm cluster or a machine reached over SSH
+    (ConfigError if remote_job_dir is missing or relative)."""
+    from ckpteval.config.executors import remote_part
+
+    rjd = remote_part(profile).remote_job_dir
+    if not rjd:
+        raise ConfigError(
+            f"Profile [{profile.name}] has no `remote_job_dir`, where the staged datasets are kept.",
+            hint='Set remote_job_dir = "/data/.../ckpteval" (a directory you can write there) in env.toml.',
+        )
+    if not rjd.startswith("/"):
+        raise ConfigError(
+            f"Profile [{profile.name}]: remote_job_dir must be an absolute path there, not {rjd!r}.",
+            hint="Write it out in full (~ and $HOME are not expanded).",
+        )
+    return posixpath.join(posixpath.normpath(rjd), DATASETS_DIR)
 
 
 def _manifest_bytes(root: Path, ref: DatasetRef) -> bytes:

@@ -69,7 +69,9 @@ def import_nemo_run() -> Any:
 
 def check_local_tools(profile: Profile) -> None:
     """nemo-run's SSHTunnel shells out to `rsync` and `ssh`: refuse early (before the slow import) without them."""
-    if profile.tunnel != "ssh":
+    from ckpteval.config.executors import remote_part
+
+    if remote_part(profile).tunnel != "ssh":
         return
     missing = [tool for tool in ("rsync", "ssh") if shutil.which(tool) is None]
     if missing:
@@ -80,20 +82,29 @@ def check_local_tools(profile: Profile) -> None:
         )
 
 
+def _host(profile: Profile) -> str | None:
+    from ckpteval.config.executors import remote_part
+
+    return remote_part(profile).host
+
+
 def _tunnel(nemo_run: Any, profile: Profile, tunnel_dir: str, home: Path) -> Any:
     from nemo_run.core.tunnel.client import LocalTunnel, SSHTunnel
 
-    if profile.tunnel == "local":
+    from ckpteval.config.executors import remote_part
+
+    reach = remote_part(profile)
+    if reach.tunnel == "local":
         # LocalTunnel copies nothing: its job dir must be the experiment dir itself (base/experiments/...)
         return LocalTunnel(job_dir=str(home / "experiments"))
     from ckpteval.cluster.ssh_hosts import resolve_target
 
-    target = resolve_target(profile.host or "", user=profile.user, port=profile.port, identity=profile.identity)
+    target = resolve_target(reach.host or "", user=reach.user, port=reach.port, identity=reach.identity)
     tunnel = SSHTunnel(
-        host=profile.host or target.hostname,  # an alias stays an alias: fabric reads ~/.ssh/config too
+        host=reach.host or target.hostname,  # an alias stays an alias: fabric reads ~/.ssh/config too
         user=target.user,
-        port=profile.port,
-        identity=os.path.expanduser(profile.identity) if profile.identity else None,
+        port=reach.port,
+        identity=os.path.expanduser(reach.identity) if reach.identity else None,
         job_dir=tunnel_dir,
     )
     # when key authentication fails it would ask for a password on the terminal: refuse instead
@@ -172,7 +183,7 @@ def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path, facts: Cluster
             remote_exp_dir = job.executor.tunnel.job_dir
     except SystemExit:
         raise ClusterError(
-            f"nemo-run could not log in to {profile.host} (it asks for a password when key authentication fails).",
+            f"nemo-run could not log in to {_host(profile)} (it asks for a password when key authentication fails).",
             hint="Check `host`, `user`, `port` and `identity` in the env.toml profile; `ssh HOST` must work "
             "without a password (key in ssh-agent or `identity`).",
         ) from None
@@ -187,7 +198,7 @@ def submit(spec: SbatchSpec, profile: Profile, *, log_path: Path, facts: Cluster
             raise ClusterError(f"Slurm refused the job (sbatch):\n{text}", hint=hint) from None
         if command.startswith("rsync") or "rsync" in stderr:
             raise ClusterError(
-                f"nemo-run could not copy its job files to {profile.host} with rsync:\n{stderr.strip()[-1500:]}",
+                f"nemo-run could not copy its job files to {_host(profile)} with rsync:\n{stderr.strip()[-1500:]}",
                 hint="`ssh` must reach the host without a prompt: its key must be in ~/.ssh/known_hosts "
                 "(`ssh-keyscan -p PORT HOST >> ~/.ssh/known_hosts`) and rsync installed on both ends.",
             ) from None

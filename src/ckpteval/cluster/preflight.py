@@ -54,11 +54,12 @@ def check_builtin_python(remote: Remote, plan: JobPlan, profile: Profile) -> Non
     cluster that cannot import ckpteval. Jobs that deploy otherwise (or in a container) are not asked about."""
     if not needs_cluster_python(plan):
         return
-    problem = import_problem(remote, profile.python)
+    python = profile.part.step_python()
+    problem = import_problem(remote, python)
     if problem is None:
         return
     raise ConfigError(
-        f"Profile [{profile.name}]: python = {shlex.quote(profile.python)} cannot import ckpteval on "
+        f"Profile [{profile.name}]: python = {shlex.quote(python)} cannot import ckpteval on "
         f"{remote.description} ({problem}), and the job runs ckpteval with it (the builtin deployment, or the "
         "export step of vLLM/SGLang).",
         hint="Install ckpteval for that Python on the cluster, or set python in the profile to one that has it "

@@ -130,15 +130,18 @@ EventCallback = Callable[[SquashEvent], None]
 
 
 def squash_applies(profile: Profile) -> bool:
-    """Whether runs on this profile need .sqsh images (Slurm clusters, reached by SSH or locally)."""
-    from ckpteval.config.executors import find_executor
+    """Whether runs on this profile need .sqsh images (Slurm clusters, reached by SSH or locally: their job steps
+    run in enroot containers; a machine reached over SSH runs them in its Python, with no images)."""
+    from ckpteval.config.executors import SlurmProfile
 
-    return find_executor(profile.executor).on_cluster
+    return isinstance(profile.part, SlurmProfile)
 
 
 def containers_dir(profile: Profile) -> str:
     """`${remote_job_dir}/containers` (ConfigError if remote_job_dir is missing or relative)."""
-    rjd = profile.remote_job_dir
+    from ckpteval.config.executors import slurm_part
+
+    rjd = slurm_part(profile).remote_job_dir
     if not rjd:
         raise ConfigError(
             f"Profile [{profile.name}] has no `remote_job_dir`, where the .sqsh images are cached.",
@@ -154,11 +157,14 @@ def containers_dir(profile: Profile) -> str:
 
 def build_settings(profile: Profile) -> BuildSettings:
     """The srun settings of the import step: build_partition/build_time, else the run's."""
+    from ckpteval.config.executors import slurm_part
+
+    part = slurm_part(profile)
     return BuildSettings(
-        account=profile.account,
-        partition=profile.build_partition or profile.partition,
-        time=profile.build_time or profile.time,
-        gpus_per_node=profile.gpus_per_node if profile.build_include_gpus else None,
+        account=part.account,
+        partition=part.build_partition or part.partition,
+        time=part.build_time or part.time,
+        gpus_per_node=part.gpus_per_node if part.build_include_gpus else None,
     )
 
 
@@ -219,7 +225,10 @@ def plan_squash(
         )
         for (image, dotpaths), path, flag in zip(grouped.items(), paths, present, strict=True)
     )
-    host = "this machine" if profile.tunnel == "local" else (profile.host or "?")
+    from ckpteval.config.executors import slurm_part
+
+    part = slurm_part(profile)
+    host = "this machine" if part.tunnel == "local" else (part.host or "?")
     return SquashPlan(
         host=host, containers_dir=directory, items=items, checked=check, force=force, build=build_settings(profile)
     )

@@ -170,21 +170,24 @@ class SSHRemote:
     @classmethod
     def connect(cls, profile: Profile, *, connect_timeout: float = 20.0, ssh_config: Path | None = None) -> SSHRemote:
         """Open the connection for an SSH profile (`host` is required)."""
-        if not profile.host:
+        from ckpteval.config.executors import remote_part
+
+        reach = remote_part(profile)
+        if not reach.host:
             raise ClusterError(
                 f'Profile [{profile.name}] has tunnel = "ssh" but no `host`.',
                 hint='Set host = "login.example.com" (or a ~/.ssh/config alias) in env.toml, '
                 'or tunnel = "local" when running on the login node.',
             )
-        if profile.identity and not os.path.isfile(os.path.expanduser(profile.identity)):
+        if reach.identity and not os.path.isfile(os.path.expanduser(reach.identity)):
             raise ClusterError(
-                f"Profile [{profile.name}]: identity file {profile.identity} does not exist.",
+                f"Profile [{profile.name}]: identity file {reach.identity} does not exist.",
                 hint="Point `identity` at your private key, or remove it to use ~/.ssh/config and the ssh-agent.",
             )
         target = resolve_target(
-            profile.host, user=profile.user, port=profile.port, identity=profile.identity, ssh_config=ssh_config
+            reach.host, user=reach.user, port=reach.port, identity=reach.identity, ssh_config=ssh_config
         )
-        return cls.open(target, accept_new=profile.host_key_policy == "accept-new", connect_timeout=connect_timeout)
+        return cls.open(target, accept_new=reach.host_key_policy == "accept-new", connect_timeout=connect_timeout)
 
     @classmethod
     def open(cls, target: SSHTarget, *, accept_new: bool = False, connect_timeout: float = 20.0) -> SSHRemote:

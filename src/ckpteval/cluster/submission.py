@@ -46,7 +46,7 @@ def sbatch_spec(compiled: CompiledConfig, invocation: str, job_dir: str) -> Sbat
     return SbatchSpec(
         invocation=invocation,
         job_script=JobDir(job_dir).join(JobDir.SCRIPT),
-        tunnel_dir=tunnel_dir_for(compiled.profile.remote_job_dir or ""),
+        tunnel_dir=tunnel_dir_for(compiled.profile.part.files_dir() or ""),
         account=execution.account,
         partition=execution.partition,
         nodes=max(execution.num_nodes, deployment_nodes),

@@ -408,15 +408,16 @@ def check_cluster_paths(config: EvalConfig, profile: Profile) -> None:
     execution = config.execution
     if not execution.on_cluster:
         return
-    if not profile.remote_job_dir:
+    remote_job_dir = profile.part.files_dir()
+    if not remote_job_dir:
         raise ConfigError(
             f"Profile [{profile.name}] has no `remote_job_dir`, where jobs and results go on the cluster.",
             hint='Set remote_job_dir = "/lustre/.../ckpteval" (a directory you can write on the cluster) in env.toml.',
         )
-    if not profile.remote_job_dir.startswith("/"):
+    if not remote_job_dir.startswith("/"):
         raise ConfigError(
             f"Profile [{profile.name}]: remote_job_dir must be an absolute path on the cluster, "
-            f"not {profile.remote_job_dir!r}.",
+            f"not {remote_job_dir!r}.",
             hint="Write it out in full (~ and $HOME are not expanded).",
         )
     output_dir = execution.output_dir

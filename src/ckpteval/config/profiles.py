@@ -39,10 +39,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from ckpteval.config.executors import find_executor
 from ckpteval.config.paths import is_dir, is_file
+from ckpteval.config.profile_types import NEUTRAL_KEYS, ExecutorProfile, Profile
 from ckpteval.config.typed import from_mapping
 from ckpteval.errors import ConfigError, did_you_mean
 from ckpteval.merge import deep_merge
@@ -54,56 +54,57 @@ RESERVED_SECTIONS = ("wandb", "cli", "judges")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def make_profile(name: str, executor: str | None = None, *, where: str | None = None, **keys: Any) -> Profile:
+    """A profile from env.toml keys (flat, as a profile table spells them), typed and validated as env.toml's
+    are: an unknown key is refused with its close names, a key of another executor with that executor. Without
+    `executor`, the one a profile that names none gets (`DEFAULT_EXECUTOR`)."""
+    from ckpteval.config.executors import DEFAULT_EXECUTOR, EXECUTORS, find_executor
+
+    executor = executor or DEFAULT_EXECUTOR
+    where = where or f"profile [{name}]"
+    found = find_executor(executor, where=where)
+    part_keys = {k: v for k, v in keys.items() if k not in NEUTRAL_KEYS}
+    own = {f.name for f in dataclasses.fields(found.profile) if f.init}
+    for key in part_keys:
+        if key in own:
+            continue
+        valid = sorted({*own, *NEUTRAL_KEYS})
+        others = [e.name for e in EXECUTORS.entries() if key in {f.name for f in dataclasses.fields(e.profile)}]
+        if others:
+            raise ConfigError(
+                f"{where}: '{key}' is a key of {' and '.join(repr(o) for o in others)} profiles, and this profile's "
+                f"executor is {executor!r}.",
+                hint=f"Remove it, or set executor = {others[0]!r}. Keys of a profile with executor = {executor!r}: "
+                + ", ".join(valid)
+                + ".",
+            )
+        raise ConfigError(
+            f"{where}: unknown key '{key}'.{did_you_mean(key, valid)}",
+            hint="Valid keys here: " + ", ".join(valid) + ".",
+        )
+    neutral = from_mapping(
+        _NeutralKeys, {k: v for k, v in keys.items() if k in NEUTRAL_KEYS and k != "executor"}, where=where
+    )
+    part = from_mapping(found.profile, part_keys, where=where)
+    profile = Profile(name=name, executor=executor, extends=neutral.extends, judge=neutral.judge, part=part)
+    _check_numbers(part, where=where)
+    return profile
+
+
+def saved_profile(saved: dict[str, Any], *, executor: str) -> Profile:
+    """A profile as a record saved it (`Profile.to_config()`, flat), read back with the keys its executor still
+    has (a record written by an older version may hold keys that are now another executor's)."""
+    from ckpteval.config.executors import find_executor
+
+    own = {f.name for f in dataclasses.fields(find_executor(executor).profile) if f.init}
+    keys = {k: v for k, v in saved.items() if k in own or k in ("extends", "judge")}
+    return make_profile(str(saved.get("name", "saved")), executor, where="the invocation's saved profile", **keys)
+
+
 @dataclass(frozen=True, kw_only=True)
-class Profile:
-    """Where and how an invocation runs. Every key of an env.toml profile is a field here."""
-
-    name: str
-    executor: str = "slurm"  # a registered executor (`ckpteval.config.executors`)
+class _NeutralKeys:
     extends: str | None = None
-    # How to reach the cluster: "ssh" from a laptop, "local" when the CLI runs on the login node.
-    tunnel: Literal["ssh", "local"] = "ssh"
-    host: str | None = None  # a hostname or a ~/.ssh/config alias
-    user: str | None = None
-    port: int | None = None
-    identity: str | None = None  # private key file
-    host_key_policy: Literal["strict", "accept-new"] = "strict"
-    # Slurm
-    account: str | None = None
-    partition: str | None = None
-    nodes: int = 1
-    gpus_per_node: int = 8
-    time: str = "04:00:00"
-    remote_job_dir: str | None = None
-    container_image: str | None = None
-    mounts: list[str] = field(default_factory=list)
-    env_vars: dict[str, str] = field(default_factory=dict)
-    sbatch_flags: dict[str, Any] = field(default_factory=dict)
-    # The Python that runs ckpteval's own job steps on the cluster (the builtin deployment, the
-    # in-job task runner); inside a container image that has ckpteval installed this is "python".
-    python: str = "python3"
-    # Squash (enroot import) on a compute node; None falls back to the run partition/time.
-    build_partition: str | None = None
-    build_time: str | None = None
-    build_include_gpus: bool = False
-    # False: the compute nodes cannot reach the internet; tasks read datasets staged in
-    # ${remote_job_dir}/datasets (pushed at submission from the local dataset cache), and a task whose
-    # data is neither staged nor fetched is refused before anything is submitted.
-    compute_internet: bool = True
-    # The cluster-hosted watcher (`evaluate watch ... --detach`): a small CPU-only job (one CPU, no GPU)
-    # that chains itself before its time limit. None falls back to partition / account / python.
-    watch_partition: str | None = None
-    watch_account: str | None = None
-    watch_time: str = "04:00:00"
-    watch_signal_lead: int = 300  # seconds before the time limit when it resubmits itself and exits
-    watch_python: str | None = None  # the Python on the cluster with this version of ckpteval installed
-    # The judge of judge-scored tasks run with this profile: a [judges.NAME] of the same env.toml
-    # (`judge=...` on the command line names another).
     judge: str | None = None
-
-    def to_config(self) -> dict[str, Any]:
-        """The profile as the `run.env` node of the composed config (every key present)."""
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class EnvFile:
     def profile(self, name: str | None) -> Profile:
         """The named profile with `extends` applied; None means the built-in local profile."""
         if name is None or (name == LOCAL_PROFILE and LOCAL_PROFILE not in self.raw_profiles):
-            return Profile(name=LOCAL_PROFILE, executor="local", tunnel="local")
+            return make_profile(LOCAL_PROFILE, "local")
         if name not in self.raw_profiles:
             where = str(self.path) if self.path else "no env.toml was found"
             raise ConfigError(
@@ -145,9 +146,11 @@ class EnvFile:
             )
         merged = self._merged(name, chain=())
         merged.pop("extends", None)
-        profile = from_mapping(Profile, {"name": name, **merged}, where=f"{self.path} [{name}]")
-        find_executor(profile.executor, where=f"{self.path} [{name}]")
-        _check_numbers(profile, where=f"{self.path} [{name}]")
+        where = f"{self.path} [{name}]"
+        executor = merged.pop("executor", None)
+        if executor is not None and not isinstance(executor, str):
+            raise ConfigError(f"{where}: 'executor' must be a string, not {executor!r}.")
+        profile = make_profile(name, executor, where=where, **merged)
         if profile.judge is not None and profile.judge not in (*self.judges, *packaged_judges()):
             named = sorted(self.judges)
             raise ConfigError(
@@ -189,14 +192,19 @@ def user_config_dir() -> Path:
     return Path(root) / "ckpteval"
 
 
-def _check_numbers(profile: Profile, *, where: str) -> None:
-    """Numbers a profile may hold but nothing can use (a port past 65535, zero nodes)."""
-    for key, value, low, high in (
-        ("port", profile.port, 1, 65535),
-        ("nodes", profile.nodes, 1, None),
-        ("gpus_per_node", profile.gpus_per_node, 0, None),
-        ("watch_signal_lead", profile.watch_signal_lead, 10, None),
-    ):
+# Numbers a profile may hold but nothing can use (a port past 65535, zero nodes): key -> (low, high)
+NUMBER_RANGES: dict[str, tuple[int, int | None]] = {
+    "port": (1, 65535),
+    "nodes": (1, None),
+    "gpus_per_node": (0, None),
+    "watch_signal_lead": (10, None),
+}
+
+
+def _check_numbers(part: ExecutorProfile, *, where: str) -> None:
+    """Refuse the numbers of NUMBER_RANGES outside their range, whichever executor's keys they are."""
+    for key, (low, high) in NUMBER_RANGES.items():
+        value = getattr(part, key, None)
         if value is not None and (value < low or (high is not None and value > high)):
             allowed = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise ConfigError(f"{where}: '{key}' must be {allowed}, not {value}.", hint=f"Fix {key} in that profile.")

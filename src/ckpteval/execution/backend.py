@@ -210,6 +210,13 @@ class JobBackend(Protocol):
         a partition that does not exist end here. Without, a read-only look."""
         ...
 
+    def describe_checkpoint(
+        self, profile: Profile, path: str, *, tokenizer: str | None, origin: str | None
+    ) -> CheckpointDescription:
+        """The checkpoint at `path` where `profile`'s jobs run, read the way its jobs' files are reached (this
+        machine's files; another machine's small files over its connection, no weights moved)."""
+        ...
+
     def attach(self, record: InvocationRecord) -> Job:
         """The handle of a recorded invocation's job (connecting, where it must, on first use)."""
         ...

@@ -39,6 +39,7 @@ from ckpteval.results.model import InvocationResults
 
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
+    from ckpteval.config.profiles import Profile
     from ckpteval.execution.planned import PlannedJob
     from ckpteval.job.plan import JobPlan
 
@@ -327,6 +328,14 @@ class LocalBackend:
 
     def connect(self, job: PlannedJob, report: Reporter | None = None) -> LocalHost:
         return LocalHost()
+
+    def describe_checkpoint(
+        self, profile: Profile, path: str, *, tokenizer: str | None, origin: str | None
+    ) -> CheckpointDescription:
+        """The checkpoint on this machine."""
+        from ckpteval.checkpoint.description import describe_checkpoint
+
+        return describe_checkpoint(Path(path), tokenizer=tokenizer, origin=origin)
 
     def attach(self, record: InvocationRecord) -> LocalJob:
         return LocalJob(record)

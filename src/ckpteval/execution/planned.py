@@ -9,7 +9,6 @@ from __future__ import annotations
 
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -124,7 +123,9 @@ def _plan(
         checkpoint_layout=layout,
     )
     if exports_itself:
-        plan = add_export_step(plan, compiled, key_file=_planned_key_file(compiled, job_dir))
+        from ckpteval.export.job import with_planned_export_step
+
+        plan = with_planned_export_step(plan, compiled, compiled.profile.part.step_python())
     return plan
 
 
@@ -132,13 +133,4 @@ def add_export_step(plan: JobPlan, compiled: CompiledConfig, *, key_file: str | 
     """`plan` with the step that exports the results from inside the job, after the tasks (W&B, MLflow)."""
     from ckpteval.export.job import with_export_step
 
-    return with_export_step(plan, compiled, compiled.profile.python, key_file=key_file)
-
-
-def _planned_key_file(compiled: CompiledConfig, job_dir: str) -> str | None:
-    """Where the job will read the W&B key (shown by a dry run), when W&B export is on and online."""
-    from ckpteval.export.credentials import key_file_path, wandb_mode
-
-    if not compiled.config.export.wandb.enabled or wandb_mode(os.environ) != "online":
-        return None
-    return key_file_path(job_dir)
+    return with_export_step(plan, compiled, compiled.profile.part.step_python(), key_file=key_file)

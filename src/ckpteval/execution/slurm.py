@@ -155,7 +155,7 @@ class SlurmHost:
     def record_fields(self) -> dict[str, Any]:
         """How to reach the cluster again (secrets redacted) and the Slurm request."""
         submission = SlurmSubmission(
-            connection=self.compiled.secrets.redact_data(dataclasses.asdict(self.profile)),
+            connection=self.compiled.secrets.redact_data(self.profile.to_config()),
             sbatch=dataclasses.asdict(self.spec),
         )
         return {"placement": submission}
@@ -477,7 +477,7 @@ class SlurmBackend:
         return remote_job_dir(compiled, invocation)
 
     def toolchain(self, compiled: CompiledConfig, job_dir: str) -> Toolchain:
-        return slurm_toolchain(compiled.profile.python, job_dir)
+        return slurm_toolchain(compiled.profile.part.step_python(), job_dir)
 
     def refuse_secrets(self, compiled: CompiledConfig, plan: JobPlan) -> None:
         check_no_secrets(compiled, plan)
@@ -502,7 +502,7 @@ class SlurmBackend:
         # Export-Deploy's entry point: from a probe/cache with `check`, else the default layout
         plan, entry_panel = preview_entry_point(job.plan, job.compiled, squash, check=check)
         data_panels: list[PreviewPanel] = []
-        if not job.profile.compute_internet:
+        if job.profile.part.data_offline():
             from ckpteval.tasks.data_status import render_statuses
 
             if check:  # --dry-run --check: the cluster is asked, read-only, which datasets it has
@@ -533,6 +533,14 @@ class SlurmBackend:
             *([entry_panel] if entry_panel else []),
             *([requests] if requests else []),
         ]
+
+    def describe_checkpoint(
+        self, profile: Profile, path: str, *, tokenizer: str | None, origin: str | None
+    ) -> CheckpointDescription:
+        """Its small files over the profile's SSH, in one round trip."""
+        from ckpteval.cluster.checkpoint_files import describe_at
+
+        return describe_at(profile, path, tokenizer=tokenizer, origin=origin)
 
     def attach(self, record: InvocationRecord) -> SlurmJob:
         return SlurmJob(record)

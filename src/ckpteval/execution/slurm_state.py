@@ -16,7 +16,7 @@ from typing import Any
 from ckpteval.cluster.jobview import RemoteJobView
 from ckpteval.cluster.session import ClusterSession
 from ckpteval.cluster.slurm import SlurmJobState
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import Profile, saved_profile
 from ckpteval.errors import ClusterError
 from ckpteval.execution.backend import ExecutorView, InvocationStatus
 from ckpteval.execution.snapshot import JobSnapshot, TaskSnapshot
@@ -68,8 +68,7 @@ def record_profile(record: InvocationRecord) -> Profile:
     saved = submission_of(record).connection
     if not saved:
         raise ClusterError(f"Invocation {record.id} does not say how to reach its cluster (no connection recorded).")
-    known = {f.name for f in dataclasses.fields(Profile)}
-    return Profile(**{k: v for k, v in saved.items() if k in known})
+    return saved_profile(saved, executor="slurm")
 
 
 def open_session(record: InvocationRecord, *, on_reconnect: Callable[[str], None] | None = None) -> ClusterSession:

@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 from ckpteval.config.compile import CompiledConfig
 from ckpteval.config.executors import Launcher, find_executor
 from ckpteval.config.preview import PreviewPanel
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import Profile, saved_profile
 from ckpteval.errors import ClusterError, ConfigError, EvaluationError
 from ckpteval.execution.backend import ExecutorView, InvocationStatus, JobEnd, task_log
 from ckpteval.execution.events import Note, Reporter
@@ -94,8 +94,7 @@ def placement_of(record: InvocationRecord) -> SshPlacement:
 
 def record_profile(record: InvocationRecord) -> Profile:
     """The profile the invocation was submitted with (how to reach its machine)."""
-    known = {f.name for f in dataclasses.fields(Profile)}
-    return Profile(**{k: v for k, v in placement_of(record).connection.items() if k in known})
+    return saved_profile(placement_of(record).connection, executor="ssh")
 
 
 def render_launch_script(plan: JobPlan, *, invocation: str, gpus: int, machine_gpus: int) -> str:
@@ -229,7 +228,7 @@ class SshHost:
 
     def record_fields(self) -> dict[str, Any]:
         """How to reach the machine again (secrets redacted)."""
-        connection = self.compiled.secrets.redact_data(dataclasses.asdict(self.profile))
+        connection = self.compiled.secrets.redact_data(self.profile.to_config())
         return {"placement": SshPlacement(connection=connection)}
 
     def place_results(self, record: InvocationRecord) -> None:
@@ -537,7 +536,7 @@ class SshBackend:
         return posixpath.join(posixpath.normpath(compiled.config.execution.output_dir), invocation)
 
     def toolchain(self, compiled: CompiledConfig, job_dir: str) -> Toolchain:
-        return ssh_toolchain(compiled.profile.python, job_dir)
+        return ssh_toolchain(compiled.profile.part.step_python(), job_dir)
 
     def refuse_secrets(self, compiled: CompiledConfig, plan: JobPlan) -> None:
         from ckpteval.cluster.submission import check_no_secrets
@@ -573,6 +572,14 @@ class SshBackend:
 
     def connect(self, job: PlannedJob, report: Reporter | None = None) -> SshHost:
         return SshHost(job, report)
+
+    def describe_checkpoint(
+        self, profile: Profile, path: str, *, tokenizer: str | None, origin: str | None
+    ) -> CheckpointDescription:
+        """Its small files over the profile's SSH, in one round trip."""
+        from ckpteval.cluster.checkpoint_files import describe_at
+
+        return describe_at(profile, path, tokenizer=tokenizer, origin=origin)
 
     def attach(self, record: InvocationRecord) -> SshJob:
         return SshJob(record)

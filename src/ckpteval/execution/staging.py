@@ -64,7 +64,7 @@ def data_statuses(
 
     Without `remote` the machine is not asked. With `report` (where the job runs, in words) a task whose
     data the offline job cannot read is refused (ConfigError)."""
-    if compiled.profile.compute_internet or not compiled.config.execution.on_cluster:
+    if not compiled.profile.part.data_offline() or not compiled.config.execution.on_cluster:
         return None
     from ckpteval.cluster.data_push import datasets_dir, staged_status
     from ckpteval.tasks.data_cache import default_cache_dir, is_cached

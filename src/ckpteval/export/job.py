@@ -77,6 +77,13 @@ def export_step_command(
 __all__ = ["export_step_command", "key_file_path", "stage_wandb_key", "without_credentials"]
 
 
+def with_planned_export_step(plan: JobPlan, compiled: CompiledConfig, python: str) -> JobPlan:
+    """`plan` with its export step as planned before anything is staged (what a dry run shows): reading the W&B
+    key where the job will find it, when W&B export is on and online (`stage_wandb_key` writes it there)."""
+    wandb_online = compiled.config.export.wandb.enabled and wandb_mode(os.environ) == "online"
+    return with_export_step(plan, compiled, python, key_file=key_file_path(plan.job_dir) if wandb_online else None)
+
+
 def with_export_step(plan: JobPlan, compiled: CompiledConfig, python: str, *, key_file: str | None) -> JobPlan:
     """`plan` ending with the in-job export (W&B, MLflow) when the config enables one.
 

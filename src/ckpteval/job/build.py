@@ -18,7 +18,7 @@ from typing import Any
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
 from ckpteval.config.executors import Launcher
 from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment
-from ckpteval.deploy.backends import LaunchContext, backend_for
+from ckpteval.deploy.backends import DeploymentBackend, LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
 from ckpteval.job.roles import JUDGE, Role, deployed_roles
@@ -59,14 +59,13 @@ def _reports_identity(deployment: object) -> bool:
     return backend_for(deployment).reports_identity
 
 
-def _pinned_tracker(deployment: object, pinned: str | None) -> str | None:
+def _pinned_tracker(checkpoint: str | None, pinned: str | None, *, takes_iteration: bool) -> str | None:
     """The tracker file the job checks still names the pinned iteration before it starts a deployment that
     reads the tracker itself (Export-Deploy takes a root, not an iteration); None when the deployment is
-    given the iteration, or nothing is pinned."""
+    given the iteration (`takes_iteration`, its backend says), or nothing is pinned."""
     from ckpteval.checkpoint.layout import TRACKER_FILE
 
-    checkpoint = getattr(deployment, "checkpoint_path", None)
-    if pinned is None or not checkpoint or backend_for(deployment).takes_iteration:
+    if pinned is None or not checkpoint or takes_iteration:
         return None
     return f"{checkpoint.rstrip('/')}/{TRACKER_FILE}"
 
@@ -178,6 +177,7 @@ def _deployment_plan(
         compiled,
         deployment,
         role,
+        backend,
         port=port,
         toolchain=toolchain,
         launcher=launcher,
@@ -204,7 +204,9 @@ def _deployment_plan(
         else None,
         port_file=port_file,
         pinned_iteration=pinned,
-        pinned_tracker=_pinned_tracker(deployment, pinned),
+        pinned_tracker=_pinned_tracker(
+            getattr(deployment, "checkpoint_path", None), pinned, takes_iteration=backend.takes_iteration
+        ),
         names_answers=bool(identity) and backend.reports_checkpoint,
         role=role.name,
         served_model_name=getattr(deployment, "served_model_name", None),
@@ -247,7 +249,8 @@ def _request_groups(
         parallel=parallel,
         probe=probe,
         known_mixing=_known_mixing(compiled),
-        shared=not owns_endpoint(compiled),
+        # the job owns the endpoint when its deployment reports the job's identity (`owns_endpoint`)
+        shared=deployment.identity is None,
     )
 
 
@@ -292,9 +295,13 @@ def published_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
     clients; None for other deployments. The checkpoint may name its tokenizer only in its args (a SentencePiece
     model, a GPT-2 vocabulary, a TikToken file): the server turns it into that directory first."""
     deployment = compiled.config.deployment
-    if not isinstance(deployment, NoDeployment) and backend_for(deployment).publishes_tokenizer:
-        return JobDir(job_dir).join(JobDir.TOKENIZER)
-    return None
+    if isinstance(deployment, NoDeployment):
+        return None
+    return _tokenizer_published_by(backend_for(deployment), job_dir)
+
+
+def _tokenizer_published_by(backend: DeploymentBackend, job_dir: str) -> str | None:
+    return JobDir(job_dir).join(JobDir.TOKENIZER) if backend.publishes_tokenizer else None
 
 
 def client_tokenizer(compiled: CompiledConfig, job_dir: str) -> str | None:
@@ -313,7 +320,7 @@ def _mounts(compiled: CompiledConfig, *, job_dir: str | None) -> tuple[str, ...]
     there first."""
     config = compiled.config
     out: list[str] = [f"{job_dir}:{job_dir}"] if job_dir else []
-    out.extend(compiled.profile.mounts)
+    out.extend(compiled.profile.part.step_mounts())
     out.extend(f"{src}:{dst}" for src, dst in config.execution.container_mounts().items())
     for _role, deployment in deployed_roles(config):
         checkpoint = getattr(deployment, "checkpoint_path", None)
@@ -347,6 +354,7 @@ def _deployment_step(
     compiled: CompiledConfig,
     deployment: Any,
     role: Role,
+    backend: DeploymentBackend,
     *,
     port: int,
     toolchain: Toolchain,
@@ -359,12 +367,11 @@ def _deployment_step(
     host: str = "127.0.0.1",
     exported: bool = False,
 ) -> tuple[Step, str]:
-    """`role`'s deployment step, as its registered backend launches it, and the backend's kind. Only the
-    model's server publishes its tokenizer (the task clients read it). `exported`: it serves the export
-    step's directory (which its container mounts), not the checkpoint."""
+    """`role`'s deployment step, as its registered `backend` (the one `_deployment_plan` resolved) launches it,
+    and the backend's kind. Only the model's server publishes its tokenizer (the task clients read it).
+    `exported`: it serves the export step's directory (which its container mounts), not the checkpoint."""
     from ckpteval.job.hf_export import engine_mounts, served_link
 
-    backend = backend_for(deployment)
     if exported:
         mounts = (*mounts, *engine_mounts(compiled))
     context = LaunchContext(
@@ -372,7 +379,7 @@ def _deployment_step(
         port=port,
         identity=identity,
         port_file=port_file,
-        publish_tokenizer=published_tokenizer(compiled, job_dir) if role.evaluated else None,
+        publish_tokenizer=_tokenizer_published_by(backend, job_dir) if role.evaluated else None,
         containers=launcher == "srun-containers",
         iteration=pinned if backend.takes_iteration else None,
         report_file=JobDir(job_dir).join(role.served_file) if backend.reports_checkpoint else None,

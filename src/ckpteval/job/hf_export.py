@@ -106,7 +106,7 @@ def export_step(
         argv += ["--tokenizer", tokenizer]
     if pinned is not None:
         argv += ["--pinned", pinned]
-    image = compiled.profile.container_image if containers else None
+    image = compiled.profile.part.step_image() if containers else None
     return Step(
         command="exec " + shlex.join(argv),
         env=dict(compiled.config.execution.env_vars),

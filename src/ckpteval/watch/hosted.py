@@ -1,5 +1,9 @@
 """A watcher that lives on the cluster: `evaluate watch DIR -c CFG --run PROFILE --detach`.
 
+A feature of the Slurm executor (its registry entry's `hosts_watchers`): the profile is a Slurm cluster's
+(`SlurmProfile`: its `watch_*` keys), the watcher's job header is the Slurm side's (`cluster.watcher_job`), and
+an executor that hosts no watchers is refused before anything is contacted.
+
 From the user's machine (`submit_hosted`), over the profile's SSH: check that the cluster's Python runs this
 version of ckpteval, refuse when a watcher of the run is already queued or running, and submit the watcher's
 script with its files into its home on the cluster (`<remote_job_dir>/watch/<run>/`): a CPU-only job (one
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ckpteval.config.executors import slurm_part
 from ckpteval.config.profiles import Profile, toml_value
 from ckpteval.errors import ClusterError, ConfigError
 from ckpteval.watch.state import WatchSpec, WatchState, run_name
@@ -71,7 +76,9 @@ class HostedWatch:
 
     @property
     def python(self) -> str:
-        return self.profile.watch_python or self.profile.python
+        from ckpteval.cluster.watcher_job import watcher_python
+
+        return watcher_python(slurm_part(self.profile))[1]
 
     def path(self, name: str) -> str:
         return posixpath.join(self.home, name)
@@ -89,18 +96,19 @@ class HostedWatch:
 
 def hosted_home(profile: Profile, run: str) -> str:
     """The watcher's home on the cluster: its script, env, spec, log and the run's state (under state/)."""
-    if not profile.remote_job_dir:
+    remote_job_dir = profile.part.files_dir()
+    if not remote_job_dir:
         raise ConfigError(
             f"Profile [{profile.name}] has no remote_job_dir: the cluster-hosted watcher keeps its state there.",
             hint='Set remote_job_dir = "/lustre/.../ckpteval" (absolute, on the cluster) in the profile.',
         )
-    return posixpath.join(profile.remote_job_dir, "watch", run)
+    return posixpath.join(remote_job_dir, "watch", run)
 
 
 def cluster_env_toml(profile: Profile, wandb: dict[str, str | None]) -> str:
     """The env.toml the watcher reads on the cluster: the profile as it is, but reached `tunnel = "local"`
     (it runs there: listings and sbatch without SSH) and without the SSH keys it no longer needs."""
-    values = dataclasses.asdict(profile)
+    values = profile.to_config()
     name = values.pop("name")
     values.pop("extends", None)
     values["tunnel"] = "local"
@@ -118,22 +126,9 @@ def render_watcher_script(hosted: HostedWatch) -> str:
     """The watcher's sbatch script: CPU-only, one CPU, its time limit and the signal ahead of it, one link
     at a time (singleton), requeued if its node fails; the Python runs as the batch shell (exec), so the
     `B:` signal reaches it."""
-    p = hosted.profile
-    flags = {
-        "job-name": job_name(hosted.run),
-        "partition": p.watch_partition or p.partition,
-        "account": p.watch_account or p.account,
-        "time": p.watch_time,
-        "nodes": "1",
-        "ntasks": "1",
-        "cpus-per-task": "1",
-        "signal": f"B:USR1@{p.watch_signal_lead}",
-        "dependency": "singleton",
-        "output": hosted.path("watcher-%j.out"),
-    }
-    lines = ["#!/bin/bash"]
-    lines += [f"#SBATCH --{k}={shlex.quote(str(v))}" for k, v in flags.items() if v]
-    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append", ""]
+    from ckpteval.cluster.watcher_job import watcher_header
+
+    lines = watcher_header(slurm_part(hosted.profile), name=job_name(hosted.run), output=hosted.path("watcher-%j.out"))
     lines += [
         "# the evaluation jobs this watcher submits get no GPU request from here: sbatch's own settings only",
         f"export CKPTEVAL_STATE_DIR={shlex.quote(hosted.path('state'))}",
@@ -151,7 +146,7 @@ def plan_hosted(spec: WatchSpec) -> HostedWatch:
 
     env = load_env_file(Path(spec.env_file) if spec.env_file else None)
     profile = env.profile(spec.profile)
-    if not find_executor(profile.executor).hosts_watchers or profile.tunnel != "ssh":
+    if not find_executor(profile.executor).hosts_watchers or profile.part.files_here():
         raise ConfigError(
             "--detach puts the watcher on a Slurm cluster reached over SSH: name such a profile with --run.",
             hint="evaluate watch /lustre/run42/checkpoints -c sft --run MY-CLUSTER --detach",
@@ -261,7 +256,9 @@ def submit_hosted(spec: WatchSpec) -> HostedSubmission:
         remote = host.remote
         problem = python_problem(remote, hosted.python)
         if problem:
-            key = "watch_python" if hosted.profile.watch_python else "python"
+            from ckpteval.cluster.watcher_job import watcher_python
+
+            key = watcher_python(slurm_part(hosted.profile))[0]
             raise ConfigError(
                 f"Profile [{hosted.profile.name}]: {key} = {shlex.quote(hosted.python)} on {host.description} "
                 f"runs the watcher, but {problem}.",

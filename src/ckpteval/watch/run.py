@@ -128,7 +128,7 @@ def runs_here(profile: Profile) -> bool:
     is the cluster's login node (`tunnel = "local"`)."""
     from ckpteval.config.executors import find_executor
 
-    return not find_executor(profile.executor).on_cluster or profile.tunnel == "local"
+    return not find_executor(profile.executor).on_cluster or profile.part.files_here()
 
 
 def jobs_run_here(profile: Profile) -> bool:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import make_profile
 from ckpteval.execution.slurm_state import SlurmSubmission
 from ckpteval.invocation.record import InvocationRecord, TaskEntry
 
@@ -21,7 +20,7 @@ def refused_port() -> int:
 
 
 def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fail(isolated_user):
-    profile = Profile(name="gone", host="127.0.0.1", port=refused_port(), user="me", remote_job_dir="/x")
+    profile = make_profile(name="gone", host="127.0.0.1", port=refused_port(), user="me", remote_job_dir="/x")
     InvocationRecord(
         id="aaaa0001",
         created="2026-01-01T00:00:00Z",
@@ -30,7 +29,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         executor="slurm",
         job_dir="/x/evaluations/aaaa0001",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
-        placement=SlurmSubmission(connection=dataclasses.asdict(profile), sbatch={}, job_ids=["42"]),
+        placement=SlurmSubmission(connection=profile.to_config(), sbatch={}, job_ids=["42"]),
     ).save()
     InvocationRecord(
         id="bbbb0002",
@@ -41,7 +40,7 @@ def test_an_unreachable_cluster_makes_its_invocations_unknown_not_the_listing_fa
         job_dir="/x/evaluations/bbbb0002",
         tasks=[TaskEntry("adlr_mmlu", "tasks/adlr_mmlu")],
         placement=SlurmSubmission(
-            connection=dataclasses.asdict(profile), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
+            connection=profile.to_config(), sbatch={}, submit_error="Slurm refused the job (sbatch): no"
         ),
     ).save()
     result = CliRunner().invoke(app, ["status", "--json"])

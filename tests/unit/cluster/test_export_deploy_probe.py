@@ -43,9 +43,9 @@ def run_probe(root: Path, tmp_path: Path) -> str:
 
 
 def _profile():  # type: ignore[no-untyped-def]
-    from ckpteval.config.profiles import Profile
+    from ckpteval.config.profiles import make_profile
 
-    return Profile(name="c", executor="slurm", account="acct", partition="batch", remote_job_dir="/c")
+    return make_profile(name="c", executor="slurm", account="acct", partition="batch", remote_job_dir="/c")
 
 
 def tree(tmp_path: Path, **scripts: str | Path) -> Path:

@@ -12,10 +12,10 @@ from ckpteval.cluster.fetch import fetch_job_dir
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
 from ckpteval.cluster.remote import ConnectionLost, LocalRemote
 from ckpteval.cluster.session import ClusterSession
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import Profile, make_profile
 from ckpteval.errors import ClusterError
 
-PROFILE = Profile(name="here", tunnel="local")
+PROFILE = make_profile(name="here", tunnel="local")
 
 
 class FlakyRemote(LocalRemote):

@@ -11,7 +11,7 @@ import pytest
 
 from ckpteval.cluster.preflight import check_builtin_python, forget_answers, needs_cluster_python
 from ckpteval.cluster.remote import LocalRemote, RunResult
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import Profile, make_profile
 from ckpteval.errors import ConfigError
 from ckpteval.job.plan import DeploymentPlan, JobPlan, Step
 
@@ -37,7 +37,7 @@ def plan(kind: str = "megatron/builtin", image: str | None = None) -> JobPlan:
 
 
 def profile(python: str) -> Profile:
-    return Profile(name="C", tunnel="local", remote_job_dir="/j", python=python)
+    return make_profile(name="C", tunnel="local", remote_job_dir="/j", python=python)
 
 
 @pytest.fixture(autouse=True)

@@ -18,10 +18,10 @@ from ckpteval.cluster.squash import (
     plan_squash,
     squash_applies,
 )
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import make_profile
 from ckpteval.errors import ConfigError
 
-PROFILE = Profile(
+PROFILE = make_profile(
     name="C",
     host="login.example.com",
     account="llm",
@@ -60,7 +60,7 @@ def test_build_settings_default_to_the_run_and_can_be_set_apart():
         "--account=llm",
         "--partition=batch",
     ]
-    own = Profile(
+    own = make_profile(
         name="C",
         account="llm",
         partition="batch",
@@ -77,21 +77,21 @@ def test_build_settings_default_to_the_run_and_can_be_set_apart():
 
 def test_remote_job_dir_must_be_set_and_absolute():
     with pytest.raises(ConfigError, match="has no `remote_job_dir`"):
-        plan_squash(REFS, Profile(name="C", host="h"), check=False)
+        plan_squash(REFS, make_profile(name="C", host="h"), check=False)
     with pytest.raises(ConfigError, match="must be an absolute path") as err:
-        plan_squash(REFS, Profile(name="C", host="h", remote_job_dir="~/ckpteval"), check=False)
+        plan_squash(REFS, make_profile(name="C", host="h", remote_job_dir="~/ckpteval"), check=False)
     assert "not expanded" in err.value.hint
 
 
 def test_bad_reference_fails_before_any_connection():
     # host is unresolvable: reaching the network would raise ClusterError, not ConfigError
-    profile = Profile(name="C", host="no-such-host.invalid", remote_job_dir="/x")
+    profile = make_profile(name="C", host="no-such-host.invalid", remote_job_dir="/x")
     with pytest.raises(ConfigError, match="not a container image reference"):
         plan_squash([ImageRef("deployment.image", "img:1; rm -rf ~")], profile, check=True)
 
 
 def test_no_squash_for_local_runs():
-    local = Profile(name="local", executor="local", tunnel="local")
+    local = make_profile(name="local", executor="local")
     assert not squash_applies(local)
     assert squash_applies(PROFILE)
 
@@ -119,7 +119,9 @@ def test_import_script_is_valid_bash_without_comments():
 
 def test_script_refuses_a_host_without_srun(tmp_path):
     plan = plan_squash(
-        [ImageRef("deployment.image", "ubuntu:22.04")], Profile(name="C", remote_job_dir=str(tmp_path)), check=False
+        [ImageRef("deployment.image", "ubuntu:22.04")],
+        make_profile(name="C", remote_job_dir=str(tmp_path)),
+        check=False,
     )
     argv = import_command(plan.items[0], plan, force=False)
     argv[9] = "no-such-srun-binary"

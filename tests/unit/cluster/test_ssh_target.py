@@ -8,7 +8,7 @@ import pytest
 
 from ckpteval.cluster.ssh import SSHRemote
 from ckpteval.cluster.ssh_hosts import resolve_target, trust_command
-from ckpteval.config.profiles import Profile
+from ckpteval.config.profiles import make_profile
 from ckpteval.errors import ClusterError
 
 CONFIG = """
@@ -77,6 +77,6 @@ def test_trust_command_names_the_port_and_default_file(ssh_config):
 
 def test_missing_host_or_key_file_is_a_clear_error(tmp_path):
     with pytest.raises(ClusterError, match="no `host`"):
-        SSHRemote.connect(Profile(name="C", host=None))
+        SSHRemote.connect(make_profile(name="C", host=None))
     with pytest.raises(ClusterError, match=r"identity file .* does not exist"):
-        SSHRemote.connect(Profile(name="C", host="h", identity=str(tmp_path / "nope")))
+        SSHRemote.connect(make_profile(name="C", host="h", identity=str(tmp_path / "nope")))

@@ -29,9 +29,9 @@ def test_extends_inherits_and_overrides(write_env):
     write_env(CLUSTER)
     env = load_env_file()
     debug = env.profile("debug")
-    assert debug.host == "login.example.com"
-    assert debug.partition == "interactive"
-    assert debug.env_vars == {"A": "1", "B": "two"}  # tables merge key by key
+    assert debug.part.host == "login.example.com"
+    assert debug.part.partition == "interactive"
+    assert debug.part.env_vars == {"A": "1", "B": "two"}  # tables merge key by key
     assert debug.extends is None
     assert env.wandb.project == "evals"
 
@@ -64,7 +64,7 @@ def test_user_config_dir_is_last_resort(isolated_user: Path):
     cfg = Path(os.environ["XDG_CONFIG_HOME"]) / "ckpteval"
     cfg.mkdir(parents=True)
     (cfg / "env.toml").write_text("[u]\nhost='user'\n")
-    assert load_env_file().profile("u").host == "user"
+    assert load_env_file().profile("u").part.host == "user"
 
 
 @pytest.mark.parametrize(

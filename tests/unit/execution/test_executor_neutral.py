@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 
 import ckpteval
-from ckpteval.config.executors import cluster_executors
+from ckpteval.config.executors import cluster_executors, find_executor
 from ckpteval.execution.backend import InvocationStatus
 from ckpteval.invocation.record import FinalStatus, InvocationRecord
 
@@ -35,6 +35,15 @@ NEUTRAL = [
     "job/plan.py",
     "job/files.py",
     "job/request_groups.py",
+    "job/hf_export.py",
+    "job/roles.py",
+    "config/profiles.py",
+    "config/profile_types.py",
+    "config/compile.py",
+    "config/compose.py",
+    "export/job.py",
+    "watch/kept.py",
+    "watch/curves.py",
 ]
 # Words that only one executor's code has (its scheduler, its transport), and the names of the executors that
 # run jobs on another machine ("local" is also the word for this machine and the attached mode: not counted).
@@ -97,6 +106,35 @@ def executor_words(source: str) -> list[str]:
 def test_the_neutral_layers_name_no_executor():
     named = {rel: found for rel in NEUTRAL if (found := executor_words((SRC / rel).read_text()))}
     assert named == {}
+
+
+def _profile_fields_read(source: str, fields: set[str]) -> list[str]:
+    """`profile.<field>` / `x.profile.<field>` in `source` for a field of `fields`, as `line: field`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in fields:
+            holder = node.value
+            name = (
+                holder.id if isinstance(holder, ast.Name) else holder.attr if isinstance(holder, ast.Attribute) else ""
+            )
+            if name == "profile":
+                found.append(f"{node.lineno}: {node.attr}")
+    return found
+
+
+def test_the_neutral_layers_read_no_executors_profile_key():
+    """An executor's env.toml keys are its profile part's (`Profile.part`): the neutral layers ask the part
+    (`files_dir`, `step_python`, `data_offline` ...) and read none of its fields."""
+    fields = {
+        f.name
+        for executor in ("local", *cluster_executors())
+        for f in dataclasses.fields(find_executor(executor).profile)
+    }
+    read = {rel: found for rel in NEUTRAL if (found := _profile_fields_read((SRC / rel).read_text(), fields))}
+    assert read == {}
+    assert _profile_fields_read("x = compiled.profile.partition\ny = profile.part.files_dir()", fields) == [
+        "1: partition"
+    ]
 
 
 def test_the_pipeline_imports_nothing_of_the_cluster_package():

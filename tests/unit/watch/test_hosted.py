@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
-from ckpteval.config.profiles import Profile, load_env_file
+from ckpteval.config.profiles import Profile, load_env_file, make_profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.backend import ScriptJob
 from ckpteval.watch import hosted
@@ -25,7 +25,7 @@ from ckpteval.watch.state import WatchSpec, run_name, stop_file
 from tests.support.waiting import wait_until
 
 runner = CliRunner()
-PROFILE = Profile(
+PROFILE = make_profile(
     name="CL",
     host="login.example",
     user="me",
@@ -80,7 +80,7 @@ def test_the_watcher_script_is_a_one_cpu_job_that_signals_itself_ahead_of_its_li
 
 
 def test_the_watcher_falls_back_to_the_evaluations_partition_and_python():
-    profile = Profile(name="CL", partition="batch", remote_job_dir="/r", python="py3", watch_python=None)
+    profile = make_profile(name="CL", partition="batch", remote_job_dir="/r", python="py3", watch_python=None)
     script = hosted.render_watcher_script(_hosted(profile))
     assert "#SBATCH --partition=batch" in script and "exec py3 -m ckpteval.watch.hosted" in script
     assert "#SBATCH --signal=B:USR1@300" in script and "#SBATCH --time=04:00:00" in script
@@ -93,7 +93,7 @@ def test_the_cluster_env_is_the_same_profile_reached_locally(tmp_path: Path):
     path.write_text(text)
     assert tomllib.loads(text)["wandb"] == {"entity": "team"}
     there = load_env_file(path).profile("CL")
-    assert there.tunnel == "local" and there.host is None and there.user is None
+    assert there.part.tunnel == "local" and there.part.host is None and there.part.user is None
     expected = {**PROFILE.to_config(), "tunnel": "local", "host": None, "user": None}
     assert there.to_config() == expected
 
