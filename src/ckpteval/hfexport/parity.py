@@ -174,7 +174,7 @@ def _compare_config(arch: Any, config: dict[str, Any]) -> tuple[list[str], list[
     differences = [str(d).replace(" in it", " in config.json") for d in disagreements]
     window = None if arch.window_size is None else arch.window_size[0] + 1
     theirs = view.get("sliding_window") if view.get("use_sliding_window", True) else None
-    compared.append("window_size")
+    compared += [] if "window_size" in compared else ["window_size"]
     if (theirs or None) != window:
         differences.append(f"window_size={arch.window_size} in the checkpoint, sliding_window={theirs} in config.json")
     compared += ["rotary_interleaved", "no_rope_freq"]
