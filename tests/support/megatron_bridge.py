@@ -251,10 +251,11 @@ def import_with_bridge(hf_dir: Path, out: Path) -> None:
     `provide_distributed_model(use_cpu_initialization=True)` and `save_megatron_model(low_memory_save=True)`
     with the model's directory as the tokenizer. One call of `import_ckpt` cannot run here, and these are the
     only changes: the Hugging Face config gets transformers 4's RoPE attribute names (Bridge 0.3.1 requires
-    transformers < 5: `_transformers_4_rope_names`), the provider's layer spec is megatron-core's local one and its fusion flags are off (TE is
-    stubbed: `finalize` refuses apply_rope_fusion without it), the one-rank world is gloo (its
-    `provide_distributed_model` would start nccl), and megatron-core's CPU patches (`server.cpu`) apply. The
-    checkpoint's CUDA RNG state is read and dropped (`save_rng=False`), so it reads the CPU one instead.
+    transformers < 5: `_transformers_4_rope_names`), the provider's layer spec is megatron-core's local one
+    and its fusion flags are off (TE is stubbed: `finalize` refuses apply_rope_fusion without it), the
+    one-rank world is gloo (its `provide_distributed_model` would start nccl), and megatron-core's CPU patches
+    (`server.cpu`) apply. The checkpoint's CUDA RNG state is read and dropped (`save_rng=False`), so it reads
+    the CPU one instead.
     Call in a process of its own: it starts a world, and its writer spawns processes that re-import __main__.
     """
     import socket

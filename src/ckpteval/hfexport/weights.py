@@ -2,9 +2,10 @@
 
 The inverse of what `evaluate prepare` and the test corpus do: the fused QKV is split per query group
 ([q heads of the group, k, v]), the fused gate/up projection into its halves, the experts one by one, and
-the padded vocabulary rows cut off. Queries and keys are never permuted: megatron-core with rotary_interleaved
-rotates adjacent pairs as Llama-4's model does, and without it halves as the other families do. Every megatron tensor must be used: one left over is an error that names
-it (a setting the family would silently drop).
+the padded vocabulary rows cut off. Queries and keys are never permuted: megatron-core with
+rotary_interleaved rotates adjacent pairs as Llama-4's model does, and without it halves as the other
+families do. Every megatron tensor must be used: one left over is an error that names it (a setting the
+family would silently drop).
 """
 
 from __future__ import annotations

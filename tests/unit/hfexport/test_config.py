@@ -100,9 +100,8 @@ def test_llama4_config_says_what_megatron_computes_to_transformers_and_to_vllm()
     # no chunk boundary inside the context, and no query rescaling on the NoPE layers
     assert config["attention_chunk_size"] == 4096 and config["attn_temperature_tuning"] is False
     # vLLM turns the rescaling on past 32k tokens unless generation_config.json says otherwise
-    assert generation_config(hf_family(arch), bos_token_id=None, eos_token_id=2, pad_token_id=None)[
-        "attn_temperature_tuning"
-    ] is False
+    generation = generation_config(hf_family(arch), bos_token_id=None, eos_token_id=2, pad_token_id=None)
+    assert generation["attn_temperature_tuning"] is False
     assert "attn_temperature_tuning" not in generation_config(
         hf_family(LLAMA), bos_token_id=None, eos_token_id=2, pad_token_id=None
     )

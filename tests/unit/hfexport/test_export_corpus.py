@@ -81,8 +81,9 @@ def test_the_config_reads_as_the_original_model_s(checkpoints, exports) -> None:
             assert getattr(ours, key, None) == getattr(original, key, None), (name, key)
 
 
-def test_a_llama4_export_whose_no_rope_layers_were_edited_is_refused_naming_them(exports, checkpoints,
-                                                                                   tmp_path: Path) -> None:
+def test_a_llama4_export_whose_no_rope_layers_were_edited_is_refused_naming_them(
+    exports, checkpoints, tmp_path: Path
+) -> None:
     import json
     import shutil
 
@@ -95,9 +96,7 @@ def test_a_llama4_export_whose_no_rope_layers_were_edited_is_refused_naming_them
     config["no_rope_layers"] = [1, 1]  # the second layer rotates too
     (copy / "config.json").write_text(json.dumps(config))
     report = check_parity(checkpoints["llama4_no_rope"], copy)
-    assert report.config_differences == (
-        "no_rope_freq=(0, 1) in the checkpoint, no_rope_layers=[1, 1] in config.json",
-    )
+    assert report.config_differences == ("no_rope_freq=(0, 1) in the checkpoint, no_rope_layers=[1, 1] in config.json",)
     assert report.max_abs_logit_diff > report.tolerance and not report.passed
 
 
