@@ -143,8 +143,15 @@ def test_vllm_exports_once_waits_for_the_lock_reuses_and_scores(  # type: ignore
         assert "identity" in log and "verified" in log  # the stand-in lists the job's identity in /v1/models
         deployment_log = (job_dir / "logs" / "deployment.log").read_text()
         assert f"loading {job_dir}/hf_export (stand-in for vLLM" in deployment_log
-        task = json.loads(cli("results", record.id, "--json").stdout)["tasks"][TASK]
+        shown = json.loads(cli("results", record.id, "--json").stdout)
+        task = shown["tasks"][TASK]
         assert task["status"] == "succeeded" and task["n_samples"] == 4
+        # results.json names what was served: the content the export step hashed, the export the engine read
+        checkpoint = shown["provenance"]["checkpoint"]
+        assert (checkpoint["source"], checkpoint["verified"], checkpoint["mismatch"]) == ("export step", True, [])
+        assert checkpoint["files_sha256"] == exporter[0]["identity"].rpartition(":")[2]
+        assert checkpoint["served_as"]["engine_reads"] == exporter[0]["served"]
+        assert checkpoint["served_as"]["parity"]["passed"]
         scores.append({name: m["value"] for name, m in task["metrics"].items()})
     assert scores[0] == scores[1] and scores[0]
 

@@ -1,9 +1,11 @@
-"""Megatron-Bridge's own code, run from its unpacked wheel, to check what our Bridge-layout builders write.
+"""Megatron-Bridge's own code, run from its unpacked wheel: to check what our Bridge-layout builders write,
+and to write checkpoints with Bridge's own Hugging Face importer.
 
 megatron-bridge cannot be installed here: it requires Transformer Engine (CUDA), mamba-ssm and
 causal-conv1d. Its config readers and CPU loaders import those only to build GPU layers, so with
 them (and a few other optional imports) stubbed, `read_run_config`, `load_model_config`,
-`load_tokenizer` and `build_and_load_model(use_cpu_init=True)` run on a CPU.
+`load_tokenizer` and `build_and_load_model(use_cpu_init=True)` run on a CPU, and so does its importer
+(`import_with_bridge`: `AutoBridge.import_ckpt`'s steps, with the provider's GPU-only settings off).
 
 The wheel is fetched once with pip (`pip download --no-deps`) into the uv cache directory
 (`$UV_CACHE_DIR`, else ~/.cache/uv) under `ckpteval-wheels/`, and unpacked beside it.
@@ -214,5 +216,85 @@ def check_with_bridge(iter_dir: Path, out: Path) -> None:
     )
 
 
+# The provider's settings that name CUDA kernels (Transformer Engine's fused RoPE, apex's fused norms...):
+# megatron-core refuses them without TE; off, the same weights compute the same function unfused.
+_GPU_FUSIONS = (
+    "gradient_accumulation_fusion",
+    "masked_softmax_fusion",
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "persist_layer_norm",
+)
+
+
+def _transformers_4_rope_names(config: Any) -> None:
+    """Give a transformers 5 config the RoPE attributes transformers 4 had (`rope_theta`, `rope_scaling`).
+
+    Megatron-Bridge 0.3.1 requires transformers < 5 and reads those two (model_bridge.py CONFIG_MAPPING and
+    its rope_scaling handling); transformers 5 keeps them in `rope_parameters` only, so under 5 Bridge would
+    silently build every model with its default RoPE base (10000). ckpteval pins transformers 5.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or getattr(config, "rope_theta", None) is not None:
+        return
+    config.rope_theta = params["rope_theta"]
+    scaled = params.get("rope_type", "default") != "default"
+    config.rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"} if scaled else None
+
+
+def import_with_bridge(hf_dir: Path, out: Path) -> None:
+    """Write the Hugging Face model at `hf_dir` as a Megatron checkpoint at `out` with Megatron-Bridge's importer.
+
+    The steps of `AutoBridge.import_ckpt` (0.3.1, models/conversion/auto_bridge.py:729-744): `from_hf_pretrained`,
+    the provider with the weights loaded by Bridge's own parameter mappings (`to_megatron_provider`),
+    `provide_distributed_model(use_cpu_initialization=True)` and `save_megatron_model(low_memory_save=True)`
+    with the model's directory as the tokenizer. One call of `import_ckpt` cannot run here, and these are the
+    only changes: the Hugging Face config gets transformers 4's RoPE attribute names (Bridge 0.3.1 requires
+    transformers < 5: `_transformers_4_rope_names`), the provider's layer spec is megatron-core's local one
+    and its fusion flags are off (TE is stubbed: `finalize` refuses apply_rope_fusion without it), the
+    one-rank world is gloo (its `provide_distributed_model` would start nccl), and megatron-core's CPU patches
+    (`server.cpu`) apply. The checkpoint's CUDA RNG state is read and dropped (`save_rng=False`), so it reads
+    the CPU one instead.
+    Call in a process of its own: it starts a world, and its writer spawns processes that re-import __main__.
+    """
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    source = bridge_source()
+    if isinstance(source, str):
+        raise SystemExit(source)
+    import_bridge(source)
+    from megatron.core import parallel_state
+
+    from ckpteval.server.cpu import apply_cpu_patches
+
+    apply_cpu_patches()
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()  # type: ignore[assignment]
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", world_size=1, rank=0)
+    parallel_state.initialize_model_parallel()
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.models.gpt_provider import local_layer_spec
+
+    bridge = AutoBridge.from_hf_pretrained(str(hf_dir))
+    _transformers_4_rope_names(bridge.hf_pretrained.config)
+    provider = bridge.to_megatron_provider(load_weights=True)
+    provider.transformer_layer_spec = local_layer_spec
+    for flag in _GPU_FUSIONS:
+        setattr(provider, flag, False)
+    provider.finalize()
+    model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+    bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(hf_dir), low_memory_save=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    check_with_bridge(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1] == "import":  # python -m tests.support.megatron_bridge import HF_DIR OUT
+        import_with_bridge(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:  # python -m tests.support.megatron_bridge ITER_DIR OUT
+        check_with_bridge(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -39,6 +39,7 @@ FAMILIES = {
     "qwen2_moe": HfFamily("qwen2_moe", "Qwen2MoeForCausalLM"),
     "qwen3_moe": HfFamily("qwen3_moe", "Qwen3MoeForCausalLM"),
     "nemotron": HfFamily("nemotron", "NemotronForCausalLM"),
+    "llama4_text": HfFamily("llama4_text", "Llama4ForCausalLM"),
 }
 
 
@@ -54,9 +55,6 @@ def hf_family(arch: ModelArchitecture, *, where: str = "the checkpoint") -> HfFa
     a = arch
     unsupported = [
         ("position_embedding_type", a.position_embedding_type, a.position_embedding_type != "rope"),
-        ("rotary_interleaved", True, a.rotary_interleaved),
-        ("qk_l2_norm", True, a.qk_l2_norm),
-        ("no_rope_freq", a.no_rope_freq, a.no_rope_freq is not None),
         ("window_attn_skip_freq", a.window_attn_skip_freq, a.window_attn_skip_freq is not None),
         ("softmax_type", a.softmax_type, a.softmax_type != "vanilla"),
         ("quick_geglu", True, a.quick_geglu),
@@ -79,6 +77,8 @@ def hf_family(arch: ModelArchitecture, *, where: str = "the checkpoint") -> HfFa
                       "RMSNorm and SwiGLU; Nemotron needs layernorm-1p and squared ReLU)")  # fmt: skip
     if a.rotary_percent != 1.0:
         raise _refuse(where, f"rotary_percent={a.rotary_percent} (only Nemotron rotates part of each head)")
+    if a.rotary_interleaved or a.qk_l2_norm or a.no_rope_freq is not None:
+        return _llama4_family(a, where)
     if a.is_moe:
         return _moe_family(a, where)
     if a.qk_layernorm:
@@ -94,6 +94,33 @@ def hf_family(arch: ModelArchitecture, *, where: str = "the checkpoint") -> HfFa
             raise _refuse(where, "a sliding window (Mistral) with linear biases")
         return FAMILIES["mistral"]
     return FAMILIES["llama"]
+
+
+def nope_layers(a: ModelArchitecture) -> tuple[bool, ...]:
+    """Per layer, whether it skips RoPE (megatron-core's `no_rope_freq`: every Nth layer, or one 0/1 each)."""
+    pattern = a.no_rope_freq
+    if pattern is None:
+        return (False,) * a.num_layers
+    if isinstance(pattern, int):
+        return tuple((n + 1) % pattern == 0 for n in range(a.num_layers))
+    return tuple(bool(v) for v in pattern)
+
+
+def _llama4_family(a: ModelArchitecture, where: str) -> HfFamily:
+    """Llama-4's text model, the one family that rotates interleaved pairs (its RoPE is a complex product), norms
+    queries and keys without a weight (`use_qk_norm`) and has layers without RoPE (`no_rope_layers`); dense only."""
+    if not a.rotary_interleaved:
+        raise _refuse(where, "qk_l2_norm or no_rope_freq with rotary_interleaved=False (Llama-4, the only family "
+                      "with them, rotates interleaved pairs)")  # fmt: skip
+    if a.is_moe:
+        raise _refuse(where, "rotary_interleaved=True in a mixture of experts (Llama-4's experts: sigmoid top-1 "
+                      "routing on the input, a shared expert) is not written by this exporter")  # fmt: skip
+    if a.qk_layernorm or a.add_qkv_bias or a.add_bias_linear or a.window_size is not None:
+        raise _refuse(where, "rotary_interleaved=True (Llama-4) with qk-layernorm, a bias or a sliding window")
+    if a.qk_l2_norm and any(nope_layers(a)):
+        raise _refuse(where, "qk_l2_norm=True with no_rope_freq: megatron-core norms the queries and keys of its "
+                      "layers without RoPE too, Llama-4 only those of its RoPE layers")  # fmt: skip
+    return FAMILIES["llama4_text"]
 
 
 def _moe_family(a: ModelArchitecture, where: str) -> HfFamily:
@@ -209,6 +236,17 @@ def hf_config(
         )
     if kind == "qwen2_moe":
         config["shared_expert_intermediate_size"] = a.moe_shared_expert_intermediate_size
+    if kind == "llama4_text":
+        config.update(
+            intermediate_size_mlp=a.ffn_hidden_size,  # its dense MLP's width (intermediate_size: the experts')
+            use_qk_norm=a.qk_l2_norm,
+            no_rope_layers=[0 if nope else 1 for nope in nope_layers(a)],  # 1: the layer rotates
+            moe_layers=[],  # transformers reads the list,
+            interleave_moe_layer_step=0,  # vLLM the step (0: no MoE layer)
+            # chunked attention on the RoPE layers, in chunks no context fills: plain causal, as megatron's
+            attention_chunk_size=a.max_position_embeddings,
+            attn_temperature_tuning=False,  # megatron-core does not rescale the queries of its NoPE layers
+        )
     if kind == "nemotron":
         del config["rms_norm_eps"]
         config.update(
@@ -222,14 +260,19 @@ def hf_config(
 
 
 def generation_config(
-    *, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None
+    family: HfFamily, *, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None
 ) -> dict[str, Any]:
-    """generation_config.json: the tokens generation stops at, the same the builtin server stops at (its EOS)."""
-    return {
+    """generation_config.json: the tokens generation stops at, the same the builtin server stops at (its EOS).
+    For Llama-4 also `attn_temperature_tuning` off: vLLM takes it from here (default on past 32k tokens of
+    context), not from config.json."""
+    config: dict[str, Any] = {
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
         "pad_token_id": pad_token_id,
     }
+    if family.model_type == "llama4_text":
+        config["attn_temperature_tuning"] = False
+    return config
 
 
 def legacy_view(config: dict[str, Any]) -> dict[str, Any]:

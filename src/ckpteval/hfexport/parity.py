@@ -160,7 +160,7 @@ def check_parity(checkpoint: str | Path, hf_dir: str | Path, *, tokenizer: str |
 
 
 def _compare_config(arch: Any, config: dict[str, Any]) -> tuple[list[str], list[str]]:
-    from ckpteval.checkpoint.hf_export_config import legacy_view
+    from ckpteval.checkpoint.hf_export_config import legacy_view, nope_layers
     from ckpteval.checkpoint.origin import compare_with_origin
 
     view = legacy_view(config)
@@ -174,9 +174,19 @@ def _compare_config(arch: Any, config: dict[str, Any]) -> tuple[list[str], list[
     differences = [str(d).replace(" in it", " in config.json") for d in disagreements]
     window = None if arch.window_size is None else arch.window_size[0] + 1
     theirs = view.get("sliding_window") if view.get("use_sliding_window", True) else None
-    compared.append("window_size")
+    compared += [] if "window_size" in compared else ["window_size"]
     if (theirs or None) != window:
         differences.append(f"window_size={arch.window_size} in the checkpoint, sliding_window={theirs} in config.json")
+    compared += ["rotary_interleaved", "no_rope_freq"]
+    llama4 = view.get("model_type") == "llama4_text"  # the one family that rotates interleaved pairs
+    if arch.rotary_interleaved != llama4:
+        differences.append(f"rotary_interleaved={arch.rotary_interleaved} in the checkpoint, model_type="
+                           f"{view.get('model_type')} in config.json")  # fmt: skip
+    mine = [0 if nope else 1 for nope in nope_layers(arch)]
+    rotating = view.get("no_rope_layers") if llama4 else [1] * arch.num_layers
+    if rotating != mine:
+        differences.append(f"no_rope_freq={arch.no_rope_freq} in the checkpoint, no_rope_layers={rotating} in "
+                           "config.json")  # fmt: skip
     return compared, differences
 
 

@@ -2,8 +2,10 @@
 
 The inverse of what `evaluate prepare` and the test corpus do: the fused QKV is split per query group
 ([q heads of the group, k, v]), the fused gate/up projection into its halves, the experts one by one, and
-the padded vocabulary rows cut off. Every megatron tensor must be used: one left over is an error that names
-it (a setting the family would silently drop).
+the padded vocabulary rows cut off. Queries and keys are never permuted: megatron-core with
+rotary_interleaved rotates adjacent pairs as Llama-4's model does, and without it halves as the other
+families do. Every megatron tensor must be used: one left over is an error that names it (a setting the
+family would silently drop).
 """
 
 from __future__ import annotations
@@ -59,20 +61,21 @@ def megatron_to_hf(
         if arch.is_moe:
             _experts(take, state, out, m, h, arch, family)
         else:
+            mlp = h + ("feed_forward." if family.model_type == "llama4_text" else "mlp.")  # Llama-4's name
             fc1 = take(m + "mlp.linear_fc1.weight")
             if arch.swiglu:
                 gate, up = fc1.chunk(2, dim=0)
-                out[h + "mlp.gate_proj.weight"] = gate
-                out[h + "mlp.up_proj.weight"] = up
+                out[mlp + "gate_proj.weight"] = gate
+                out[mlp + "up_proj.weight"] = up
             else:
-                out[h + "mlp.up_proj.weight"] = fc1
+                out[mlp + "up_proj.weight"] = fc1
             if m + "mlp.linear_fc1.bias" in state:
                 bias = take(m + "mlp.linear_fc1.bias")
                 if arch.swiglu:
-                    out[h + "mlp.gate_proj.bias"], out[h + "mlp.up_proj.bias"] = bias.chunk(2)
+                    out[mlp + "gate_proj.bias"], out[mlp + "up_proj.bias"] = bias.chunk(2)
                 else:
-                    out[h + "mlp.up_proj.bias"] = bias
-            copy(m + "mlp.linear_fc2", h + "mlp.down_proj")
+                    out[mlp + "up_proj.bias"] = bias
+            copy(m + "mlp.linear_fc2", mlp + "down_proj")
     left = sorted(set(state) - used)
     if left:
         raise DeploymentError(

@@ -177,7 +177,7 @@ def _write(info: Any, family: Any, staging: Path, output: Path, identity: str, s
     tokenizer_ids = _copy_tokenizer(info.tokenizer_dir, staging)
     config = hf_config(arch, family, vocab_size=vocab, dtype=dtype, **tokenizer_ids)
     _write_json(staging / "config.json", config)
-    _write_json(staging / "generation_config.json", generation_config(**tokenizer_ids))
+    _write_json(staging / "generation_config.json", generation_config(family, **tokenizer_ids))
     result = HfExport(
         output=output,
         checkpoint=info.iter_dir,

@@ -16,8 +16,9 @@ score table's notes, `evaluate status ID`, `evaluate report`, `evaluate compare`
 - **answers from several checkpoints**: a task's answers name more than one checkpoint content (the
   `x-ckpteval-checkpoint` of each answer, `tasks.<t>.served.checkpoints`); collecting refuses to score such a
   task, so this shows on a results.json written otherwise;
-- **checkpoint not reported**: the deployment reported nothing of what it loaded (Export-Deploy, vLLM): the
-  record names the checkpoint described before submission, not the one served.
+- **checkpoint not reported**: the deployment reported nothing of what it loaded (Export-Deploy; vLLM and SGLang
+  on a Megatron checkpoint do: their export step, `source: "export step"`): the record names the checkpoint
+  described before submission, not the one served.
 
 Each field is read by name and defensively (an older results.json lacks most of them).
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpteval.results.model import InvocationResults
+from ckpteval.results.provenance import EXPORT_STEP
 
 NO_PROVENANCE = "no provenance"
 ORIGIN_IGNORED = "origin mismatch ignored"
@@ -110,7 +112,7 @@ def caveats(results: InvocationResults) -> list[Caveat]:
         counts = ", ".join(f"{t} {n}" for t, n in mixed.items())
         out.append(Caveat(SEVERAL_CHECKPOINTS, f"answers named more than one checkpoint content: {counts}"))
     checkpoint = p.checkpoint or {}
-    if checkpoint.get("source") and checkpoint.get("source") != "server":
+    if checkpoint.get("source") and checkpoint.get("source") not in ("server", EXPORT_STEP):
         out.append(
             Caveat(
                 CHECKPOINT_UNREPORTED,

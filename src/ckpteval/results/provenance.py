@@ -3,12 +3,13 @@
 Made when the results are collected, from the job directory: job.yaml (written before submission: the
 checkpoint's identity, its tokenizer and origin as checked, the deployment's kind, image and command line,
 ckpteval's and the harness's versions here), `state/served_checkpoint.json` (what the builtin server
-reported it loaded: this, not the description, is the record's checkpoint), `state/deployment_identity`
-(written by the job once the health check verified that the endpoint is its own deployment), the tokenizer
-the builtin server published (`tokenizer/`), the builtin server's exit line in its log (its prompt tokens,
-those it computed and those its prefix cache served: `deployment.prompt_tokens`), and each task's run config,
-harness output (the effective request settings, the harness's versions) and `served.json` (what answered it,
-what was replayed). Reads no weight.
+reported it loaded: this, not the description, is the record's checkpoint; for vLLM/SGLang on a Megatron
+checkpoint `state/hf_export.json`, what the export step read and the export the engine served),
+`state/deployment_identity` (written by the job once the health check verified that the endpoint is its own
+deployment), the tokenizer the builtin server published (`tokenizer/`), the builtin server's exit line in its
+log (its prompt tokens, those it computed and those its prefix cache served: `deployment.prompt_tokens`), and
+each task's run config, harness output (the effective request settings, the harness's versions) and
+`served.json` (what answered it, what was replayed). Reads no weight.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ckpteval.invocation.jobdir import JobDir
 from ckpteval.tasks.harness_hook.ckpteval_responses import METRICS_FILE, VERSIONS_FILE
 
 NOT_VERIFIABLE = "not verifiable"
+EXPORT_STEP = "export step"  # results.json's checkpoint.source where vLLM/SGLang served a Megatron checkpoint
 # request settings that change how a task's requests are sent, not what they ask (and paths, which differ per
 # job): left out of compare's warning
 _TRANSPORT = ("parallelism", "request_timeout", "max_retries", "extra.tokenizer", "extra.tokenized_requests")
@@ -89,15 +91,19 @@ def _json_file(path: Path) -> dict[str, Any] | None:
 
 def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str, Any] | None:
     """The record's `checkpoint` (results.json): what the server reported it loaded (`state/served_checkpoint.json`,
-    `source: "server"`, `verified: true`), with the description made before submission under `planned` and
-    every difference between the two under `mismatch` (`collect_results` refuses to score then: see
-    docs/results.md); the description alone (`source: "description before submission"`, `verified: false`)
-    where the deployment reports nothing (Export-Deploy, vLLM, generic)."""
+    `source: "server"`, `verified: true`), or for vLLM/SGLang on a Megatron checkpoint what the job's export step
+    read and served (`state/hf_export.json`, `source: "export step"`: `served_export`), with the description made
+    before submission under `planned` and every difference between the two under `mismatch` (`collect_results`
+    refuses to score then: see docs/results.md); the description alone (`source: "description before
+    submission"`, `verified: false`) where the deployment reports nothing (Export-Deploy, generic)."""
     try:
         served = json.loads((job_dir / JobDir.SERVED_CHECKPOINT).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         served = None
     if not isinstance(served, dict):
+        exported = served_export(_json_file(job_dir / JobDir.HF_EXPORT_REPORT))
+        if exported is not None:
+            return _against_plan(exported, planned)
         if planned is None:
             return None
         return {**planned, "source": "description before submission", "verified": False}
@@ -115,6 +121,50 @@ def served_checkpoint(job_dir: Path, planned: dict[str, Any] | None) -> dict[str
         # loaded into a server that served another checkpoint before (`evaluate watch` keeps one: server.inplace)
         "in_place": bool(served.get("in_place")),
     }
+    return _against_plan(out, planned)
+
+
+def served_export(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The record's `checkpoint` where vLLM or SGLang served a Megatron checkpoint's export: the iteration
+    directory the job's export step read, its content identity (the step hashed its files' bytes: the same
+    identity the builtin server reports), and `served_as`, the export the engine served: its directory and
+    cache key, whether this job wrote it or found it, its dtype and the parity check that proved it computes
+    what that content computes. None when the step exported nothing (a Hugging Face directory served as it
+    is) or left no report."""
+    if not report or report.get("kind") not in ("exported", "reused") or not report.get("identity"):
+        return None
+    method, _, sha256 = str(report["identity"]).rpartition(":")
+    export = report.get("export") or {}
+    parity = report.get("parity") or {}
+    directory = str(report.get("served") or "")
+    path = str(report.get("checkpoint") or "")
+    iteration = Path(path).name.removeprefix("iter_")
+    return {
+        "source": EXPORT_STEP,
+        "verified": bool(parity.get("passed")),
+        "path": path,
+        "iteration": _iteration(iteration),
+        "files_sha256": sha256,
+        "content": {"sha256": sha256, "method": method},
+        "dtype": export.get("checkpoint_dtype"),
+        "in_place": False,
+        "served_as": {
+            "engine_reads": directory,
+            "cache_key": Path(directory).name,
+            "written": report["kind"],  # "exported" by this job, or "reused": found in the cache
+            "tensors_written": report.get("tensors_written"),
+            "architecture": export.get("architecture"),
+            "dtype": export.get("dtype"),
+            "parity": {
+                **{k: parity.get(k) for k in ("passed", "max_abs_logit_diff", "tolerance", "greedy_identical")},
+                "tensors_compared": parity.get("tensors_compared"),
+                "kept_from_an_earlier_check": bool(report.get("parity_reused")),
+            },
+        },
+    }
+
+
+def _against_plan(out: dict[str, Any], planned: dict[str, Any] | None) -> dict[str, Any]:
     if planned:
         kept = ("layout", "format", "metadata_sha256", "unexpected_tensors", "unexpected_tensors_ignored")
         out |= {k: planned[k] for k in kept if k in planned}
@@ -459,6 +509,14 @@ def provenance_summary(provenance: Provenance | None, task: str | None = None) -
         meta = (c.get("metadata_sha256") or "-")[:12]
         if c.get("source") == "server":
             out["checkpoint"] = f"{where} as served; metadata {meta}, content {(c.get('files_sha256') or '-')[:12]}"
+        elif c.get("source") == EXPORT_STEP:
+            served_as = c.get("served_as") or {}
+            parity = served_as.get("parity") or {}
+            verdict = "passed" if parity.get("passed") else "NOT PASSED"
+            out["checkpoint"] = (
+                f"{where} as exported; metadata {meta}, content {(c.get('files_sha256') or '-')[:12]}, served as "
+                f"export {(served_as.get('cache_key') or '-')[:12]} ({served_as.get('dtype')}), parity {verdict}"
+            )
         else:
             out["checkpoint"] = f"{where} as described before the job (not reported by the server); metadata {meta}"
         if c.get("unexpected_tensors"):

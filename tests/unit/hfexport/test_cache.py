@@ -142,3 +142,51 @@ def test_a_hugging_face_directory_is_linked_as_it_is(first: tuple[Path, dict], t
     result = export_into_cache(hf_dir, tmp_path / "cache", link=tmp_path / "hf_export")
     assert (result.kind, result.served) == ("huggingface", str(hf_dir))
     assert (tmp_path / "hf_export").resolve() == hf_dir and not (tmp_path / "cache").exists()
+
+
+def test_results_json_names_the_checkpoint_the_export_step_read_and_the_export_served(
+    first: tuple[Path, dict], tiny_checkpoint: Path
+) -> None:
+    """vLLM/SGLang on a Megatron checkpoint: results.json's checkpoint is what the job's export step hashed and
+    the export the engine served (its cache key, its parity), not the description made before submission."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ckpteval.checkpoint.description import describe_checkpoint
+    from ckpteval.checkpoint.identity import content_identity
+    from ckpteval.job.files import checked_checkpoint
+    from ckpteval.results.caveats import caveats
+    from ckpteval.results.collect import collect_results
+    from ckpteval.results.provenance import provenance_summary
+    from ckpteval.results.store import read_results, write_results
+
+    root, report = first
+    job = root / "job1"
+    no_flags = SimpleNamespace(config=SimpleNamespace(deployment=SimpleNamespace()))
+    planned = checked_checkpoint(describe_checkpoint(tiny_checkpoint), no_flags)  # type: ignore[arg-type]
+    (job / "job.yaml").write_text(yaml.safe_dump({**planned, "deployment": {"kind": "vllm"}}))
+
+    results = read_results(write_results(job, collect_results(job, [], invocation="i1", created="t", model=None)))
+    checkpoint = results.provenance.checkpoint  # type: ignore[union-attr]
+    assert (checkpoint["source"], checkpoint["verified"]) == ("export step", True)
+    assert checkpoint["files_sha256"] == content_identity(tiny_checkpoint / "iter_0000000").sha256
+    assert checkpoint["path"] == str(tiny_checkpoint / "iter_0000000") and checkpoint["iteration"] == 0
+    assert checkpoint["mismatch"] == [] and checkpoint["planned"]["listing_sha256"]
+    served_as = checkpoint["served_as"]
+    assert served_as["engine_reads"] == report["served"] == str(root / "hf-exports" / served_as["cache_key"])
+    assert served_as["written"] == "exported" and served_as["tensors_written"] == report["tensors_written"]
+    assert served_as["parity"]["passed"] and served_as["parity"]["greedy_identical"]
+    assert served_as["parity"]["max_abs_logit_diff"] <= served_as["parity"]["tolerance"]
+    assert "checkpoint not reported" not in [c.kind for c in caveats(results)]
+    line = provenance_summary(results.provenance)["checkpoint"]
+    assert f"content {checkpoint['files_sha256'][:12]}, served as export {served_as['cache_key'][:12]}" in line
+    assert line.endswith("parity passed")
+
+    # a job of the builtin server, or one whose step left no report: as before
+    (job / "state" / "hf_export.json").rename(job / "state" / "hf_export.json.bak")
+    try:
+        described = collect_results(job, [], invocation="i1", created="t", model=None).provenance.checkpoint
+    finally:
+        (job / "state" / "hf_export.json.bak").rename(job / "state" / "hf_export.json")
+    assert described["source"] == "description before submission" and not described["verified"]  # type: ignore[index]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from ckpteval.checkpoint.architecture import ModelArchitecture
-from ckpteval.checkpoint.hf_export_config import hf_config, hf_family, legacy_view
+from ckpteval.checkpoint.hf_export_config import generation_config, hf_config, hf_family, legacy_view
 from ckpteval.errors import DeploymentError
 from ckpteval.server.packaged import TINY_ARCHITECTURE
 
@@ -30,6 +30,9 @@ def _config(arch: ModelArchitecture, vocab: int = 257) -> dict:
          "qwen3_moe"),
         ({"num_experts": 8, "moe_ffn_hidden_size": 32, "add_qkv_bias": True, "moe_shared_expert_intermediate_size": 64,
           "moe_shared_expert_gate": True}, "qwen2_moe"),
+        ({"rotary_interleaved": True}, "llama4_text"),
+        ({"rotary_interleaved": True, "qk_l2_norm": True}, "llama4_text"),
+        ({"rotary_interleaved": True, "no_rope_freq": 2}, "llama4_text"),
         ({"normalization": "LayerNorm", "apply_layernorm_1p": True, "swiglu": False, "squared_relu": True,
           "rotary_percent": 0.5}, "nemotron"),
     ],
@@ -65,8 +68,12 @@ def test_config_is_true_to_the_args() -> None:
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"qk_l2_norm": True}, "qk_l2_norm"),
-        ({"no_rope_freq": (0, 1)}, "no_rope_freq"),
+        ({"qk_l2_norm": True}, "rotary_interleaved=False"),
+        ({"no_rope_freq": (0, 1)}, "rotary_interleaved=False"),
+        # megatron-core norms every layer's queries and keys, Llama-4 only its RoPE layers'
+        ({"rotary_interleaved": True, "qk_l2_norm": True, "no_rope_freq": (0, 1)}, "qk_l2_norm=True with no_rope"),
+        ({"rotary_interleaved": True, "num_experts": 4, "moe_ffn_hidden_size": 32}, "mixture of experts"),
+        ({"rotary_interleaved": True, "add_qkv_bias": True}, "a bias"),
         ({"position_embedding_type": "learned_absolute"}, "position_embedding_type"),
         ({"num_experts": 4, "moe_ffn_hidden_size": 32, "moe_router_score_function": "sigmoid"},
          "moe_router_score_function"),
@@ -81,3 +88,20 @@ def test_what_no_family_computes_is_refused_by_name(changes: dict, named: str) -
 def test_a_transformers_5_config_is_read_with_its_rope_theta() -> None:
     view = legacy_view({"rope_parameters": {"rope_theta": 1e6, "rope_type": "linear", "factor": 2.0}})
     assert view["rope_theta"] == 1e6 and view["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_llama4_config_says_what_megatron_computes_to_transformers_and_to_vllm() -> None:
+    arch = dataclasses.replace(LLAMA, rotary_interleaved=True, no_rope_freq=2, max_position_embeddings=4096)
+    config = _config(arch)
+    assert config["no_rope_layers"] == [1, 0]  # every 2nd layer without RoPE; 1: the layer rotates
+    assert config["use_qk_norm"] is False and config["intermediate_size_mlp"] == 192
+    # dense: transformers reads moe_layers, vLLM interleave_moe_layer_step
+    assert config["moe_layers"] == [] and config["interleave_moe_layer_step"] == 0
+    # no chunk boundary inside the context, and no query rescaling on the NoPE layers
+    assert config["attention_chunk_size"] == 4096 and config["attn_temperature_tuning"] is False
+    # vLLM turns the rescaling on past 32k tokens unless generation_config.json says otherwise
+    generation = generation_config(hf_family(arch), bos_token_id=None, eos_token_id=2, pad_token_id=None)
+    assert generation["attn_temperature_tuning"] is False
+    assert "attn_temperature_tuning" not in generation_config(
+        hf_family(LLAMA), bos_token_id=None, eos_token_id=2, pad_token_id=None
+    )

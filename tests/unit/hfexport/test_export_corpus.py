@@ -20,7 +20,7 @@ from tests.support.corpus import built_once
 from tests.support.corpus.architectures import NAMES, build_many, hf_reference_dir
 from tests.support.corpus.edit import with_args
 
-EXPORTED = tuple(n for n in NAMES if not n.startswith("llama4"))
+EXPORTED = NAMES
 
 
 @pytest.fixture(scope="module")
@@ -75,17 +75,29 @@ def test_the_config_reads_as_the_original_model_s(checkpoints, exports) -> None:
         original = AutoConfig.from_pretrained(str(hf_reference_dir(checkpoints[name])))
         assert type(ours) is type(original), name
         for key in ("num_hidden_layers", "hidden_size", "num_key_value_heads", "head_dim", "vocab_size",
-                    "tie_word_embeddings", "sliding_window", "rope_parameters", "num_experts_per_tok"):  # fmt: skip
+                    "tie_word_embeddings", "sliding_window", "rope_parameters", "num_experts_per_tok",
+                    "intermediate_size_mlp", "use_qk_norm", "no_rope_layers", "moe_layers",
+                    "attn_temperature_tuning"):  # fmt: skip
             assert getattr(ours, key, None) == getattr(original, key, None), (name, key)
 
 
-def test_llama4_variants_are_refused_by_setting_before_any_weight_is_read(checkpoints, tmp_path: Path) -> None:
-    from ckpteval.hfexport.write import export_checkpoint
+def test_a_llama4_export_whose_no_rope_layers_were_edited_is_refused_naming_them(
+    exports, checkpoints, tmp_path: Path
+) -> None:
+    import json
+    import shutil
 
-    for name, setting in (("llama4_qk_l2_norm", "rotary_interleaved"), ("llama4_no_rope", "rotary_interleaved")):
-        with pytest.raises(DeploymentError, match=setting):
-            export_checkpoint(checkpoints[name], tmp_path / name)
-        assert not (tmp_path / name).exists()
+    from ckpteval.hfexport.parity import check_parity
+
+    copy = tmp_path / "llama4"
+    shutil.copytree(exports["llama4_no_rope"].output, copy)
+    config = json.loads((copy / "config.json").read_text())
+    assert config["no_rope_layers"] == [1, 0]
+    config["no_rope_layers"] = [1, 1]  # the second layer rotates too
+    (copy / "config.json").write_text(json.dumps(config))
+    report = check_parity(checkpoints["llama4_no_rope"], copy)
+    assert report.config_differences == ("no_rope_freq=(0, 1) in the checkpoint, no_rope_layers=[1, 1] in config.json",)
+    assert report.max_abs_logit_diff > report.tolerance and not report.passed
 
 
 def test_a_checkpoint_whose_rope_base_changed_since_the_export_is_refused_naming_it(
