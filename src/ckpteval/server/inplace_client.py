@@ -111,8 +111,8 @@ def stand_in(options: Any) -> None:
     `options.identity`, write its port (`port_file`) and the report (`report_file`) once the new checkpoint
     serves, then wait until SIGTERM or Ctrl-C. DeploymentError (the job's deployment then fails, saying why)
     when the load is refused or fails."""
+    from ckpteval.server.announce import say
     from ckpteval.server.loaded import write_report
-    from ckpteval.server.serve import say
 
     directory = Path(options.load_into)
     say(f"Loading {options.checkpoint} in place into the server of {directory} ...")

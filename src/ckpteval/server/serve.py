@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import DeploymentError
+from ckpteval.server.announce import say
 from ckpteval.server.identity import identity_payload
 from ckpteval.server.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MODEL_NAME, ServeOptions
 
@@ -406,15 +407,3 @@ def _in_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def say(message: str) -> None:
-    """A line of the server's own story (loading, serving, stopped) on its stderr: the deployment log."""
-    announce = logging.getLogger("ckpteval.deploy.serve")
-    if not announce.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        announce.addHandler(handler)
-        announce.setLevel(logging.INFO)
-        announce.propagate = False
-    announce.info(message)

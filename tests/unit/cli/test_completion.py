@@ -77,9 +77,12 @@ def test_invocation_ids(isolated_user):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
-def test_install_completion_writes_a_script_bash_completes_with(isolated_user, tmp_path):
+def test_install_completion_writes_a_script_bash_completes_with(isolated_user, tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
+    # the shell named, not detected: typer finds the user's shell among this process's parents, and a test run
+    # from a detached job (nohup, CI) has none ("Shell None is not supported")
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     result = CliRunner().invoke(
         app, ["--install-completion", "bash"], prog_name="evaluate", env={"HOME": str(home), "SHELL": "/bin/bash"}
     )
