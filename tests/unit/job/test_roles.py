@@ -23,7 +23,16 @@ from ckpteval.job.build import Toolchain, build_plan
 from ckpteval.job.plan import DeploymentPlan, Step
 from ckpteval.job.roles import Role, register_role, role, roles, unregister_role
 from ckpteval.job.script import render_job_script
-from tests.unit.job.test_script import GOLDEN, UPDATE, free_port, make_plan, run_job, state, write_job
+from tests.unit.job.test_script import (
+    GOLDEN,
+    UPDATE,
+    free_port,
+    make_plan,
+    run_job,
+    stalling_date,
+    state,
+    write_job,
+)
 
 TOOLCHAIN = Toolchain(python="/venv/bin/python", evaluator="/venv/bin/nemo-evaluator", hook_dir="/hook")
 JUDGE = ("judge=builtin",)
@@ -163,6 +172,22 @@ def test_the_job_starts_checks_and_stops_both_servers(tmp_path: Path) -> None:
     assert f"the judge holds port {judge_port}" in log and "stopping the judge" in log
     assert "judge healthy" in log and "(identity judge-id verified)" in log
     assert (job_dir / "judge-hits.log").read_text().count("/v1/health") >= 1
+
+
+def test_the_judge_healthy_line_is_said_once_when_the_tasks_end_as_its_watcher_marks_it_ready(tmp_path: Path) -> None:
+    """The judge's watcher, stopped between its mark and its line (made certain by a stalled clock): the line
+    is still said, once, before the judge is stopped."""
+    job_dir = tmp_path / "job"
+    sees_mark = 'until [ "$(cat state/judge 2>/dev/null)" = ready ]; do sleep 0.05; done'
+    plan = _with_judge(
+        make_plan(job_dir, port=free_port(), tasks=[("t1", sees_mark)]), job_dir, judge_port=0, reports="judge-id"
+    )
+    proc = run_job(write_job(tmp_path, plan), PATH=stalling_date(tmp_path, "state/judge"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (job_dir / "stalled").exists()
+    assert proc.stdout.count("judge healthy") == 1, proc.stdout
+    assert proc.stdout.index("judge healthy") < proc.stdout.index("stopping the judge")
+    assert state(job_dir, "state/judge") == "ready"
 
 
 def test_a_judge_that_reports_another_identity_stops_the_job(tmp_path: Path) -> None:
