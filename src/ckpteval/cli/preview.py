@@ -146,14 +146,16 @@ def deployed_judge_row(compiled: CompiledConfig) -> str | None:
     and on Slurm the node(s) of its own it runs on, after the model's."""
     data = compiled.data
     judge = data.get("judge") or {}
-    if judge.get("type") != "megatron":
+    if judge.get("type") not in ("megatron", "vllm"):
         return None
     where = "a second server"
     if compiled.config.execution.on_cluster:
         first = int((data.get("deployment") or {}).get("num_nodes") or 1) + 1
         last = first + int(judge.get("num_nodes") or 1) - 1
         where += (f" on node {first}" if first == last else f" on nodes {first}-{last}") + " of the allocation"
-    served = f"{judge.get('served_model_name')}: {judge.get('checkpoint_path')}"
+    served = f"{judge.get('served_model_name')}: {judge.get('hf_model_handle') or judge.get('checkpoint_path')}"
+    if judge.get("type") == "vllm":
+        return f"{served} (vLLM, {where})"
     return f"{served} (megatron, {judge.get('backend')} backend, {where})"
 
 

@@ -329,12 +329,15 @@ def check_config(
 
 
 def _check_judge_deployment(config: EvalConfig, *, cwd: Path) -> None:
-    """A judge deployed beside the model (`judge=builtin`): a backend ckpteval can start as a second server,
-    a port of its own, a checkpoint that exists (here), and GPUs that fit beside the model's."""
-    from ckpteval.config.schema import deployed_judge
+    """A judge deployed beside the model (`judge=builtin`, `judge=vllm`): a backend ckpteval can start as a
+    second server, a port of its own, a checkpoint that exists (here), and GPUs that fit beside the model's."""
+    from ckpteval.config.schema import VllmJudge, deployed_judge
 
     judge = deployed_judge(config)
     if judge is None:
+        return
+    if isinstance(judge, VllmJudge):
+        _check_vllm_judge(judge, config, cwd=cwd)
         return
     if judge.backend != "builtin":
         raise ConfigError(
@@ -366,6 +369,38 @@ def _check_judge_deployment(config: EvalConfig, *, cwd: Path) -> None:
             f"(the judge runs on nodes of its own, beside the model's {model_gpus} GPUs).",
             hint="Lower judge.num_gpus, or raise judge.num_nodes.",
         )
+
+
+def _check_vllm_judge(judge: Any, config: EvalConfig, *, cwd: Path) -> None:
+    """A vLLM judge: a port of its own, a Hugging Face directory (or hub handle) to serve, and somewhere vLLM
+    runs (its image on Slurm; here, a `vllm` on PATH)."""
+    if not 1 <= judge.port <= MAX_PORT:
+        raise ConfigError(f"judge.port must be between 1 and {MAX_PORT}, not {judge.port}.", hint="Set judge.port=N.")
+    if judge.port == getattr(config.deployment, "port", None):
+        raise ConfigError(
+            f"judge.port and deployment.port are both {judge.port}: each deployment of the job has a port of its own.",
+            hint=f"Set judge.port={judge.port + 1}.",
+        )
+    if not (judge.checkpoint_path or judge.hf_model_handle):
+        raise ConfigError(
+            "judge=vllm serves a Hugging Face model, and none is named.",
+            hint="Pass judge.checkpoint_path=/path/to/hf-dir (or judge.hf_model_handle=org/name).",
+        )
+    execution = config.execution
+    if not execution.runs_containers and not _runs_here(judge):
+        raise ConfigError(
+            "judge=vllm runs vLLM's container image; this machine runs no containers and has no `vllm`.",
+            hint="Evaluate on a Slurm profile (--run/--batch PROFILE), or serve the judge yourself and use "
+            "judge=api judge.url=... judge.model_id=...",
+        )
+    if not execution.on_cluster and judge.checkpoint_path and not judge.hf_model_handle:
+        path = Path(judge.checkpoint_path).expanduser()
+        path = path if path.is_absolute() else cwd / path
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"The judge's checkpoint {judge.checkpoint_path} is not a Hugging Face directory (no config.json).",
+                hint="Pass judge.checkpoint_path=/path/to/hf-dir; a Megatron judge is judge=builtin.",
+            )
 
 
 MAX_PORT = 65535

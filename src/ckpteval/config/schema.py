@@ -376,13 +376,24 @@ class MegatronJudge(MegatronDeployment):
     max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
 
 
-Judge = NoJudge | ApiJudge | SelfJudge | MegatronJudge
+@register_judge_section
+@dataclass(frozen=True, kw_only=True)
+class VllmJudge(VllmDeployment):
+    """A Hugging Face judge served by vLLM in the same job as the model (`judge=vllm
+    judge.checkpoint_path=<HF dir>`): the keys of `deployment=vllm`, its own port, identity (a second served
+    model name, listed by its /v1/models) and log. Its served model name is the judge model id the tasks are
+    told."""
+
+    max_error_rate: float = DEFAULT_JUDGE_MAX_ERROR_RATE
 
 
-def deployed_judge(config: EvalConfig) -> MegatronJudge | None:
+Judge = NoJudge | ApiJudge | SelfJudge | MegatronJudge | VllmJudge
+
+
+def deployed_judge(config: EvalConfig) -> MegatronJudge | VllmJudge | None:
     """The judge the job deploys beside the model (None: an API, the model itself, or none)."""
     judge = config.judge
-    return judge if isinstance(judge, MegatronDeployment) else None
+    return judge if isinstance(judge, MegatronJudge | VllmJudge) else None
 
 
 # For type checkers: the shipped sections. The config accepts whatever DEPLOYMENT_TYPES holds when it is typed.

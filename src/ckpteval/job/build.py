@@ -487,12 +487,22 @@ JUDGE_API_KEY_ENV = "CKPTEVAL_JUDGE_API_KEY"
 JUDGE_URL_ENV = "CKPTEVAL_JUDGE_URL"
 JUDGE_IDENTITY_ENV = "CKPTEVAL_JUDGE_IDENTITY"
 JUDGE_WAIT_ENV = "CKPTEVAL_JUDGE_WAIT_S"
+# where it reports that identity ("health": the builtin server's /v1/health; "models": a second served model
+# name in /v1/models, vLLM's), and whether it names the deployment on every answer (the builtin server)
+JUDGE_IDENTITY_ROUTE_ENV = "CKPTEVAL_JUDGE_IDENTITY_ROUTE"
+JUDGE_ANSWERS_NAMED_ENV = "CKPTEVAL_JUDGE_ANSWERS_NAMED"
 
 
 def _deployed_judge_env(judge_plan: DeploymentPlan) -> dict[str, str]:
     """What a judged task's client checks its deployed judge by (its URL is set by the command, on the port
     the judge published)."""
-    return {JUDGE_IDENTITY_ENV: judge_plan.identity or "", JUDGE_WAIT_ENV: str(judge_plan.readiness_timeout)}
+    route = "models" if (judge_plan.identity_url or "").endswith("/v1/models") else "health"
+    return {
+        JUDGE_IDENTITY_ENV: judge_plan.identity or "",
+        JUDGE_WAIT_ENV: str(judge_plan.readiness_timeout),
+        JUDGE_IDENTITY_ROUTE_ENV: route,
+        JUDGE_ANSWERS_NAMED_ENV: "1" if judge_plan.names_answers else "0",
+    }
 
 
 def judge_key_file(job_dir: str) -> str:
@@ -553,7 +563,7 @@ def _judge_overrides(
     if use is None or not use.fillable:
         return {}
     served = judge_plan if judge_plan is not None else deployment if compiled.config.judge.type == "self" else None
-    if served is None or not served.port_file:
+    if served is None or not (served.port_file or served.host_var):
         return {}
     own = ((task.evaluator_config.get("config") or {}).get("params") or {}).get("extra", {}).get("judge") or {}
     if "url" in own:

@@ -87,11 +87,13 @@ class DeploymentPlan:
 
     def on_published_port(self, url: str) -> str:
         """`url` (on the planned port) as the job reaches it: on the port the deployment published, when it
-        publishes one (a shell expansion of $DEPLOY_PORT, or its role's variable, for a double-quoted word)."""
-        if self.port_file is None or self.port is None:
+        publishes one (a shell expansion of $DEPLOY_PORT, or its role's variable, for a double-quoted word);
+        at its node's name, when it runs on a node of its own (`host_var`)."""
+        if self.port is None or (self.port_file is None and self.host_var is None):
             return url
         host = f"${{{self.host_var}}}" if self.host_var else "127.0.0.1"
-        return url.replace(f"127.0.0.1:{self.port}", f"{host}:${{{self.port_var}}}", 1)
+        port = f"${{{self.port_var}}}" if self.port_file is not None else str(self.port)
+        return url.replace(f"127.0.0.1:{self.port}", f"{host}:{port}", 1)
 
 
 @dataclass(frozen=True)

@@ -90,17 +90,29 @@ identity_ok() {  # the endpoint reports this job's deployment identity (nothing 
   case "$(fetch "$IDENTITY_URL")" in *"$DEPLOY_IDENTITY"*) return 0 ;; esac
   return 1
 }
+# A deployment is marked ready and said healthy once, as one step, by whoever claims it first: its
+# watcher (which ignores TERM from just before its claim: a stop cannot end it between the mark and the
+# line) or the job's stop (the tasks ended before the watcher's next look). The other waits for the line.
+# No `wait` on the watcher: in the EXIT trap after a TERM to the job's process group, bash can miss a child
+# it already reaped and wait forever.
+said_ready() {  # $1 the role's state file, $2 the line
+  if ( set -C; : > "$1.said" ) 2>/dev/null; then mark "$1" ready; say "$2"; echo said > "$1.said"; return 0; fi
+  settle_ready "$1"
+}
+settle_ready() {  # $1 the role's state file: once its watcher has claimed it, until it has said it (5 s at most)
+  [ -e "$1.said" ] || return 0
+  for _ in $(seq 1 50); do [ -s "$1.said" ] && return 0; sleep 0.1; done
+}
 verified() {  # health and identity both hold: the deployment is ready, and it is this job's
   [ -z "$DEPLOY_IDENTITY" ] || mark state/deployment_identity "$DEPLOY_IDENTITY"
-  mark state/deployment ready
-  say "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
+  said_ready state/deployment "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
 }
 DEPLOY_PID=""
 WATCH_PID=""
 HEALTH_URL=""
 stop_deployment() {
   if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
-    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
+    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""; settle_ready state/deployment
     if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL" && identity_ok; then
       verified
     fi
@@ -157,7 +169,8 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment.said state/deployment_port state/deployment_moved \
+  state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 """
 
@@ -244,6 +257,7 @@ def _deployment_section(plan: JobPlan, launcher: Launcher) -> str:
             "    gave_up \"${HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's "
             'identity $DEPLOY_IDENTITY ($IDENTITY_URL)"; return 3',
             "  fi",
+            "  trap '' TERM",
             "  verified",
             "}",
             "watch_deployment &",
@@ -363,7 +377,8 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         f'{v}_WATCH_PID=""',
         *signal,
         f"stop_{fn}() {{",
-        f'  [ -z "${v}_WATCH_PID" ] || {{ kill "${v}_WATCH_PID" 2>/dev/null; {v}_WATCH_PID=""; }}',
+        f'  [ -z "${v}_WATCH_PID" ] || {{ kill "${v}_WATCH_PID" 2>/dev/null; {v}_WATCH_PID=""; '
+        f"settle_ready {r.state_file}; }}",
         f'  if [ -n "${v}_PID" ] && kill -0 "${v}_PID" 2>/dev/null; then',
         f"    say {q('stopping the ' + r.label)}",
         f"    signal_{fn}",
@@ -373,7 +388,7 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         f'  {v}_PID=""',
         "}",
         f"STOPS+=(stop_{fn})",
-        f"rm -f {r.state_file} {r.port_file} {r.identity_file}",
+        f"rm -f {r.state_file} {r.state_file}.said {r.port_file} {r.identity_file}",
     ]
     if dep.host_var and dep.step.node_offset:  # on nodes of its own: the job reaches it at its first node's name
         first = int(dep.step.node_offset)
@@ -424,8 +439,9 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         "    sleep 1",
         "  done",
         *check,
-        f"  mark {r.state_file} ready",
-        f'  say "{r.label} healthy: ${v}_HEALTH_URL${{{v}_IDENTITY:+ (identity ${v}_IDENTITY verified)}}"',
+        "  trap '' TERM",
+        f'  said_ready {r.state_file} "{r.label} healthy: ${v}_HEALTH_URL'
+        f'${{{v}_IDENTITY:+ (identity ${v}_IDENTITY verified)}}"',
         "}",
         f"watch_{fn} &",
         f"{v}_WATCH_PID=$!",

@@ -258,9 +258,15 @@ def _judge(
                 identity = ""
         out["identity"] = identity or None
         out["verified"] = bool(identity)
+        by_models = out.get("deployment") == "vllm"  # a second served model name, not a health field
         out["verified_by"] = (
-            "its health reported the identity the job gave it, and each judged task checked it again (and its "
-            "/v1/models) before its first request and on every answer"
+            (
+                "its /v1/models listed the identity the job gave it (as a served model name), and each judged "
+                "task checked it again before its first request"
+                if by_models
+                else "its health reported the identity the job gave it, and each judged task checked it again "
+                "(and its /v1/models) before its first request and on every answer"
+            )
             if identity
             else NOT_VERIFIABLE
         )

@@ -320,6 +320,9 @@ def _serve_one(options: ServeOptions, sock: socket.socket) -> None:
                 lifespan="off",
                 log_level="warning",
                 access_log=options.access_log,
+                # plain lines in the log file: uvicorn colours them whenever its stdout looks like a terminal
+                # (a Slurm step's did), and `"POST /v1/...` then read `"\x1b[1mPOST /v1/...` to every reader
+                use_colors=False,
                 timeout_graceful_shutdown=10,
                 backlog=1024,
             )

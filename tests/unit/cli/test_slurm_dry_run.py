@@ -135,3 +135,23 @@ def test_slurm_dry_run_places_a_judge_on_a_node_of_its_own(isolated_user: Path, 
     assert "--job-name=judge" in out and '--nodelist="$(step_nodes 1 1)"' in out
     assert 'JUDGE_HOST="$(step_nodes 1 1)"; export JUDGE_HOST' in out
     assert "--host 0.0.0.0" in out and "/lustre/me/judge" in out
+
+
+def test_slurm_dry_run_places_a_vllm_judge_on_a_node_of_its_own(isolated_user: Path, write_env):
+    """judge=vllm on Slurm: vLLM in its image on the second node of the allocation, reached at its name on the
+    port it was given (vLLM publishes none), its identity a second served model name; its image squashed."""
+    write_env(PROFILE.replace("nodes = 2", "nodes = 1"))
+    proc = dry_run(
+        "-t", "mtbench", "run.model=/lustre/me/ckpt", "export.wandb.enabled=false",
+        "judge=vllm", "judge.checkpoint_path=/lustre/me/hf-judge", "judge.image=vllm/vllm-openai:v0.11.0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = unboxed(proc.stdout)
+    assert "judge: /lustre/me/hf-judge (vLLM, a second server on node 2 of the allocation)" in out
+    assert "#SBATCH --nodes=2" in out
+    assert "--job-name=judge" in out and '--nodelist="$(step_nodes 1 1)"' in out
+    assert "vllm serve /lustre/me/hf-judge" in out and "--served-model-name judge " in out
+    assert 'JUDGE_HEALTH_URL="http://${JUDGE_HOST}:8001/health"' in out
+    assert 'JUDGE_IDENTITY_URL="http://${JUDGE_HOST}:8001/v1/models"' in out
+    assert "config.params.extra.judge.url=http://${JUDGE_HOST}:8001/v1" in out  # the harness, at its node
+    assert "judge.image" in out and "vllm/vllm-openai:v0.11.0" in out  # squashed like the model's image

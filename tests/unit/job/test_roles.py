@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,16 @@ from ckpteval.job.build import Toolchain, build_plan
 from ckpteval.job.plan import DeploymentPlan, Step
 from ckpteval.job.roles import Role, register_role, role, roles, unregister_role
 from ckpteval.job.script import render_job_script
-from tests.unit.job.test_script import GOLDEN, UPDATE, free_port, make_plan, run_job, state, write_job
+from tests.unit.job.test_script import (
+    GOLDEN,
+    UPDATE,
+    free_port,
+    make_plan,
+    run_job,
+    stalling_date,
+    state,
+    write_job,
+)
 
 TOOLCHAIN = Toolchain(python="/venv/bin/python", evaluator="/venv/bin/nemo-evaluator", hook_dir="/hook")
 JUDGE = ("judge=builtin",)
@@ -165,6 +175,22 @@ def test_the_job_starts_checks_and_stops_both_servers(tmp_path: Path) -> None:
     assert (job_dir / "judge-hits.log").read_text().count("/v1/health") >= 1
 
 
+def test_the_judge_healthy_line_is_said_once_when_the_tasks_end_as_its_watcher_marks_it_ready(tmp_path: Path) -> None:
+    """The judge's watcher, stopped between its mark and its line (made certain by a stalled clock): the line
+    is still said, once, before the judge is stopped."""
+    job_dir = tmp_path / "job"
+    sees_mark = 'until [ "$(cat state/judge 2>/dev/null)" = ready ]; do sleep 0.05; done'
+    plan = _with_judge(
+        make_plan(job_dir, port=free_port(), tasks=[("t1", sees_mark)]), job_dir, judge_port=0, reports="judge-id"
+    )
+    proc = run_job(write_job(tmp_path, plan), PATH=stalling_date(tmp_path, "state/judge"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (job_dir / "stalled").exists()
+    assert proc.stdout.count("judge healthy") == 1, proc.stdout
+    assert proc.stdout.index("judge healthy") < proc.stdout.index("stopping the judge")
+    assert state(job_dir, "state/judge") == "ready"
+
+
 def test_a_judge_that_reports_another_identity_stops_the_job(tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     plan = make_plan(job_dir, port=free_port(), tasks=[("t1", "sleep 30")])
@@ -217,3 +243,138 @@ def test_golden_with_a_judge(launcher: str) -> None:
     if on_slurm:
         assert '--nodelist="$(step_nodes 1 1)"' in text and 'JUDGE_HOST="$(step_nodes 1 1)"' in text
         assert 'JUDGE_HEALTH_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"' in text
+
+
+STANDIN = Path(__file__).resolve().parents[2] / "support" / "vllm_standin.py"
+
+
+@pytest.fixture
+def vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`vllm` on PATH: the transformers stand-in with vLLM's command line and routes (tests/support)."""
+    bin_dir = tmp_path / "standin-bin"
+    bin_dir.mkdir()
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f'#!/bin/sh\nexec {sys.executable} {STANDIN} "$@"\n')
+    vllm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return bin_dir
+
+
+def _hf_dir(root: Path) -> Path:
+    """A directory the plan takes for a Hugging Face model (its config.json); nothing loads it."""
+    path = root / "hf-judge"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_a_vllm_judge_is_a_second_deployment_of_the_job(isolated_user: Path, vllm_on_path: Path) -> None:
+    hf = _hf_dir(isolated_user)
+    compiled, plan = _plan(isolated_user, "judge=vllm", f"judge.checkpoint_path={hf}")
+    assert list(plan.deployments) == ["model", "judge"]
+    judge = plan.deployments["judge"]
+    assert judge.kind == "vllm" and judge.port == 8001 and judge.port_file is None  # vLLM holds the port given
+    assert judge.step.command.startswith(f"vllm serve {hf} ") and "--port 8001" in judge.step.command
+    # its identity: a second served model name, which its /v1/models lists
+    assert f"--served-model-name judge {judge.identity}" in judge.step.command
+    assert (judge.health_url, judge.identity_url) == ("http://127.0.0.1:8001/health", "http://127.0.0.1:8001/v1/models")
+    [run] = plan.tasks[0].runs
+    told = run.run_config["config"]["params"]["extra"]["judge"]
+    assert (told["url"], told["model_id"]) == ("http://127.0.0.1:8001/v1", "judge")
+    # the task checks it in /v1/models before its first request; vLLM names no deployment on its answers
+    assert run.step.env["CKPTEVAL_JUDGE_IDENTITY"] == judge.identity
+    assert (run.step.env["CKPTEVAL_JUDGE_IDENTITY_ROUTE"], run.step.env["CKPTEVAL_JUDGE_ANSWERS_NAMED"]) == (
+        "models",
+        "0",
+    )
+    assert "starting the judge (vllm)" in render_job_script(plan)
+    from ckpteval.cli.preview import deployed_judge_row
+
+    assert deployed_judge_row(compiled) == f"judge: {hf} (vLLM, a second server)"
+    # the builtin judge names the deployment on every answer: the task checks each one
+    _, builtin = _plan(isolated_user, *JUDGE, f"judge.checkpoint_path={hf}")
+    env = builtin.tasks[0].runs[0].step.env
+    assert (env["CKPTEVAL_JUDGE_IDENTITY_ROUTE"], env["CKPTEVAL_JUDGE_ANSWERS_NAMED"]) == ("health", "1")
+
+
+def test_a_judge_on_a_node_of_its_own_is_reached_at_its_node_even_without_a_published_port() -> None:
+    on_its_node = DeploymentPlan(
+        kind="vllm", step=None, health_url=None, readiness_timeout=60, port=8001, role="judge", host_var="JUDGE_HOST"
+    )
+    assert on_its_node.on_published_port("http://127.0.0.1:8001/v1") == "http://${JUDGE_HOST}:8001/v1"
+    beside = dataclasses.replace(on_its_node, host_var=None)
+    assert beside.on_published_port("http://127.0.0.1:8001/v1") == "http://127.0.0.1:8001/v1"
+
+
+def test_a_vllm_judge_is_refused_before_anything_when_it_cannot_run(
+    isolated_user: Path, monkeypatch: pytest.MonkeyPatch, judge_checkpoint: str
+) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no vllm here, and no containers
+    hf = _hf_dir(isolated_user)
+    with pytest.raises(ConfigError, match="this machine runs no containers and has no `vllm`"):
+        _compile(isolated_user, "judge=vllm", f"judge.checkpoint_path={hf}")
+    bin_dir = isolated_user / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text("#!/bin/sh\n")
+    (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    with pytest.raises(ConfigError, match="is not a Hugging Face directory"):
+        _compile(isolated_user, "judge=vllm", f"judge.checkpoint_path={judge_checkpoint}")
+    with pytest.raises(ConfigError, match="both 8000"):
+        _compile(isolated_user, "judge=vllm", f"judge.checkpoint_path={hf}", "judge.port=8000")
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint's Hugging Face export (what the vLLM stand-in serves)."""
+    from ckpteval.hfexport.write import export_checkpoint
+
+    return Path(export_checkpoint(tiny_checkpoint, tmp_path_factory.mktemp("judge-export") / "hf").output)
+
+
+def test_the_job_starts_checks_and_stops_a_vllm_judge(tmp_path: Path, vllm_on_path: Path, tiny_export: Path) -> None:
+    """The job's script with vLLM (the stand-in) as its judge: started, its identity found in its /v1/models,
+    the task's judge check (the harness hook, told as build tells it) passes, the task's judge request is
+    answered by the judge and none reaches the model; the judge is stopped at the end."""
+    from ckpteval.job.build import _deployed_judge_env
+
+    job_dir = tmp_path / "job"
+    judge_port = free_port()
+    hook = Path(__file__).resolve().parents[3] / "src" / "ckpteval" / "tasks" / "harness_hook" / "ckpteval_judge.py"
+    judge = DeploymentPlan(
+        kind="vllm",
+        step=Step(
+            command=f"exec vllm serve {tiny_export} --port {judge_port} --served-model-name judge judge-id",
+            env={"VLLM_STANDIN_LOG": str(job_dir / "judge-answers.json")},
+        ),
+        health_url=f"http://127.0.0.1:{judge_port}/health",
+        readiness_timeout=120,
+        port=judge_port,
+        identity="judge-id",
+        identity_url=f"http://127.0.0.1:{judge_port}/v1/models",
+        role="judge",
+    )
+    url = f"http://127.0.0.1:{judge_port}/v1"
+    ask = (
+        f"{sys.executable} {hook} check {url} judge > judge-check.txt 2>&1 && "
+        f"curl -sf {url}/completions -H 'Content-Type: application/json' "
+        """-d '{"model": "judge", "prompt": "Rate this answer:", "max_tokens": 2}' > judged.json"""
+    )
+    plan = make_plan(job_dir, port=free_port(), tasks=[("t1", ask)])
+    task = plan.tasks[0]
+    runs = tuple(
+        dataclasses.replace(r, step=dataclasses.replace(r.step, env={**r.step.env, **_deployed_judge_env(judge)}))
+        for r in task.runs
+    )
+    plan = dataclasses.replace(plan, others=(judge,), tasks=(dataclasses.replace(task, runs=runs),))
+    proc = run_job(write_job(tmp_path, plan))
+    log = proc.stdout
+    assert proc.returncode == 0, log + proc.stderr + (job_dir / "logs" / "judge.log").read_text()
+    assert f"judge healthy: http://127.0.0.1:{judge_port}/health (identity judge-id verified)" in log
+    assert state(job_dir, "state/judge") == "ready" and state(job_dir, "state/judge_identity") == "judge-id"
+    assert "ckpteval: judge judge at" in (job_dir / "judge-check.txt").read_text()  # the hook's check passed
+    assert json.loads((job_dir / "judged.json").read_text())["model"] == "judge"
+    # counted at each server: the judge answered the one completion; the model only its health checks
+    assert json.loads((job_dir / "judge-answers.json").read_text())["answered"] == 1
+    assert set((job_dir / "hits.log").read_text().split()) == {"/v1/health"}
+    assert "stopping the judge" in log

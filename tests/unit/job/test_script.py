@@ -552,6 +552,35 @@ def test_sigterm_stops_deployment_and_records_interruption(tmp_path: Path):
     assert not alive((job / "server.pid").read_text())
 
 
+def stalling_date(tmp_path: Path, state_file: str) -> str:
+    """A PATH whose `date` stalls 2 s the first time it is called once `state_file` says ready: the watcher's
+    line right after its mark (`say` reads the clock), so that the race of a stop between the two is certain."""
+    real_date = subprocess.run(["bash", "-c", "command -v date"], capture_output=True, text=True).stdout.strip()
+    stalls = tmp_path / "bin"
+    stalls.mkdir()
+    (stalls / "date").write_text(
+        "#!/bin/bash\n"
+        f'if [ "$(cat {state_file} 2>/dev/null)" = ready ] && mkdir stalled 2>/dev/null; then sleep 2; fi\n'
+        f'exec {real_date} "$@"\n'
+    )
+    (stalls / "date").chmod(0o755)
+    return f"{stalls}:{os.environ['PATH']}"
+
+
+def test_the_healthy_line_is_said_once_when_the_tasks_end_as_the_watcher_marks_the_deployment_ready(tmp_path: Path):
+    """The race of stopping the watcher between its two steps (mark ready, say "deployment healthy"), made
+    certain: the watcher's line stalls once the deployment is marked ready, and the task ends as soon as it
+    sees the mark. The job must still say the line (what `status` and the tests read), once."""
+    sees_mark = 'until [ "$(cat state/deployment 2>/dev/null)" = ready ]; do sleep 0.05; done'
+    plan = make_plan(tmp_path / "job", port=free_port(), tasks=[("a", sees_mark)])
+    job = Path(plan.job_dir)
+    proc = run_job(write_job(tmp_path, plan), PATH=stalling_date(tmp_path, "state/deployment"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (job / "stalled").exists()  # the watcher's line was stalled: the tasks ended inside the window
+    assert proc.stdout.count("deployment healthy") == 1, proc.stdout
+    assert state(job, "state/deployment") == "ready"
+
+
 def test_a_step_of_several_ranks_ends_when_one_rank_fails():
     """A multi-node deployment is one server: rank 0's script failing must end the step (and so the job's
     health wait), not leave the workers holding it until the readiness timeout."""

@@ -27,6 +27,10 @@ MAX_ERROR_RATE_ENV = "CKPTEVAL_JUDGE_MAX_ERROR_RATE"
 JUDGE_IDENTITY_ENV = "CKPTEVAL_JUDGE_IDENTITY"
 JUDGE_URL_ENV = "CKPTEVAL_JUDGE_URL"
 JUDGE_WAIT_ENV = "CKPTEVAL_JUDGE_WAIT_S"
+# where it reports that identity: "health" (the builtin server's /v1/health names it) or "models" (vLLM lists
+# it as a second served model name in /v1/models); whether it names the deployment on every answer ("1")
+JUDGE_IDENTITY_ROUTE_ENV = "CKPTEVAL_JUDGE_IDENTITY_ROUTE"
+JUDGE_ANSWERS_NAMED_ENV = "CKPTEVAL_JUDGE_ANSWERS_NAMED"
 DEPLOYMENT_HEADER = "x-ckpteval-deployment"  # ckpteval.server.identity's
 JUDGE_CHANGED_EXIT = 3
 LAST_REPLIES = 3
@@ -109,19 +113,23 @@ def judge_identity_problem(url: str, model_id: str, api_key: str | None, timeout
     return None
 
 
-def deployed_judge_problem(url: str, identity: str, wait_s: float, poll_s: float = 1.0) -> str | None:
-    """Why the judge the job deployed at `url` (`.../v1`) is not ready as this job's judge (None: its health
-    answers, naming `identity`), after waiting up to `wait_s` for it to load."""
+def deployed_judge_problem(
+    url: str, identity: str, wait_s: float, poll_s: float = 1.0, route: str = "health"
+) -> str | None:
+    """Why the judge the job deployed at `url` (`.../v1`) is not ready as this job's judge (None: it answers,
+    naming `identity`: in its /v1/health, or, `route` "models", among its /v1/models), after waiting up to
+    `wait_s` for it to load."""
     import time
     import urllib.error
     import urllib.request
 
-    health = url.rstrip("/").rsplit("/v1", 1)[0] + "/v1/health"
+    base = url.rstrip("/").rsplit("/v1", 1)[0]
+    asked = base + ("/v1/models" if route == "models" else "/v1/health")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with opener.open(health, timeout=10) as response:
+            with opener.open(asked, timeout=10) as response:
                 body = json.loads(response.read() or b"{}")
             break
         except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -130,6 +138,14 @@ def deployed_judge_problem(url: str, identity: str, wait_s: float, poll_s: float
                     f"the judge at {url} did not become healthy within {wait_s:.0f} s ({getattr(exc, 'reason', exc)})"
                 )
             time.sleep(poll_s)
+    if route == "models":
+        listed = [str(m.get("id")) for m in (body.get("data") or [])] if isinstance(body, dict) else []
+        if identity not in listed:
+            return (
+                f"the judge at {url} does not list this job's judge {identity} among its models "
+                f"({', '.join(listed) or 'none'}): another server answers on its port"
+            )
+        return None
     reported = body.get("deployment") if isinstance(body, dict) else None
     if reported != identity:
         return (
@@ -143,7 +159,10 @@ def patch_judge_client(module: ModuleType) -> None:
     """MT-Bench's OpenAI client (`fastchat.clients.openai`, which answers the model and judges its answers):
     every answer from the judge the job deployed (a request to CKPTEVAL_JUDGE_URL) must name its identity in
     its `x-ckpteval-deployment` header, as every task client checks the model's answers (`ckpteval_responses`);
-    another server on the judge's port stops the task at once. Nothing to check without a deployed judge."""
+    another server on the judge's port stops the task at once. Nothing to check without a deployed judge, or
+    for one that does not name its answers (vLLM: its identity was checked in its /v1/models before the task)."""
+    if os.environ.get(JUDGE_ANSWERS_NAMED_ENV, "1") != "1":
+        return
     identity = os.environ.get(JUDGE_IDENTITY_ENV, "").strip()
     base = os.environ.get(JUDGE_URL_ENV, "").strip().rstrip("/")
     real = getattr(module, "OpenAI", None)
@@ -187,7 +206,8 @@ def main(argv: list[str]) -> int:
     problem = None
     if identity:
         wait_s = float(os.environ.get(JUDGE_WAIT_ENV) or 600)
-        problem = deployed_judge_problem(argv[1], identity, wait_s)
+        route = os.environ.get(JUDGE_IDENTITY_ROUTE_ENV) or "health"
+        problem = deployed_judge_problem(argv[1], identity, wait_s, route=route)
     problem = problem or judge_identity_problem(argv[1], argv[2], key)
     if problem:
         print(f"ckpteval: {problem}; no request was sent to it", file=sys.stderr)

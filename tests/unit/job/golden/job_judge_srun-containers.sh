@@ -39,17 +39,29 @@ identity_ok() {  # the endpoint reports this job's deployment identity (nothing 
   case "$(fetch "$IDENTITY_URL")" in *"$DEPLOY_IDENTITY"*) return 0 ;; esac
   return 1
 }
+# A deployment is marked ready and said healthy once, as one step, by whoever claims it first: its
+# watcher (which ignores TERM from just before its claim: a stop cannot end it between the mark and the
+# line) or the job's stop (the tasks ended before the watcher's next look). The other waits for the line.
+# No `wait` on the watcher: in the EXIT trap after a TERM to the job's process group, bash can miss a child
+# it already reaped and wait forever.
+said_ready() {  # $1 the role's state file, $2 the line
+  if ( set -C; : > "$1.said" ) 2>/dev/null; then mark "$1" ready; say "$2"; echo said > "$1.said"; return 0; fi
+  settle_ready "$1"
+}
+settle_ready() {  # $1 the role's state file: once its watcher has claimed it, until it has said it (5 s at most)
+  [ -e "$1.said" ] || return 0
+  for _ in $(seq 1 50); do [ -s "$1.said" ] && return 0; sleep 0.1; done
+}
 verified() {  # health and identity both hold: the deployment is ready, and it is this job's
   [ -z "$DEPLOY_IDENTITY" ] || mark state/deployment_identity "$DEPLOY_IDENTITY"
-  mark state/deployment ready
-  say "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
+  said_ready state/deployment "deployment healthy: $HEALTH_URL${DEPLOY_IDENTITY:+ (identity $DEPLOY_IDENTITY verified)}"
 }
 DEPLOY_PID=""
 WATCH_PID=""
 HEALTH_URL=""
 stop_deployment() {
   if [ -n "$WATCH_PID" ]; then  # the tasks ended before the watcher's next look: have it now
-    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""
+    kill "$WATCH_PID" 2>/dev/null; WATCH_PID=""; settle_ready state/deployment
     if [ "$(cat state/deployment 2>/dev/null)" = starting ] && health_ok "$HEALTH_URL" && identity_ok; then
       verified
     fi
@@ -106,7 +118,8 @@ trap finish EXIT
 trap 'say "interrupted"; stop_tasks; JOB_RC=143; exit 143' TERM INT
 trap deployment_failed USR1
 # a resubmitted job starts over; finished tasks keep .done
-rm -f state/finished state/ended state/deployment state/deployment_port state/deployment_moved state/deployment_identity
+rm -f state/finished state/ended state/deployment state/deployment.said state/deployment_port state/deployment_moved \
+  state/deployment_identity
 mark state/started "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 mark state/slurm_job "${SLURM_JOB_ID:-}"
 export HF_HUB_OFFLINE=1
@@ -134,6 +147,7 @@ watch_deployment() {
   if ! identity_ok; then
     gave_up "${HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's identity $DEPLOY_IDENTITY ($IDENTITY_URL)"; return 3
   fi
+  trap '' TERM
   verified
 }
 watch_deployment &
@@ -149,7 +163,7 @@ signal_judge() {
   kill -TERM "$JUDGE_PID" 2>/dev/null
 }
 stop_judge() {
-  [ -z "$JUDGE_WATCH_PID" ] || { kill "$JUDGE_WATCH_PID" 2>/dev/null; JUDGE_WATCH_PID=""; }
+  [ -z "$JUDGE_WATCH_PID" ] || { kill "$JUDGE_WATCH_PID" 2>/dev/null; JUDGE_WATCH_PID=""; settle_ready state/judge; }
   if [ -n "$JUDGE_PID" ] && kill -0 "$JUDGE_PID" 2>/dev/null; then
     say 'stopping the judge'
     signal_judge
@@ -159,7 +173,7 @@ stop_judge() {
   JUDGE_PID=""
 }
 STOPS+=(stop_judge)
-rm -f state/judge state/judge_port state/judge_identity
+rm -f state/judge state/judge.said state/judge_port state/judge_identity
 JUDGE_HOST="$(step_nodes 1 1)"; export JUDGE_HOST
 if [ -z "$JUDGE_HOST" ]; then
   say 'the judge runs on a node of its own, and this allocation has no node after its first 1'
@@ -203,8 +217,8 @@ watch_judge() {
     judge_gave_up "${JUDGE_HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's judge identity $JUDGE_IDENTITY"; return 3 ;;
   esac
   mark state/judge_identity "$JUDGE_IDENTITY"
-  mark state/judge ready
-  say "judge healthy: $JUDGE_HEALTH_URL${JUDGE_IDENTITY:+ (identity $JUDGE_IDENTITY verified)}"
+  trap '' TERM
+  said_ready state/judge "judge healthy: $JUDGE_HEALTH_URL${JUDGE_IDENTITY:+ (identity $JUDGE_IDENTITY verified)}"
 }
 watch_judge &
 JUDGE_WATCH_PID=$!
