@@ -66,13 +66,16 @@ def _sacct(*args: str) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if line.strip()]
 
 
-def _answers(job_dir: str) -> list[str]:
-    """The completions the server gave the task, in order (the harness's cached responses of the job)."""
+def _answers(job_dir: str) -> list[tuple[str, list[str], str]]:
+    """What the server answered the task, request by request: (request key, completions, the checkpoint content
+    that answered), from the job's response cache."""
     found = []
-    for path in sorted(Path(job_dir).rglob("*.jsonl")):
-        if "cache" in str(path) or "response" in path.name:
-            found += [line for line in path.read_text().splitlines() if line.strip()]
-    return found
+    for path in Path(job_dir).glob("tasks/*/output/cache/ckpteval_responses.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            texts = [c.get("text") or (c.get("message") or {}).get("content") for c in entry["response"]["choices"]]
+            found.append((entry["key"], texts, entry["checkpoint"]))
+    return sorted(found)
 
 
 def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
@@ -147,7 +150,8 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
         contents.add(served["content"]["sha256"])
         assert a["tasks"][TASK]["metrics"] == b["tasks"][TASK]["metrics"]  # scored alike
         kept_answers = _answers(in_place[iteration]["record"]["job_dir"])
-        assert kept_answers == _answers(fresh_runs[iteration]["record"]["job_dir"])
+        assert kept_answers and kept_answers == _answers(fresh_runs[iteration]["record"]["job_dir"])
+        assert {checkpoint for _key, _texts, checkpoint in kept_answers} == {served["content"]["sha256"]}
         # its GPU-hours are its own step's (sacct), not the kept job's whole time
         step = steps[f"ckpteval-{invocation}"]
         assert step[0].startswith(kept_job + ".") and step[3] == "COMPLETED"
@@ -158,9 +162,12 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
         assert b["usage"]["deployment"] == "own"
         # status, logs and results of the invocation, as of any Slurm invocation
         shown = cli("status", invocation, "--json")
-        assert shown.exit_code == 0 and json.loads(shown.stdout)["state"] == "succeeded", shown.output
+        assert shown.exit_code == 0, shown.output
+        (status,) = json.loads(shown.stdout)
+        assert status["state"] == "succeeded" and status["slurm_step"] == step[0], status
         logs = cli("logs", invocation)
-        assert logs.exit_code == 0 and "Loaded in place" in cli("logs", invocation, "-s", "deployment").output
+        assert logs.exit_code == 0 and "deployment healthy" in logs.output, logs.output[-2000:]
+        assert "Loaded in place" in cli("logs", invocation, "--source", "deployment").output
     assert len(contents) == 4
     whole = _sacct("-X", "-j", kept_job, "-o", "JobID,Elapsed")[0]
     from ckpteval.cluster.slurm import elapsed_seconds
