@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
+from ckpteval.cluster.slurm import elapsed_seconds
 from ckpteval.watch.kept_slurm import kept_job_name
 from tests.integration.conftest import REPO, Infra
 from tests.integration.slurm_jobs import free_port
@@ -137,6 +138,21 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
 
     in_place, fresh_runs = _invocations(kept_dir), _invocations(fresh_dir)
     assert sorted(in_place) == sorted(fresh_runs) == [1, 2, 3, 4]
+    whole = _sacct("-X", "-j", kept_job, "-o", "JobID,Elapsed")[0]
+    kept_total = elapsed_seconds(whole[1]) or 0.0
+    per_kept = [in_place[i]["results"]["usage"]["wall_seconds"] for i in (1, 2, 3, 4)]
+    per_fresh = [fresh_runs[i]["results"]["usage"]["wall_seconds"] for i in (1, 2, 3, 4)]
+    startup_kept = [in_place[i]["results"]["usage"]["phases"].get("startup") for i in (1, 2, 3, 4)]
+    startup_fresh = [fresh_runs[i]["results"]["usage"]["phases"].get("startup") for i in (1, 2, 3, 4)]
+    load = os.getloadavg()
+    print(
+        f"\nper checkpoint (sacct elapsed), kept steps: {per_kept}, fresh jobs: {per_fresh}; "
+        f"start-up kept: {startup_kept}, fresh: {startup_fresh}; kept job {kept_job} in all {kept_total:.0f} s; "
+        f"watcher wall kept {kept_wall:.0f} s, fresh {fresh_wall:.0f} s (ratio {kept_wall / fresh_wall:.2f}); "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
+    print("\n".join(line for line in kept.output.splitlines() if "kept" in line or "deployment" in line))
+    assert sum(per_kept) <= kept_total  # the steps' shares, not the job's time four times
     contents = set()
     for iteration in (1, 2, 3, 4):
         a, b = in_place[iteration]["results"], fresh_runs[iteration]["results"]
@@ -155,8 +171,6 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
         # its GPU-hours are its own step's (sacct), not the kept job's whole time
         step = steps[f"ckpteval-{invocation}"]
         assert step[0].startswith(kept_job + ".") and step[3] == "COMPLETED"
-        from ckpteval.cluster.slurm import elapsed_seconds
-
         assert a["usage"]["source"] == "sacct" and a["usage"]["deployment"] == "kept"
         assert a["usage"]["wall_seconds"] == elapsed_seconds(step[2])
         assert b["usage"]["deployment"] == "own"
@@ -169,20 +183,4 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
         assert logs.exit_code == 0 and "deployment healthy" in logs.output, logs.output[-2000:]
         assert "Loaded in place" in cli("logs", invocation, "--source", "deployment").output
     assert len(contents) == 4
-    whole = _sacct("-X", "-j", kept_job, "-o", "JobID,Elapsed")[0]
-    from ckpteval.cluster.slurm import elapsed_seconds
-
-    kept_total = elapsed_seconds(whole[1]) or 0.0
-    per_kept = [in_place[i]["results"]["usage"]["wall_seconds"] for i in (1, 2, 3, 4)]
-    per_fresh = [fresh_runs[i]["results"]["usage"]["wall_seconds"] for i in (1, 2, 3, 4)]
-    assert sum(per_kept) <= kept_total  # the steps' shares, not the job's time four times
-    startup_kept = [in_place[i]["results"]["usage"]["phases"].get("startup") for i in (1, 2, 3, 4)]
-    startup_fresh = [fresh_runs[i]["results"]["usage"]["phases"].get("startup") for i in (1, 2, 3, 4)]
-    load = os.getloadavg()
-    print(
-        f"\nper checkpoint (sacct elapsed), kept steps: {per_kept}, fresh jobs: {per_fresh}; "
-        f"start-up kept: {startup_kept}, fresh: {startup_fresh}; kept job {kept_job} in all {kept_total:.0f} s; "
-        f"watcher wall kept {kept_wall:.0f} s, fresh {fresh_wall:.0f} s (ratio {kept_wall / fresh_wall:.2f}); "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
-    )
     print(kept.output[-4000:])

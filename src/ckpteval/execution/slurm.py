@@ -350,6 +350,8 @@ class SlurmJob:
 
         snapshot = take_snapshot(view, record.task_dirs, progress_reader)
         state, detail = combine_state(slurm, snapshot)
+        if slurm_step(record) and "." in slurm.job_id:
+            submission_of(record).step_id = slurm.job_id  # saved with the final status
         tail = log_tail(self.session, record) if state == "failed" else ""
         status = InvocationStatus(
             record=record,

@@ -41,6 +41,7 @@ class SlurmSubmission:
     results_of_job: str | None = None  # the job whose results were fetched (a resubmission makes them stale)
     # `evaluate watch`'s kept job: the invocation ran as the step of this name in job `job_id` (not a job of its own)
     step: str | None = None
+    step_id: str | None = None  # its `JOB.STEP`, once Slurm has said it
 
     @property
     def job_id(self) -> str | None:
@@ -183,7 +184,7 @@ def remembered(record: InvocationRecord) -> InvocationStatus | None:
         state=final.state,  # type: ignore[arg-type]
         snapshot=snapshot,
         detail=final.detail,
-        executor_view=slurm_view(slurm_job_id(record), slurm_step(record)),
+        executor_view=slurm_view(submission_of(record).step_id or slurm_job_id(record), slurm_step(record)),
         log_tail=final.log_tail,
     )
 

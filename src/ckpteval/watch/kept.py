@@ -12,7 +12,8 @@ own results and provenance.
 Before each evaluation the kept server is asked whether the checkpoint fits (same architecture, tokenizer and
 saved layout); one that does not is evaluated with a fresh deployment of its own, as without keeping, and the
 kept server is stopped (the next checkpoint starts a new one). Where nothing can be kept (`keep_decision`: a
-deployment that cannot load in place, evaluations side by side, a cluster profile), every checkpoint gets a
+deployment that cannot load in place, evaluations side by side, a cluster whose executor keeps no job; on
+Slurm the kept deployment is a kept job: `watch.kept_slurm`), every checkpoint gets a
 fresh deployment, as before, and the dry run and the terminal say why.
 """
 
