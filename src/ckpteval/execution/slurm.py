@@ -613,6 +613,12 @@ class SlurmBackend:
     def attach(self, record: InvocationRecord) -> SlurmJob:
         return SlurmJob(record)
 
+    def kept_job_refusal(self) -> str:
+        """Why this watcher cannot keep a Slurm job across checkpoints ("" when it can)."""
+        from ckpteval.watch.kept_slurm import why_no_kept_job
+
+        return why_no_kept_job()
+
     def kept_job(
         self,
         run: str,

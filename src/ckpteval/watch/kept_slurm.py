@@ -36,6 +36,7 @@ from __future__ import annotations
 # and `--dry-run` load only what they use), not to break an import cycle.
 import dataclasses
 import json
+import os
 import posixpath
 import shlex
 import sys
@@ -58,6 +59,14 @@ SCRIPT_FILE = "kept.sbatch"
 MIN_LEFT_S = 120.0  # a kept job with less time left takes no new checkpoint
 START_TIMEOUT_S = 1800.0  # the server's start, once the job runs
 PROBE = "probe"
+
+
+def why_no_kept_job() -> str:
+    """Why this watcher cannot keep a job ("" when it can): one that runs inside a Slurm job itself (the
+    cluster-hosted watcher, `--detach`) would end the steps it starts (their srun) with each link of its chain."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return "the watcher runs in a Slurm job of its own (--detach): one Slurm job per checkpoint"
+    return ""
 
 
 def kept_job_name(run: str) -> str:

@@ -157,7 +157,11 @@ def kept_job_backend(profile: Profile) -> Any:
 def _decide(spec: WatchSpec, config: Any, profile: Profile, *, pending_given: bool) -> KeepDecision:
     """`keep_decision` for the profile; on Slurm, without --max-pending, one evaluation at a time when that
     keeps one job (the kept job evaluates one checkpoint at a time), the executor's default otherwise."""
-    here, in_job = jobs_run_here(profile), kept_job_backend(profile) is not None
+    backend = kept_job_backend(profile)
+    refusal = backend.kept_job_refusal() if backend is not None else ""
+    if refusal and not spec.fresh_deployments:
+        return KeepDecision(False, refusal)
+    here, in_job = jobs_run_here(profile), backend is not None
     if in_job and not pending_given and spec.max_pending > 1:
         single = keep_decision(dataclasses.replace(spec, max_pending=1), config, here=here, in_kept_job=in_job)
         if single.keep:

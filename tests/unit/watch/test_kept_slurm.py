@@ -72,3 +72,14 @@ def test_the_kept_jobs_time_splits_into_its_invocations_steps() -> None:
     assert kept_steps(sacct) == {"512.1": 125.0, "512.4": 100.0}
     step = parse_sacct_allocation("512.1|00:02:05|cpu=1,gres/gpu=8,mem=0,node=1|2026-11-29T05:00:00|COMPLETED")
     assert step is not None and step["elapsed_seconds"] == 125.0 and step["gpus"] == 8
+
+
+def test_a_watcher_inside_a_slurm_job_keeps_none(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The cluster-hosted watcher (--detach) is a chain of Slurm jobs: a step it started in a kept job would end
+    with its link (srun's client is the link's process), so it keeps none, as before."""
+    from ckpteval.execution.slurm import SlurmBackend
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert SlurmBackend().kept_job_refusal() == ""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert "runs in a Slurm job of its own (--detach)" in SlurmBackend().kept_job_refusal()
