@@ -8,6 +8,7 @@ checkpoint (as the server reported it, verified), its GPU-hours are its step's (
 work as for any Slurm invocation. Today's watch (`--fresh-deployments`: one Slurm job per checkpoint) runs the
 same four saves right after, as the baseline: the same scores, checkpoint by checkpoint; the wall times per
 checkpoint, their ratio and the start-up share are printed with the load average (benchmarks/watch.md).
+That one is long tier (~17 min at load ~20); the kept job that dies (~40 s) runs by default.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.integration.conftest import REPO, Infra
 from tests.integration.slurm_jobs import free_port
 from tests.support.corpus.training_run import build_training_run
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(2400)]
+pytestmark = pytest.mark.slurm
 runner = CliRunner()
 TASK = "adlr_humaneval_greedy"
 PARAMS = "evaluation.nemo_evaluator_config.config.params"
@@ -79,6 +80,9 @@ def _answers(job_dir: str) -> list[tuple[str, list[str], str]]:
     return sorted(found)
 
 
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(2400)
 def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
     write_env_toml, infra: Infra, remote_job_dir: str, monkeypatch
 ):
@@ -184,3 +188,59 @@ def test_watch_on_slurm_keeps_one_job_and_scores_as_fresh_jobs(
         assert "Loaded in place" in cli("logs", invocation, "--source", "deployment").output
     assert len(contents) == 4
     print(kept.output[-4000:])
+
+
+@pytest.mark.timeout(600)
+def test_a_kept_job_that_dies_is_replaced_for_the_next_checkpoint_and_stop_cancels_it(
+    write_env_toml, infra: Infra, remote_job_dir: str, tiny_checkpoint: str
+):
+    """The kept job is cancelled behind the watcher's back (a node failure, a user's scancel): the next
+    checkpoint gets a new kept job (said), not a wait on the dead one; a job script handed to the dead one is
+    refused at once; stopping cancels the kept job."""
+    from ckpteval.errors import DeploymentError
+    from ckpteval.execution.slurm import SlurmBackend
+    from ckpteval.watch import submit
+    from ckpteval.watch.run import resolve_profile
+    from ckpteval.watch.state import WatchSpec, run_name
+    from tests.integration.test_watch_ssh import _write_saves
+
+    save_dir = Path(remote_job_dir) / "run7" / "checkpoints"
+    _write_saves(save_dir, infra, complete=[100, 200], half=[], like=Path(tiny_checkpoint))
+    venv_bin = REPO / ".venv" / "bin"
+    env = write_env_toml("CI", python=str(venv_bin / "python"), nodes=1, env_vars={"HF_HUB_OFFLINE": "1"})
+    spec = WatchSpec(
+        save_dir=str(save_dir), configs=["tiny"], profile="CI", tasks=[TASK], overrides=[], env_file=str(env)
+    )
+    run = run_name(spec.save_dir, spec.profile)
+    notes: list[str] = []
+    kept = SlurmBackend().kept_job(
+        run,
+        resolve_profile(spec),
+        lambda i, d: submit.compile_evaluation(spec, i, d, run=run),
+        on_note=lambda m, _i: notes.append(m),
+    )
+    try:
+        first = kept.place(100, str(save_dir / "iter_0000100"))
+        assert first.load_into and "submitted kept Slurm job" in first.note, first
+        job = (Path(first.load_into) / "slurm_job").read_text().strip()
+        subprocess.run(["scancel", job], check=True)
+        started = time.monotonic()
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() - started < 60
+            time.sleep(1)
+        # a job script handed to the dead kept job is refused at once (the watcher then retries it)
+        iter_dir = str(save_dir / "iter_0000200")
+        compiled = submit.compile_evaluation(spec, 200, iter_dir, run=run, load_into=first.load_into)
+        from ckpteval.api import submit as submit_invocation
+
+        with pytest.raises(DeploymentError, match="does not run"):
+            submit_invocation(compiled)
+        second = kept.place(200, str(save_dir / "iter_0000200"))
+        assert f"kept Slurm job {job} no longer runs: a new kept job" in second.note, second
+        assert second.load_into and second.load_into != first.load_into
+        replacement = (Path(second.load_into) / "slurm_job").read_text().strip()
+        assert replacement != job
+    finally:
+        kept.stop()
+    assert subprocess.run(["squeue", "-h", "--name", kept_job_name(run)], capture_output=True, text=True).stdout == ""
+    assert any(n.startswith(f"kept Slurm job {replacement} stopped") for n in notes), notes
