@@ -11,6 +11,7 @@ machine, or a local one on the cluster itself (the watcher submits its next link
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from dataclasses import dataclass
@@ -261,3 +262,103 @@ def explain_sbatch_error(stderr: str, facts: ClusterFacts | None) -> tuple[str, 
     elif "node" in low and ("configuration" in low or "invalid" in low or "available" in low):
         hint = "Check `nodes`, `gpus_per_node` and sbatch_flags against what the partition has (`sinfo -N -l`)."
     return text, hint
+
+
+# -- steps of a running job (`evaluate watch` hands each checkpoint's job script to its kept job) -------------
+
+
+def start_step(remote: Remote, job_id: str, *, name: str, command: str, output: str) -> None:
+    """Start `command` as a step named `name` of the running job `job_id` (`srun --jobid --overlap`: it shares
+    the allocation's node, CPUs and GPUs with the job's other steps), detached from this connection: `srun`
+    runs on under `setsid nohup`, its own messages go to `output`. Returns once srun is started; whether the
+    step runs is `step_state`'s to say."""
+    srun = shlex.join(
+        [
+            "srun",
+            f"--jobid={job_id}",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--job-name={name}",
+            "--kill-on-bad-exit=1",
+            "bash",
+            "-c",
+            command,
+        ]
+    )
+    log = shlex.quote(output)
+    line = f"mkdir -p {shlex.quote(posixpath.dirname(output))} && setsid nohup {srun} >>{log} 2>&1 </dev/null &"
+    result = remote.run(["sh", "-c", line], timeout=60, check=False)
+    if not result.ok:
+        raise ClusterError(f"Could not start a step of Slurm job {job_id}: {(result.stderr or result.stdout).strip()}")
+
+
+STEP_FIELDS = "JobID,JobName,State,ExitCode,Elapsed,AllocTRES,Start"
+
+
+def step_state(remote: Remote, job_id: str, name: str) -> SlurmJobState:
+    """The state of the step named `name` of job `job_id` (its id `JOB.STEP` once Slurm knows it): squeue's
+    while it runs, sacct's afterwards. Before Slurm knows the step: PENDING while the job runs (srun is asking
+    for it), else the job's own end (the step can no longer start)."""
+    jid = shlex.quote(str(job_id))
+    script = (
+        f"squeue -h -s -j {jid} -o '%i|%j' 2>/dev/null | sed 's/^/Q|/'; "
+        f"sacct -n -P -j {jid} -o {STEP_FIELDS} 2>/dev/null | sed 's/^/A|/'; "
+        f"squeue -h -j {jid} -o '%T' 2>/dev/null | sed 's/^/J|/'"
+    )
+    result = remote.run(["sh", "-c", script], timeout=60, check=False)
+    running = accounted = None
+    job_word = ""
+    for line in result.stdout.splitlines():
+        kind, _, rest = line.strip().partition("|")
+        fields = rest.split("|")
+        if kind == "Q" and len(fields) >= 2 and fields[1] == name:
+            running = fields[0]
+        elif kind == "A" and len(fields) >= 5 and fields[1] == name and "." in fields[0]:
+            accounted = fields
+        elif kind == "J" and fields[0]:
+            job_word = _clean_state(fields[0])
+    if running:
+        return SlurmJobState(job_id=running, state="RUNNING")
+    if accounted and _clean_state(accounted[2]) not in ACTIVE:
+        return SlurmJobState(
+            job_id=accounted[0], state=_clean_state(accounted[2]), exit_code=accounted[3], elapsed=accounted[4]
+        )
+    if job_word in ACTIVE:
+        # sacct may still say RUNNING for a step squeue no longer lists: it is ending
+        return SlurmJobState(
+            job_id=accounted[0] if accounted else str(job_id),
+            state="RUNNING" if accounted else "PENDING",
+            reason="" if accounted else "starting its step in the kept job",
+        )
+    job = job_state(remote, job_id)
+    if accounted:  # the job ended with the step: the job's end is the step's
+        return SlurmJobState(job_id=accounted[0], state=job.state, exit_code=job.exit_code, elapsed=accounted[4])
+    return SlurmJobState(
+        job_id=str(job_id), state="UNKNOWN", reason=f"no step {name} in Slurm job {job_id} ({job.state.lower()})"
+    )
+
+
+def step_allocation(remote: Remote, job_id: str, name: str) -> dict[str, Any] | None:
+    """The scheduler's accounting of the step named `name` of job `job_id` as `state/allocation.json`'s content
+    (`job_allocation`'s fields): the step's own elapsed time, and the GPUs of the job's allocation it shares
+    (the step's own AllocTRES when it lists them); None when sacct does not know it."""
+    result = remote.run(["sacct", "-n", "-P", "-j", str(job_id), "-o", STEP_FIELDS], timeout=60, check=False)
+    job_gpus = 0
+    found = None
+    for line in result.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) < 7:
+            continue
+        parsed = parse_sacct_allocation("|".join([fields[0], fields[4], fields[5], fields[6], fields[2]]))
+        if parsed is None:
+            continue
+        if fields[0] == str(job_id):
+            job_gpus = parsed["gpus"]
+        elif fields[1] == name and "." in fields[0]:
+            found = parsed
+    if found is None:
+        return None
+    found["gpus"] = found["gpus"] or job_gpus
+    found["kept_job"] = str(job_id)
+    return found

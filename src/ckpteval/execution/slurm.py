@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.cluster.jobview import LogTail, RemoteJobView
@@ -59,6 +59,7 @@ from ckpteval.execution.slurm_state import (
     SlurmSubmission,
     combine_state,
     fetch_results,
+    kept_step_output,
     local_job_copy,
     log_tail,
     open_session,
@@ -67,6 +68,7 @@ from ckpteval.execution.slurm_state import (
     remembered,
     slurm_job_id,
     slurm_output_path,
+    slurm_step,
     slurm_view,
     state_dirs,
     submission_of,
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.execution.planned import PlannedJob
     from ckpteval.job.plan import JobPlan
+    from ckpteval.watch.kept_slurm import KeptSlurmJob
 
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
@@ -164,9 +167,14 @@ class SlurmHost:
         record.local_results_dir = str(local_job_copy(record))  # fetched there when the job has ended
 
     def start(self, record: InvocationRecord, files: dict[str, str], report: Reporter) -> SlurmJob:
-        """Keep the job script beside the record, then submit through nemo-run."""
+        """Keep the job script beside the record, then submit through nemo-run; with `deployment.load_into`
+        (`evaluate watch`'s kept job, `watch.kept_slurm`), start it as a step of that job instead."""
         write_text_atomic(record.path / JobDir.SCRIPT, files[JobDir.SCRIPT])
-        submit_job(record, self.spec, self.profile, report, facts=self.facts)
+        load_into = getattr(self.compiled.config.deployment, "load_into", None)
+        if load_into:
+            start_in_kept_job(record, self.spec, self.session, str(load_into), report)
+        else:
+            submit_job(record, self.spec, self.profile, report, facts=self.facts)
         return SlurmJob(record, self.session)
 
     def close(self) -> None:
@@ -203,6 +211,43 @@ def submit_job(
         write_text_atomic(record.path / "sbatch.sh", submitted.sbatch_script)
 
 
+def start_in_kept_job(
+    record: InvocationRecord, spec: SbatchSpec, session: ClusterSession, load_into: str, report: Reporter
+) -> None:
+    """Run the invocation's job script as a step of the Slurm job that holds the kept server whose load
+    directory is `load_into` (its id in `<load_into>/slurm_job`): on the server's node, sharing its allocation,
+    so the job's deployment step reaches the server on 127.0.0.1 (`server.inplace_client.stand_in`). Noted in
+    the record as that job with the step's name (saved). DeploymentError when that job no longer runs."""
+    from ckpteval.cluster.slurm import start_step
+    from ckpteval.errors import DeploymentError
+    from ckpteval.watch.kept_slurm import JOB_FILE
+
+    slurm = submission_of(record)
+    text = session.call(lambda r: r.read_text_if_exists(posixpath.join(load_into, JOB_FILE)))
+    job_id = (text or "").strip()
+    state = session.call(lambda r: job_state(r, job_id)) if job_id else None
+    if state is None or state.state != "RUNNING":
+        slurm.submit_error = f"no kept Slurm job runs for {load_into}" + (
+            f" (job {job_id}: {state.state.lower()})" if state else ""
+        )
+        record.save()
+        raise DeploymentError(
+            f"The kept deployment of {load_into} does not run: {slurm.submit_error}.",
+            hint="Start a fresh deployment instead (drop deployment.load_into).",
+        )
+    name = spec.job_name
+    report(Note(f"starting the job script as step {name} of kept Slurm job {job_id} ..."))
+    command = f"exec {spec.command()}"
+    output = kept_step_output(record.job_dir)
+    session.call(lambda r: start_step(r, job_id, name=name, command=command, output=output))
+    slurm.job_ids.append(job_id)
+    slurm.step = name
+    slurm.submit_error = None
+    record.job_label = f"step of Slurm job {job_id}"
+    record.final = None
+    record.save()
+
+
 def slurm_toolchain(python: str, job_dir: str) -> Toolchain:
     """A cluster: the profile's Python (builtin deployment), `nemo-evaluator` as the eval-factory image has
     it, and the offline-data hook uploaded into the job directory (`<job_dir>/hook`, mounted with it)."""
@@ -235,8 +280,14 @@ class SlurmJob:
         self.close()
 
     def slurm_state(self) -> SlurmJobState:
-        """Slurm's view of the latest job of the invocation (squeue, then sacct)."""
-        return self.session.call(lambda r: job_state(r, str(slurm_job_id(self.record))))
+        """Slurm's view of the latest job of the invocation (squeue, then sacct); of its step in watch's kept
+        job where it ran as one (`job_id` then `JOB.STEP` once Slurm knows it)."""
+        from ckpteval.cluster.slurm import step_state
+
+        job_id, step = str(slurm_job_id(self.record)), slurm_step(self.record)
+        if step:
+            return self.session.call(lambda r: step_state(r, job_id, step))
+        return self.session.call(lambda r: job_state(r, job_id))
 
     def follow(self, report: Reporter) -> None:
         """Report progress and the job's log until Slurm says the job has ended."""
@@ -244,7 +295,7 @@ class SlurmJob:
 
         record = self.record
         report(Note(f"following invocation {record.id} (Ctrl-C to detach or cancel)", "notice"))
-        watcher = _SlurmWatch(self.session, str(slurm_job_id(record)), report)
+        watcher = _SlurmWatch(self.session, str(slurm_job_id(record)), report, ask=self.slurm_state)
         log = LogTail(self.session, JobDir(record.job_dir).join(JobDir.JOB_LOG))
         view = RemoteJobView(self.session, record.job_dir)
         dirs = state_dirs(record)
@@ -299,13 +350,15 @@ class SlurmJob:
 
         snapshot = take_snapshot(view, record.task_dirs, progress_reader)
         state, detail = combine_state(slurm, snapshot)
+        if slurm_step(record) and "." in slurm.job_id:
+            submission_of(record).step_id = slurm.job_id  # saved with the final status
         tail = log_tail(self.session, record) if state == "failed" else ""
         status = InvocationStatus(
             record=record,
             state=state,
             snapshot=settle_tasks(snapshot, slurm.active, state),
             detail=detail,
-            executor_view=slurm_view(slurm.job_id),
+            executor_view=slurm_view(slurm.job_id, slurm_step(record)),
             log_tail=tail,
         )
         if state in ("succeeded", "failed", "cancelled"):
@@ -330,12 +383,32 @@ class SlurmJob:
         before = self.slurm_state()
         if not before.active:
             return f"invocation {record.id} is not running (Slurm job {before.job_id}: {before.state.lower()})"
+        if slurm_step(record):  # a step of watch's kept job: that step only (the kept server goes on)
+            return self._cancel_step(before)
         after = self.session.call(lambda r: cancel_job(r, str(slurm_job_id(record))))
         if after.active:
             return (
                 f"asked Slurm to cancel job {after.job_id} of invocation {record.id}; it is still {after.state.lower()}"
             )
         return f"cancelled invocation {record.id} (Slurm job {after.job_id}: {after.state.lower()})"
+
+    def _cancel_step(self, before: SlurmJobState, wait: float = 60.0) -> str:
+        record = self.record
+        if "." in before.job_id:
+            self.session.call(lambda r: r.run(["scancel", before.job_id], timeout=60, check=False))
+        deadline = time.monotonic() + wait
+        after = self.slurm_state()
+        while after.active and time.monotonic() < deadline:
+            if "." in after.job_id and "." not in before.job_id:  # the step started meanwhile
+                return self._cancel_step(after, max(0.0, deadline - time.monotonic()))
+            time.sleep(0.5)
+            after = self.slurm_state()
+        if after.active:
+            return (
+                f"asked Slurm to cancel step {after.job_id} of invocation {record.id}; "
+                f"it is still {after.state.lower()}"
+            )
+        return f"cancelled invocation {record.id} (Slurm step {after.job_id}: {after.state.lower()})"
 
     def logs(self, *, follow: bool = False, source: str = "job") -> Iterator[str]:
         """The job's log lines (`job`, `deployment`, a task name, or `slurm` for nemo-run's sbatch output);
@@ -381,10 +454,13 @@ class SlurmJob:
 class _SlurmWatch:
     """Slurm's state of the job, asked at most every few seconds; reports when it changes."""
 
-    def __init__(self, session: ClusterSession, job_id: str, report: Reporter) -> None:
+    def __init__(
+        self, session: ClusterSession, job_id: str, report: Reporter, ask: Callable[[], SlurmJobState] | None = None
+    ) -> None:
         self.session = session
         self.job_id = job_id
         self.report = report
+        self.ask = ask or (lambda: self.session.call(lambda r: job_state(r, self.job_id)))
         self.state: SlurmJobState | None = None
         self._asked = 0.0
         self._unknown_since: float | None = None
@@ -392,7 +468,7 @@ class _SlurmWatch:
     def refresh(self, *, force: bool = False) -> SlurmJobState:
         if force or self.state is None or time.monotonic() - self._asked >= POLL_SLURM_S:
             self._asked = time.monotonic()
-            new = self.session.call(lambda r: job_state(r, self.job_id))
+            new = self.ask()
             if self.state is None or (new.state, new.reason) != (self.state.state, self.state.reason):
                 why = f" ({new.reason})" if new.reason else ""
                 self.report(Note(f"Slurm job {self.job_id}: {new.state.lower()}{why}", "change"))
@@ -545,9 +621,35 @@ class SlurmBackend:
     def attach(self, record: InvocationRecord) -> SlurmJob:
         return SlurmJob(record)
 
+    def kept_job_refusal(self) -> str:
+        """Why this watcher cannot keep a Slurm job across checkpoints ("" when it can)."""
+        from ckpteval.watch.kept_slurm import why_no_kept_job
+
+        return why_no_kept_job()
+
+    def kept_job(
+        self,
+        run: str,
+        profile: Profile,
+        compile_first: Callable[[int, str], Any] | None,
+        *,
+        on_note: Callable[[str, int | None], None] = lambda _m, _i: None,
+    ) -> KeptSlurmJob:
+        """`evaluate watch`'s one job kept across a run's checkpoints (`watch.kept_slurm`): each checkpoint's
+        job script runs as a step of it (`start_in_kept_job`)."""
+        from ckpteval.watch.kept_slurm import KeptSlurmJob
+
+        return KeptSlurmJob(run, profile, compile_first, on_note=on_note)
+
     def resume(self, record: InvocationRecord, report: Reporter) -> SlurmJob:
         """Resubmit the same job script with the Slurm request recorded at submission."""
         submission = submission_of(record)
+        if submission.step:
+            raise ConfigError(
+                f"Invocation {record.id} ran as a step of `evaluate watch`'s kept Slurm job: it has no job of its "
+                "own to resubmit.",
+                hint="Start the watcher again with the same command: it evaluates the checkpoint again.",
+            )
         if not submission.sbatch:
             raise ConfigError(f"Invocation {record.id} has no recorded Slurm request to resubmit.")
         spec = SbatchSpec(**submission.sbatch)

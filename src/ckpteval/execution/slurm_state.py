@@ -39,6 +39,9 @@ class SlurmSubmission:
     nemo_run_dir: str | None = None
     submit_error: str | None = None  # why the latest submission was refused
     results_of_job: str | None = None  # the job whose results were fetched (a resubmission makes them stale)
+    # `evaluate watch`'s kept job: the invocation ran as the step of this name in job `job_id` (not a job of its own)
+    step: str | None = None
+    step_id: str | None = None  # its `JOB.STEP`, once Slurm has said it
 
     @property
     def job_id(self) -> str | None:
@@ -58,9 +61,23 @@ def slurm_job_id(record: InvocationRecord) -> str | None:
     return found.job_id if found else None
 
 
-def slurm_view(job_id: str | None) -> ExecutorView | None:
-    """The Slurm job, as `status` shows it (`evaluate status --json`: `slurm_job`)."""
-    return ExecutorView(label=f"job {job_id}", fields={"slurm_job": job_id}) if job_id else None
+def slurm_step(record: InvocationRecord) -> str | None:
+    """The name of the step the invocation ran as in `evaluate watch`'s kept job (None: a job of its own)."""
+    found = record.placement_as(SlurmSubmission)
+    return found.step if found else None
+
+
+def slurm_view(job_id: str | None, step: str | None = None) -> ExecutorView | None:
+    """The Slurm job, as `status` shows it (`evaluate status --json`: `slurm_job`; `slurm_step` for an
+    invocation run as a step of watch's kept job: its `JOB.STEP` once known)."""
+    if not job_id:
+        return None
+    if step:
+        return ExecutorView(
+            label=f"step {step} of kept job {job_id.split('.')[0]}",
+            fields={"slurm_job": job_id.split(".")[0], "slurm_step": job_id},
+        )
+    return ExecutorView(label=f"job {job_id}", fields={"slurm_job": job_id})
 
 
 def record_profile(record: InvocationRecord) -> Profile:
@@ -128,9 +145,16 @@ def log_tail(session: ClusterSession, record: InvocationRecord, lines: int = LOG
 
 def slurm_output_path(record: InvocationRecord) -> str:
     """nemo-run's sbatch output file of the latest job (Slurm's own messages, nemo-run's setup)."""
+    if slurm_step(record):  # a step of watch's kept job: srun's own messages
+        return kept_step_output(record.job_dir)
     name = f"ckpteval-{record.id}"
     nemo_run_dir = submission_of(record).nemo_run_dir or ""
     return posixpath.join(nemo_run_dir, f"sbatch_{name}_{slurm_job_id(record)}.out")
+
+
+def kept_step_output(job_dir: str) -> str:
+    """srun's own messages of an invocation run as a step of watch's kept job (`logs -s slurm`)."""
+    return posixpath.join(job_dir, "logs", "slurm-step.out")
 
 
 def submit_failed(record: InvocationRecord) -> InvocationStatus | None:
@@ -159,7 +183,7 @@ def remembered(record: InvocationRecord) -> InvocationStatus | None:
         state=final.state,  # type: ignore[arg-type]
         snapshot=snapshot,
         detail=final.detail,
-        executor_view=slurm_view(slurm_job_id(record)),
+        executor_view=slurm_view(submission_of(record).step_id or slurm_job_id(record), slurm_step(record)),
         log_tail=final.log_tail,
     )
 
@@ -181,15 +205,19 @@ def remember(status: InvocationStatus) -> None:
     record.save()
 
 
-def record_allocation(session: ClusterSession, job_id: str, local: Path) -> None:
+def record_allocation(session: ClusterSession, job_id: str, local: Path, *, step: str | None = None) -> None:
     """The scheduler's accounting of the job's allocation (sacct), into the local copy's state/allocation.json
-    (`results.usage` reads it: the GPU-hours); nothing when sacct does not know the job."""
+    (`results.usage` reads it: the GPU-hours); nothing when sacct does not know the job. With `step` (an
+    invocation run in watch's kept job): that step's own elapsed time, not the kept job's."""
     import json
 
-    from ckpteval.cluster.slurm import job_allocation
+    from ckpteval.cluster.slurm import job_allocation, step_allocation
     from ckpteval.results.usage import ALLOCATION_FILE
 
-    allocation = session.call(lambda r: job_allocation(r, job_id))
+    if step:
+        allocation = session.call(lambda r: step_allocation(r, job_id, step))
+    else:
+        allocation = session.call(lambda r: job_allocation(r, job_id))
     if allocation is not None:
         target = local / ALLOCATION_FILE
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +235,7 @@ def fetch_results(session: ClusterSession, record: InvocationRecord, *, final: b
     session.call(lambda r: fetch_job_dir(r, record.job_dir, local))
     job_id = slurm_job_id(record)
     if final and job_id:
-        record_allocation(session, job_id, local)
+        record_allocation(session, job_id, local, step=slurm_step(record))
     results = collect_results(
         local, record.task_dirs, invocation=record.id, created=record.created, model=record.model, label=record.label
     )

@@ -12,7 +12,8 @@ own results and provenance.
 Before each evaluation the kept server is asked whether the checkpoint fits (same architecture, tokenizer and
 saved layout); one that does not is evaluated with a fresh deployment of its own, as without keeping, and the
 kept server is stopped (the next checkpoint starts a new one). Where nothing can be kept (`keep_decision`: a
-deployment that cannot load in place, evaluations side by side, a cluster profile), every checkpoint gets a
+deployment that cannot load in place, evaluations side by side, a cluster whose executor keeps no job; on
+Slurm the kept deployment is a kept job: `watch.kept_slurm`), every checkpoint gets a
 fresh deployment, as before, and the dry run and the terminal say why.
 """
 
@@ -30,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ckpteval.errors import DeploymentError
 from ckpteval.watch.state import WatchSpec, watch_dir
@@ -55,9 +56,9 @@ class KeepDecision:
         return "a fresh deployment per checkpoint: " + self.why
 
 
-def keep_decision(spec: WatchSpec, config: Any, *, here: bool) -> KeepDecision:
+def keep_decision(spec: WatchSpec, config: Any, *, here: bool, in_kept_job: bool = False) -> KeepDecision:
     """Whether `spec`'s evaluations (compiled `config`) can keep one deployment; `here`: they run on this
-    machine (a cluster's jobs each hold their own allocation: keeping one across checkpoints is not built)."""
+    machine; `in_kept_job`: on a cluster whose executor keeps one job for them (Slurm: `watch.kept_slurm`)."""
     from ckpteval.deploy.backends import backend_for
 
     deployment = config.deployment
@@ -68,11 +69,26 @@ def keep_decision(spec: WatchSpec, config: Any, *, here: bool) -> KeepDecision:
         return KeepDecision(False, f"the {backend.kind} deployment cannot load another checkpoint in place")
     if (getattr(deployment, "num_replicas", None) or 1) > 1:
         return KeepDecision(False, "the builtin server with several replicas cannot load in place")
-    if not here:
+    if not here and not in_kept_job:
         return KeepDecision(False, "each evaluation on the cluster is its own job (one allocation per checkpoint)")
+    if in_kept_job and _deployments_beside(config):
+        return KeepDecision(False, _deployments_beside(config))
     if spec.max_pending > 1:
         return KeepDecision(False, f"--max-pending {spec.max_pending}: evaluations side by side need one each")
+    if in_kept_job and not here:
+        return KeepDecision(True, f"the {backend.kind} server in one kept Slurm job, each checkpoint a step of it")
     return KeepDecision(True, f"the {backend.kind} server")
+
+
+def _deployments_beside(config: Any) -> str:
+    """Why a kept Slurm job cannot hold the evaluation's deployments ("" when it can: one server, one node)."""
+    from ckpteval.job.roles import deployed_roles
+
+    if len(deployed_roles(config)) > 1:
+        return "a judge deployed beside the model: one Slurm job per checkpoint"
+    if int(getattr(config.deployment, "num_nodes", 1) or 1) > 1:
+        return "a deployment over several nodes: one Slurm job per checkpoint"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,17 @@ class Placement:
 
     load_into: str | None
     note: str = ""
+
+
+class KeptJob(Protocol):
+    """A kept deployment that lives in a job of the cluster (the executor's backend's `kept_job`: on Slurm,
+    `watch.kept_slurm.KeptSlurmJob`), as the watcher uses it."""
+
+    def place(self, iteration: int, iter_dir: str) -> Placement: ...
+
+    def stop(self) -> None: ...
+
+    def stop_leftover(self) -> None: ...
 
 
 class KeptDeployment:

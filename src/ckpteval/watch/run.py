@@ -13,6 +13,7 @@ from __future__ import annotations
 # ckpteval modules imported inside functions are imported there for start-up speed (`evaluate --help`
 # and `--dry-run` load only what they use), not to break an import cycle.
 import contextlib
+import dataclasses
 import os
 import posixpath
 import signal
@@ -22,13 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
 from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision
+
+if TYPE_CHECKING:
+    from ckpteval.watch.kept import KeptJob
 from ckpteval.watch.loop import Watcher, WatchEvent
 from ckpteval.watch.readiness import SaveDirListing, list_save_dir
 from ckpteval.watch.state import (
@@ -55,7 +59,7 @@ class SubmitPipeline:
         spec: WatchSpec,
         run: str,
         *,
-        kept: KeptDeployment | None = None,
+        kept: KeptDeployment | KeptJob | None = None,
         on_event: Callable[[WatchEvent], None] = lambda _e: None,
     ) -> None:
         self.spec, self.run, self.kept, self.on_event = spec, run, kept, on_event
@@ -139,6 +143,52 @@ def jobs_run_here(profile: Profile) -> bool:
     return not find_executor(profile.executor).on_cluster
 
 
+def kept_job_backend(profile: Profile) -> Any:
+    """The backend of the profile's executor where it keeps one job across a watch run's checkpoints (its
+    `kept_job`: on Slurm, `watch.kept_slurm`) and those jobs run elsewhere; None otherwise."""
+    from ckpteval.execution.backends import backend_for
+
+    if jobs_run_here(profile):
+        return None
+    backend = backend_for(profile.executor)
+    return backend if hasattr(backend, "kept_job") else None
+
+
+def _decide(spec: WatchSpec, config: Any, profile: Profile, *, pending_given: bool) -> KeepDecision:
+    """`keep_decision` for the profile; on Slurm, without --max-pending, one evaluation at a time when that
+    keeps one job (the kept job evaluates one checkpoint at a time), the executor's default otherwise."""
+    backend = kept_job_backend(profile)
+    refusal = backend.kept_job_refusal() if backend is not None else ""
+    if refusal and not spec.fresh_deployments:
+        return KeepDecision(False, refusal)
+    here, in_job = jobs_run_here(profile), backend is not None
+    if in_job and not pending_given and spec.max_pending > 1:
+        single = keep_decision(dataclasses.replace(spec, max_pending=1), config, here=here, in_kept_job=in_job)
+        if single.keep:
+            spec.max_pending = 1
+            return single
+    return keep_decision(spec, config, here=here, in_kept_job=in_job)
+
+
+def _kept(
+    decision: KeepDecision, spec: WatchSpec, run: str, profile: Profile, on_event: Callable[[WatchEvent], None]
+) -> KeptDeployment | KeptJob | None:
+    """The run's kept deployment (here) or kept Slurm job, when `decision` keeps one."""
+    if not decision.keep:
+        return None
+
+    def compile_first(iteration: int, iter_dir: str) -> Any:
+        return submit.compile_evaluation(spec, iteration, iter_dir, run=run)
+
+    backend = kept_job_backend(profile)
+    if backend is not None:
+        kept: KeptJob = backend.kept_job(
+            run, profile, compile_first, on_note=lambda m, i: on_event(WatchEvent("deployment", m, i))
+        )
+        return kept
+    return KeptDeployment(run, compile_first)
+
+
 def _resolve(spec: WatchSpec) -> Profile:
     """Check the spec's numbers, make its save dir absolute and its max pending concrete; its profile."""
     if spec.max_pending < 0 or spec.max_attempts < 1 or spec.every <= 0 or spec.follow_every < 0:
@@ -158,7 +208,7 @@ class OpenWatch(Watcher):
 
     lock: RunLock
     lister: SaveDirLister
-    kept: KeptDeployment | None = None
+    kept: KeptDeployment | KeptJob | None = None
 
     def close(self) -> None:
         """Stop the kept deployment, release the lock and the save dir's connection (the state stays as it was
@@ -168,7 +218,7 @@ class OpenWatch(Watcher):
             if not self.state.in_flight():
                 if self.kept is not None:
                     self.kept.stop()
-                KeptDeployment(self.state.run, None).stop_leftover()  # one an earlier watcher left serving
+                _leftover(self.state.run, self.state.spec)  # one an earlier watcher left serving
         finally:
             self.lister.close()
             self.lock.__exit__(None, None, None)
@@ -178,9 +228,11 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
     """The watcher of `spec`, holding the run's lock: its state created, or continued from the last run of
     the same command. The lock is taken before the state is read, so two watchers of one run never act on
     the same state (the second gets a ConfigError); `close()` releases it."""
+    pending_given = spec.max_pending > 0
     profile = _resolve(spec)
     run = run_name(spec.save_dir, spec.profile)
     settings = submit.watch_settings(spec, run=run)  # compiles the config once: bad input fails here
+    decision = _decide(spec, settings.config, profile, pending_given=pending_given)
     spec.eval_timeout = settings.eval_timeout
     lock = RunLock(run).__enter__()
     try:
@@ -193,15 +245,8 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
     else:
         state.spec = spec  # the options of this start apply from now on; what was done stays done
     lister = SaveDirLister(profile, spec.save_dir)
-    decision = keep_decision(spec, settings.config, here=jobs_run_here(profile))
     on_event(WatchEvent("deployment", decision.line))
-    kept = None
-    if decision.keep:
-
-        def compile_first(iteration: int, iter_dir: str) -> Any:
-            return submit.compile_evaluation(spec, iteration, iter_dir, run=run)
-
-        kept = KeptDeployment(run, compile_first)
+    kept = _kept(decision, spec, run, profile, on_event)
 
     def exporter(st: WatchState, entries: list[IterationEntry]) -> str | None:
         from ckpteval.watch.curves import export_curves
@@ -300,6 +345,7 @@ class DryRun:
 
 def dry_run(spec: WatchSpec) -> DryRun:
     """List the save dir and say what a watcher would submit now; submits nothing, writes nothing."""
+    pending_given = spec.max_pending > 0
     profile = _resolve(spec)
     run = run_name(spec.save_dir, spec.profile)
     lister = SaveDirLister(profile, spec.save_dir)
@@ -314,8 +360,13 @@ def dry_run(spec: WatchSpec) -> DryRun:
         todo = todo[-1:]
     first = next((c for c in listing.ready if todo and c.iteration == todo[0]), None)
     settings = submit.watch_settings(spec, run=run)  # checks the config even with nothing to evaluate
-    decision = keep_decision(spec, settings.config, here=jobs_run_here(profile))
-    load_into = str(KeptDeployment(run, None).directory) if decision.keep else None
+    decision = _decide(spec, settings.config, profile, pending_given=pending_given)
+    load_into = None
+    backend = kept_job_backend(profile)
+    if decision.keep and backend is not None:
+        load_into = backend.kept_job(run, profile, None).first_directory  # made when the kept job is submitted
+    elif decision.keep:
+        load_into = str(KeptDeployment(run, None).directory)
     preview = submit.preview(spec, first.iteration, first.path, run=run, load_into=load_into) if first else None
     return DryRun(run=run, listing=listing, would_evaluate=todo, already=done, preview=preview, deployment=decision)
 
@@ -422,6 +473,20 @@ def request_stop(run: str, *, timeout: float = 60.0, cancel: bool = False, pipel
     )
 
 
+def _leftover(run: str, spec: WatchSpec) -> None:
+    """Stop the kept deployment (or kept Slurm jobs) of `run` an earlier watcher left serving."""
+    from ckpteval.errors import CkptevalError
+
+    KeptDeployment(run, None).stop_leftover()
+    try:
+        profile = resolve_profile(spec)
+    except CkptevalError:
+        return
+    backend = kept_job_backend(profile)
+    if backend is not None:
+        backend.kept_job(run, profile, None).stop_leftover()
+
+
 def _withdraw(state: WatchState, stopped: str, *, deadline: float, timeout: float, pipeline: Any) -> StopResult:
     """`watch stop --cancel` once no watcher runs: cancel every evaluation the run has in flight and wait
     until each has ended (its job, server and clients gone: its status final), holding the run's lock so
@@ -471,7 +536,7 @@ def _withdraw(state: WatchState, stopped: str, *, deadline: float, timeout: floa
             if waiting:
                 time.sleep(0.2)
         current.save()
-        KeptDeployment(state.run, None).stop_leftover()  # what a watcher stopped mid-evaluation left serving
+        _leftover(state.run, current.spec)  # what a watcher stopped mid-evaluation left serving
     if waiting:
         problems.append(
             f"still running after {timeout:g} s: " + ", ".join(f"{inv} (iteration {e.iteration})" for e, inv in waiting)
