@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from ckpteval.cli.main import app
 from ckpteval.cluster.slurm import elapsed_seconds
-from ckpteval.watch.kept_slurm import kept_job_name
+from ckpteval.execution.slurm_kept import kept_job_name
 from tests.integration.conftest import REPO, Infra
 from tests.integration.slurm_jobs import free_port
 from tests.support.corpus.training_run import build_training_run

@@ -305,3 +305,13 @@ def task_log(record: InvocationRecord, source: str, *, exists: Callable[[str], b
 
     rel = current_log(run_layouts(task.repeats), lambda log: exists is not None and exists(f"{task.dir}/{log}"))
     return f"{task.dir}/{rel}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """`evaluate watch`: where one evaluation's checkpoint is served: `load_into` the kept server's load
+    directory (`watch.kept`, or the executor's kept job: `JobBackend.kept_job`), or None (a fresh deployment);
+    `note`: what to tell the user (why not kept this time, or a kept server started)."""
+
+    load_into: str | None
+    note: str = ""

@@ -86,8 +86,8 @@ from ckpteval.results.model import InvocationResults
 if TYPE_CHECKING:
     from ckpteval.checkpoint.description import CheckpointDescription
     from ckpteval.execution.planned import PlannedJob
+    from ckpteval.execution.slurm_kept import KeptSlurmJob
     from ckpteval.job.plan import JobPlan
-    from ckpteval.watch.kept_slurm import KeptSlurmJob
 
 POLL_SLURM_S = 3.0
 UNKNOWN_GRACE_S = 120.0  # sacct can lag a new or just-ended job; longer than this, the job is gone
@@ -168,7 +168,7 @@ class SlurmHost:
 
     def start(self, record: InvocationRecord, files: dict[str, str], report: Reporter) -> SlurmJob:
         """Keep the job script beside the record, then submit through nemo-run; with `deployment.load_into`
-        (`evaluate watch`'s kept job, `watch.kept_slurm`), start it as a step of that job instead."""
+        (`evaluate watch`'s kept job, `execution.slurm_kept`), start it as a step of that job instead."""
         write_text_atomic(record.path / JobDir.SCRIPT, files[JobDir.SCRIPT])
         load_into = getattr(self.compiled.config.deployment, "load_into", None)
         if load_into:
@@ -220,7 +220,7 @@ def start_in_kept_job(
     the record as that job with the step's name (saved). DeploymentError when that job no longer runs."""
     from ckpteval.cluster.slurm import start_step
     from ckpteval.errors import DeploymentError
-    from ckpteval.watch.kept_slurm import JOB_FILE
+    from ckpteval.execution.slurm_kept import JOB_FILE
 
     slurm = submission_of(record)
     text = session.call(lambda r: r.read_text_if_exists(posixpath.join(load_into, JOB_FILE)))
@@ -623,7 +623,7 @@ class SlurmBackend:
 
     def kept_job_refusal(self) -> str:
         """Why this watcher cannot keep a Slurm job across checkpoints ("" when it can)."""
-        from ckpteval.watch.kept_slurm import why_no_kept_job
+        from ckpteval.execution.slurm_kept import why_no_kept_job
 
         return why_no_kept_job()
 
@@ -635,9 +635,9 @@ class SlurmBackend:
         *,
         on_note: Callable[[str, int | None], None] = lambda _m, _i: None,
     ) -> KeptSlurmJob:
-        """`evaluate watch`'s one job kept across a run's checkpoints (`watch.kept_slurm`): each checkpoint's
+        """`evaluate watch`'s one job kept across a run's checkpoints (`execution.slurm_kept`): each checkpoint's
         job script runs as a step of it (`start_in_kept_job`)."""
-        from ckpteval.watch.kept_slurm import KeptSlurmJob
+        from ckpteval.execution.slurm_kept import KeptSlurmJob
 
         return KeptSlurmJob(run, profile, compile_first, on_note=on_note)
 

@@ -13,7 +13,7 @@ Before each evaluation the kept server is asked whether the checkpoint fits (sam
 saved layout); one that does not is evaluated with a fresh deployment of its own, as without keeping, and the
 kept server is stopped (the next checkpoint starts a new one). Where nothing can be kept (`keep_decision`: a
 deployment that cannot load in place, evaluations side by side, a cluster whose executor keeps no job; on
-Slurm the kept deployment is a kept job: `watch.kept_slurm`), every checkpoint gets a
+Slurm the kept deployment is a kept job: `execution.slurm_kept`), every checkpoint gets a
 fresh deployment, as before, and the dry run and the terminal say why.
 """
 
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ckpteval.errors import DeploymentError
+from ckpteval.execution.backend import Placement
 from ckpteval.watch.state import WatchSpec, watch_dir
 
 LOAD_DIR = "deployment"  # under the run's state directory
@@ -58,7 +59,7 @@ class KeepDecision:
 
 def keep_decision(spec: WatchSpec, config: Any, *, here: bool, in_kept_job: bool = False) -> KeepDecision:
     """Whether `spec`'s evaluations (compiled `config`) can keep one deployment; `here`: they run on this
-    machine; `in_kept_job`: on a cluster whose executor keeps one job for them (Slurm: `watch.kept_slurm`)."""
+    machine; `in_kept_job`: on a cluster whose executor keeps one job for them (Slurm: `execution.slurm_kept`)."""
     from ckpteval.deploy.backends import backend_for
 
     deployment = config.deployment
@@ -91,18 +92,9 @@ def _deployments_beside(config: Any) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where one evaluation's checkpoint is served: `load_into` the kept server's load directory, or None (a
-    fresh deployment); `note`: what to tell the user (why not kept this time, or a kept server started)."""
-
-    load_into: str | None
-    note: str = ""
-
-
 class KeptJob(Protocol):
     """A kept deployment that lives in a job of the cluster (the executor's backend's `kept_job`: on Slurm,
-    `watch.kept_slurm.KeptSlurmJob`), as the watcher uses it."""
+    `execution.slurm_kept.KeptSlurmJob`), as the watcher uses it."""
 
     def place(self, iteration: int, iter_dir: str) -> Placement: ...
 

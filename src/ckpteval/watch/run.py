@@ -145,7 +145,7 @@ def jobs_run_here(profile: Profile) -> bool:
 
 def kept_job_backend(profile: Profile) -> Any:
     """The backend of the profile's executor where it keeps one job across a watch run's checkpoints (its
-    `kept_job`: on Slurm, `watch.kept_slurm`) and those jobs run elsewhere; None otherwise."""
+    `kept_job`: on Slurm, `execution.slurm_kept`) and those jobs run elsewhere; None otherwise."""
     from ckpteval.execution.backends import backend_for
 
     if jobs_run_here(profile):

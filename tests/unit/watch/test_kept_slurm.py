@@ -1,4 +1,4 @@
-"""The kept Slurm job of `evaluate watch` (watch/kept_slurm.py), its pure parts: when a Slurm profile keeps one
+"""The kept Slurm job of `evaluate watch` (execution/slurm_kept.py), its pure parts: when a Slurm profile keeps one
 job (and why not), its sbatch script, and how its sacct record splits into the invocations' steps. The kept job
 itself, on the real test cluster: tests/integration/test_watch_slurm_kept.py."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ckpteval.cluster.sbatch import SbatchSpec
 from ckpteval.cluster.slurm import parse_sacct_allocation
+from ckpteval.execution.slurm_kept import kept_job_name, kept_steps, render_kept_script
 from ckpteval.watch.kept import keep_decision
-from ckpteval.watch.kept_slurm import kept_job_name, kept_steps, render_kept_script
 from ckpteval.watch.state import WatchSpec
 from tests.unit.watch.test_kept import _compiled
 

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckpteval.errors import CkptevalError, ClusterError, DeploymentError
-from ckpteval.watch.kept import Placement
+from ckpteval.execution.backend import Placement
 
 if TYPE_CHECKING:
     from ckpteval.cluster.remote import Remote
@@ -76,9 +76,12 @@ def kept_job_name(run: str) -> str:
 
 def kept_root(profile: Profile, run: str) -> str:
     """Where a run's kept jobs keep their load directories on the cluster."""
-    if not profile.remote_job_dir:
+    from ckpteval.config.executors import slurm_part
+
+    remote_job_dir = slurm_part(profile).remote_job_dir
+    if not remote_job_dir:
         raise ClusterError(f"Profile [{profile.name}] has no remote_job_dir: the kept job's files go there.")
-    return posixpath.join(profile.remote_job_dir, KEPT_DIR, run)
+    return posixpath.join(remote_job_dir, KEPT_DIR, run)
 
 
 def render_kept_script(directory: str, spec: Any, server_argv: list[str], env: dict[str, str], run: str) -> str:
@@ -245,11 +248,12 @@ class KeptSlurmJob:
     def _server_argv(self, deployment: Any, directory: str) -> list[str]:
         """The evaluation's own builtin command line, made the kept server's (as `watch.kept` does here): the
         cluster's Python, its port and load secret in the load directory, no invocation's identity."""
+        from ckpteval.config.executors import slurm_part
         from ckpteval.deploy.commands import builtin_command
         from ckpteval.server.inplace_client import load_dir_options
         from ckpteval.server.options import ServeOptions
 
-        python = self.profile.python
+        python = slurm_part(self.profile).python
         load_dir = load_dir_options(Path(directory))
         argv = shlex.split(builtin_command(deployment, python=python, port=0).removeprefix("exec "))
         options = ServeOptions.from_argv(argv[argv.index("serve") + 1 :])
@@ -267,7 +271,7 @@ class KeptSlurmJob:
 
     def _probe(self, iter_dir: str) -> dict[str, Any]:
         """Ask the kept server, from a short step of its job, whether it serves and would load `iter_dir`."""
-        from ckpteval.cluster.slurm import start_step  # noqa: F401  (the same srun shape, run in the foreground)
+        from ckpteval.config.executors import slurm_part
 
         assert self.link is not None
         link = self.link
@@ -278,9 +282,9 @@ class KeptSlurmJob:
             "--nodes=1",
             "--ntasks=1",
             f"--job-name={kept_job_name(self.run)}-probe",
-            self.profile.python,
+            slurm_part(self.profile).python,
             "-m",
-            "ckpteval.watch.kept_slurm",
+            "ckpteval.execution.slurm_kept",
             PROBE,
             link.directory,
             iter_dir,
@@ -395,9 +399,9 @@ def probe(directory: str, checkpoint: str, timeout: float) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m ckpteval.watch.kept_slurm probe DIR CHECKPOINT TIMEOUT`: one JSON line."""
+    """`python -m ckpteval.execution.slurm_kept probe DIR CHECKPOINT TIMEOUT`: one JSON line."""
     if len(argv) != 4 or argv[0] != PROBE:
-        print("usage: python -m ckpteval.watch.kept_slurm probe DIR CHECKPOINT TIMEOUT", file=sys.stderr)
+        print("usage: python -m ckpteval.execution.slurm_kept probe DIR CHECKPOINT TIMEOUT", file=sys.stderr)
         return 2
     print(json.dumps(probe(argv[1], argv[2], float(argv[3]))), flush=True)
     return 0
