@@ -75,6 +75,16 @@ def keep_decision(spec: WatchSpec, config: Any, *, here: bool) -> KeepDecision:
     return KeepDecision(True, f"the {backend.kind} server")
 
 
+def kept_deployment(run: str, compile_first: Any, kind: str) -> KeptDeployment:
+    """The run's kept deployment for a backend of `kind` that loads in place: SGLang's (`watch.kept_sglang`: the
+    export of each checkpoint, loaded by `/update_weights_from_disk`), else the builtin server's."""
+    if kind == "sglang":
+        from ckpteval.watch.kept_sglang import KeptSglang
+
+        return KeptSglang(run, compile_first)
+    return KeptDeployment(run, compile_first)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one evaluation's checkpoint is served: `load_into` the kept server's load directory, or None (a

@@ -28,7 +28,7 @@ from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
-from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision
+from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision, kept_deployment
 from ckpteval.watch.loop import Watcher, WatchEvent
 from ckpteval.watch.readiness import SaveDirListing, list_save_dir
 from ckpteval.watch.state import (
@@ -201,7 +201,9 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
         def compile_first(iteration: int, iter_dir: str) -> Any:
             return submit.compile_evaluation(spec, iteration, iter_dir, run=run)
 
-        kept = KeptDeployment(run, compile_first)
+        from ckpteval.deploy.backends import backend_for
+
+        kept = kept_deployment(run, compile_first, backend_for(settings.config.deployment).kind)
 
     def exporter(st: WatchState, entries: list[IterationEntry]) -> str | None:
         from ckpteval.watch.curves import export_curves

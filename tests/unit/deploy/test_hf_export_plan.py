@@ -90,11 +90,19 @@ def test_sglang_is_a_deployment_of_the_same_export(tmp_path: Path) -> None:
     assert plan.deployment.kind == "sglang"
     assert plan.deployment.export_step is not None and "--dtype bfloat16" in plan.deployment.export_step.command
     step = plan.deployment.step
-    assert step is not None and step.command == (
-        f"python3 -m sglang.launch_server --model-path {LINK} --host 0.0.0.0 --port 8000 --served-model-name model "
-        "--tp-size=8 --dp-size=2 --trust-remote-code"
+    identity = plan.deployment.identity
+    assert (
+        identity
+        and step is not None
+        and step.command
+        == (
+            f"python3 -m sglang.launch_server --model-path {LINK} --host 0.0.0.0 --port 8000 --served-model-name model "
+            f"--tp-size=8 --dp-size=2 --trust-remote-code --weight-version {identity}"
+        )
     )
-    assert plan.deployment.identity is None  # one served name only: its endpoint is recorded unverified
+    # one served name only: the job's identity is its weight version, which /get_model_info reports
+    assert plan.deployment.identity_url == "http://127.0.0.1:8000/get_model_info"
+    assert step.image == "vllm/vllm-openai:v0.11.0"  # the image the test's overrides name
     assert plan.deployment.health_url == "http://127.0.0.1:8000/health"
     assert _tokenizer(plan) == LINK
 
