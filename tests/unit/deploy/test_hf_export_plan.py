@@ -164,3 +164,24 @@ def test_on_this_machine_vllm_runs_when_installed_and_the_checkpoint_is_read_her
         launcher="processes",
     )  # fmt: skip
     assert plan.deployment.export_step is None
+
+
+def test_sglang_loaded_into_a_kept_server_exports_then_loads_under_the_job_s_identity(tmp_path: Path) -> None:
+    compiled = _cluster(tmp_path, "deployment=sglang", "deployment.load_into=/home/me/watch/run1/deployment")
+    plan = _plan(compiled, layout="megatron-lm")
+    assert plan.deployment.export_step is not None  # the export is made (or found) as for a fresh SGLang
+    step, identity = plan.deployment.step, plan.deployment.identity
+    assert (
+        identity
+        and step is not None
+        and step.command
+        == (
+            f"exec {PY} -m ckpteval.deploy.sglang_inplace --load-into /home/me/watch/run1/deployment "
+            f"--model-path {LINK} --identity {identity} --port-file {JOB}/state/deployment_port"
+        )
+    )
+    assert step.image is None  # ckpteval's Python asks the kept SGLang; no engine starts
+    assert plan.deployment.port_file == f"{JOB}/state/deployment_port"  # the job reads the kept server's port
+    assert plan.deployment.identity_url == "http://127.0.0.1:8000/get_model_info"
+    script = render_job_script(plan, launcher="srun-containers")
+    assert script.index("--job-name=export") < script.index("ckpteval.deploy.sglang_inplace")
