@@ -55,13 +55,21 @@ def checkpoint_overrides(
     return (
         f"run.model={iter_dir}",
         f"deployment.tokenizer={posixpath.join(spec.save_dir, TOKENIZER_DIR)}",
-        "deployment.prepare=null",  # a training checkpoint is never a packaged model to build
+        *_no_packaged_model(spec),
         f"run.name={run}-iter{iteration}",
         *spec.overrides,
         # the watcher exports one run with a point per iteration, not a run per invocation
         *(f"export.{name}.enabled=false" for name in EXPORT_SECTIONS),
         *([f"deployment.load_into={load_into}"] if load_into else []),
     )
+
+
+def _no_packaged_model(spec: WatchSpec) -> tuple[str, ...]:
+    """`deployment.prepare=null`: a training checkpoint is never a packaged model to build; only megatron's
+    deployment has the key (`deployment=sglang` or `vllm` among the user's overrides: an engine serving the
+    checkpoint's export)."""
+    groups = [o.split("=", 1)[1] for o in spec.overrides if o.startswith("deployment=")]
+    return () if groups and groups[-1] != "megatron" else ("deployment.prepare=null",)
 
 
 def evaluation_request(
@@ -197,7 +205,7 @@ def _check_config(spec: WatchSpec, *, run: str) -> Any:
         configs=tuple(spec.configs),
         profile=spec.profile,
         mode="local",
-        overrides=(f"run.model={stand_in}", "deployment.prepare=null", f"run.name={run}", *spec.overrides),
+        overrides=(f"run.model={stand_in}", *_no_packaged_model(spec), f"run.name={run}", *spec.overrides),
         tasks=tuple(spec.tasks),
         env_file=Path(spec.env_file) if spec.env_file else None,
     )
