@@ -89,12 +89,15 @@ def compile_evaluation(
     spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
 ) -> CompiledConfig:
     """The compiled config of the evaluation of one iteration; ConfigError on bad input."""
+    from ckpteval.deploy.backends import backend_for
+
     compiled = compile_config(evaluation_request(spec, iteration, iter_dir, run=run, load_into=load_into))
-    if compiled.config.deployment.type != "megatron":
+    deployment = compiled.config.deployment
+    # megatron serves the checkpoint; vLLM and SGLang serve its export, made by the job's first step
+    if deployment.type != "megatron" and not backend_for(deployment).serves_hf_export:
         raise ConfigError(
-            f"evaluate watch serves each Megatron checkpoint; the config's deployment is "
-            f"{compiled.config.deployment.type!r}.",
-            hint="Use a megatron deployment (the default), e.g. drop deployment=... from the overrides.",
+            f"evaluate watch serves each Megatron checkpoint; the config's deployment is {deployment.type!r}.",
+            hint="Use a megatron deployment (the default), or vllm / sglang (they serve its export).",
         )
     return compiled
 
