@@ -204,7 +204,8 @@ def _deployment_plan(
         identity_url=_identity_url(backend, base_url, health_url) if identity else None,
         port_file=port_file,
         pinned_iteration=pinned,
-        pinned_tracker=_pinned_tracker(deployment, pinned),
+        # an export step is given the pinned iteration itself: the engine serves the export, not the tracker's
+        pinned_tracker=None if export is not None else _pinned_tracker(deployment, pinned),
         names_answers=bool(identity) and backend.reports_checkpoint,
         role=role.name,
         served_model_name=getattr(deployment, "served_model_name", None),

@@ -185,3 +185,18 @@ def test_sglang_loaded_into_a_kept_server_exports_then_loads_under_the_job_s_ide
     assert plan.deployment.identity_url == "http://127.0.0.1:8000/get_model_info"
     script = render_job_script(plan, launcher="srun-containers")
     assert script.index("--job-name=export") < script.index("ckpteval.deploy.sglang_inplace")
+
+
+def test_the_export_step_takes_the_pinned_iteration_no_tracker_is_checked_before_the_engine(tmp_path: Path) -> None:
+    plan = build_plan(
+        _cluster(tmp_path, "deployment=sglang"),
+        invocation="inv1",
+        job_dir=JOB,
+        toolchain=slurm_toolchain(PY, JOB),
+        launcher="srun-containers",
+        checkpoint_layout="megatron-lm",
+        pinned="2",
+    )
+    assert plan.deployment.export_step is not None and "--pinned 2" in plan.deployment.export_step.command
+    # an iteration directory (what watch evaluates) has no tracker: the engine serves the pinned export
+    assert plan.deployment.pinned_tracker is None
