@@ -200,3 +200,14 @@ def test_the_export_step_takes_the_pinned_iteration_no_tracker_is_checked_before
     assert plan.deployment.export_step is not None and "--pinned 2" in plan.deployment.export_step.command
     # an iteration directory (what watch evaluates) has no tracker: the engine serves the pinned export
     assert plan.deployment.pinned_tracker is None
+
+
+def test_on_this_machine_sglang_runs_when_this_python_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.sglang_standin import install
+
+    with pytest.raises(ConfigError, match="sglang runs a container image; this machine runs no containers"):
+        _local(tmp_path, "deployment=sglang")
+    monkeypatch.syspath_prepend(str(install(tmp_path / "shim")))  # SGLang installed (the stand-in)
+    assert _local(tmp_path, "deployment=sglang").config.deployment.type == "sglang"
