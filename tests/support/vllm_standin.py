@@ -76,8 +76,7 @@ class Engine:
         prompts = self._prompts(body.get("prompt"))
         echo = bool(body.get("echo", False))
         max_tokens = int(body.get("max_tokens", 16) if body.get("max_tokens") is not None else 16)
-        if max_tokens < 0 or (max_tokens == 0 and not echo):
-            raise BadRequest("max_tokens must be at least 1, got 0.")
+        self._check_max_tokens(max_tokens, echo)
         k = body.get("logprobs")
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index, ids in enumerate(prompts):
@@ -105,6 +104,7 @@ class Engine:
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             },
+            **self._response_extra(),
         }
 
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +133,16 @@ class Engine:
                 "completion_tokens": len(generated),
                 "total_tokens": len(ids) + len(generated),
             },
+            **self._response_extra(),
         }
+
+    def _check_max_tokens(self, max_tokens: int, echo: bool) -> None:
+        if max_tokens < 0 or (max_tokens == 0 and not echo):
+            raise BadRequest("max_tokens must be at least 1, got 0.")
+
+    def _response_extra(self) -> dict[str, Any]:
+        """What an engine adds to every completion (an SGLang stand-in's `metadata`); vLLM nothing."""
+        return {}
 
     # -- the model ----------------------------------------------------------------------------------------
 

@@ -549,11 +549,15 @@ def _check_deployment(config: EvalConfig, tasks: tuple[ResolvedTask, ...], *, cw
 
 
 def _runs_here(deployment: Any) -> bool:
-    """A deployment whose server is a command installed on this machine too (`vllm`) runs here without its image."""
+    """A deployment whose server is a command installed on this machine too (`vllm`), or a package the interpreter
+    running ckpteval imports (`sglang`: the job runs `<this python> -m sglang.launch_server`), runs here without
+    its image."""
+    import importlib.util
     import shutil
 
     executable = getattr(deployment, "executable_here", None)
-    return bool(executable and shutil.which(executable))
+    module = getattr(deployment, "module_here", None)
+    return bool(executable and shutil.which(executable)) or bool(module and importlib.util.find_spec(module))
 
 
 def _check_megatron_parallelism(deployment: MegatronDeployment, execution: Execution) -> None:

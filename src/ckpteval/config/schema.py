@@ -292,11 +292,15 @@ class SglangDeployment:
     data_parallel_size: int = 1
     mem_fraction_static: float | None = None  # None: SGLang's own choice
     export_dtype: ExportDtype = "checkpoint"
+    # load the export into the running SGLang server of this load directory (`/update_weights_from_disk`)
+    # instead of starting one (`ckpteval.deploy.sglang_inplace`; what `evaluate watch` sets)
+    load_into: str | None = None
     env_vars: dict[str, str] = field(default_factory=dict)
     extra_args: str = ""
     endpoints: Endpoints
 
     runs_in_image: ClassVar[bool] = True  # its server is in `image`: the execution must run containers
+    module_here: ClassVar[str] = "sglang"  # importable here, it runs on this machine without its image
 
 
 @register_deployment_section

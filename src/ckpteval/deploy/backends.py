@@ -67,6 +67,12 @@ class Launch:
     mounted: bool = True
 
 
+# the route of each `identity_route` ("health": the deployment's own health route); the job fetches it and finds
+# the identity in the body (the builtin: /v1/health `deployment`; vLLM: a second served model name in /v1/models;
+# SGLang: its weight version on /get_model_info)
+IDENTITY_ROUTES = {"models": "/v1/models", "model_info": "/get_model_info"}
+
+
 @dataclass(frozen=True)
 class DeploymentBackend:
     """One kind of deployment (see the module docstring)."""
@@ -74,7 +80,8 @@ class DeploymentBackend:
     kind: str
     section: type
     launch: Callable[[Any, LaunchContext], Launch]
-    identity_route: Literal["health", "models"] | None = None  # where it reports the job's identity; None: cannot
+    # where it reports the job's identity (`IDENTITY_ROUTES`); None: it cannot
+    identity_route: Literal["health", "models", "model_info"] | None = None
     holds_port: bool = False
     publishes_tokenizer: bool = False
     # it serves the iteration it is given (`LaunchContext.iteration`); else it reads the tracker itself when
@@ -204,11 +211,25 @@ def _vllm(deployment: VllmDeployment, context: LaunchContext) -> Launch:
 
 
 def _sglang(deployment: SglangDeployment, context: LaunchContext) -> Launch:
-    from ckpteval.deploy.commands import sglang_command
+    from ckpteval.deploy.commands import sglang_command, sglang_load_command
 
-    return Launch(
-        command=sglang_command(deployment, port=context.port, model=context.served_dir), image=deployment.image
+    if deployment.load_into:  # the kept server loads the export: ckpteval's Python asks it, as the builtin's does
+        assert context.identity is not None, "SGLang reports the job's identity"
+        command = sglang_load_command(
+            deployment,
+            python=context.python,
+            model=context.served_dir,
+            identity=context.identity,
+            port_file=context.port_file,
+        )
+        return Launch(command=command, image=None, mounted=False)  # the profile's Python, not SGLang's image
+
+    # in its image where steps run in images; here (`module_here`), the interpreter that runs ckpteval
+    python = "python3" if context.containers else context.python
+    command = sglang_command(
+        deployment, port=context.port, model=context.served_dir, identity=context.identity, python=python
     )
+    return Launch(command=command, image=deployment.image if context.containers else None)
 
 
 def _generic(deployment: GenericDeployment, context: LaunchContext) -> Launch:
@@ -249,10 +270,16 @@ register_backend(
         before_start="ckpteval.job.hf_export:make_cache_dir",
     )
 )
-# SGLang takes one served model name: it cannot report the job's identity beside it (unverified, as generic)
+# SGLang takes one served model name: the job's identity is its weight version, reported on /get_model_info
 register_backend(
     DeploymentBackend(
-        "sglang", SglangDeployment, _sglang, serves_hf_export=True, before_start="ckpteval.job.hf_export:make_cache_dir"
+        "sglang",
+        SglangDeployment,
+        _sglang,
+        identity_route="model_info",
+        serves_hf_export=True,
+        before_start="ckpteval.job.hf_export:make_cache_dir",
+        loads_in_place=True,  # `/update_weights_from_disk` with the next export (`deploy.sglang_inplace`)
     )
 )
 register_backend(DeploymentBackend("generic", GenericDeployment, _generic))

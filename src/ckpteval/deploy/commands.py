@@ -95,11 +95,21 @@ def vllm_command(
     return shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
 
 
-def sglang_command(deployment: SglangDeployment, *, port: int, model: str | None = None) -> str:
+def sglang_command(
+    deployment: SglangDeployment,
+    *,
+    port: int,
+    model: str | None = None,
+    identity: str | None = None,
+    python: str = "python3",
+) -> str:
     """SGLang's OpenAI-compatible server on `model` (the export of a Megatron checkpoint), else the HF handle or
-    the checkpoint path, on `port`, with the config's tensor and data parallel sizes; `extra_args` go last."""
+    the checkpoint path, on `port`, with the config's tensor and data parallel sizes; `extra_args` go last.
+    SGLang serves one model name: `identity` is its weight version (`--weight-version`), which it reports on
+    /get_model_info (where the job checks it) and in each completion's `metadata`, and which a load from disk
+    replaces (`deploy.sglang_inplace`). `python`: the image's `python3`, or this machine's interpreter."""
     argv = [
-        "python3",
+        python,
         "-m",
         "sglang.launch_server",
         "--model-path",
@@ -114,9 +124,32 @@ def sglang_command(deployment: SglangDeployment, *, port: int, model: str | None
         f"--dp-size={deployment.data_parallel_size}",
         "--trust-remote-code",
     ]
+    if identity:
+        argv += ["--weight-version", identity]
     if deployment.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", str(deployment.mem_fraction_static)]
     return shlex.join(argv) + (f" {deployment.extra_args}" if deployment.extra_args else "")
+
+
+def sglang_load_command(
+    deployment: SglangDeployment, *, python: str, model: str | None, identity: str, port_file: str | None
+) -> str:
+    """No server of its own: load `model` (the export) into the kept SGLang server of `deployment.load_into` under
+    `identity` and stand for it (`deploy.sglang_inplace`), run by `python` (which must import ckpteval)."""
+    argv = [
+        python,
+        "-m",
+        "ckpteval.deploy.sglang_inplace",
+        "--load-into",
+        str(deployment.load_into),
+        "--model-path",
+        model or deployment.hf_model_handle or deployment.checkpoint_path or "",
+        "--identity",
+        identity,
+    ]
+    if port_file:
+        argv += ["--port-file", port_file]
+    return "exec " + shlex.join(argv)
 
 
 def generic_command(deployment: GenericDeployment) -> str:

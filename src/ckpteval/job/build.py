@@ -18,7 +18,7 @@ from typing import Any
 from ckpteval.config.compile import CompiledConfig, ResolvedTask, endpoint_url_for
 from ckpteval.config.executors import Launcher
 from ckpteval.config.schema import FROM_CHECKPOINT, MegatronDeployment, NoDeployment
-from ckpteval.deploy.backends import DeploymentBackend, LaunchContext, backend_for
+from ckpteval.deploy.backends import IDENTITY_ROUTES, DeploymentBackend, LaunchContext, backend_for
 from ckpteval.invocation.jobdir import JobDir
 from ckpteval.job.plan import DeploymentPlan, JobPlan, RequestGroups, Step, TaskPlan, TaskRun, parallel_tasks
 from ckpteval.job.roles import JUDGE, Role, deployed_roles
@@ -54,8 +54,8 @@ def local_toolchain() -> Toolchain:
 
 def _reports_identity(deployment: object) -> bool:
     """Deployments that can report the job's identity token (the builtin server: `--identity`; vLLM: the token
-    as a second served model name, listed by /v1/models). Export-Deploy and a generic command cannot: their
-    endpoints are recorded as unverified."""
+    as a second served model name, listed by /v1/models; SGLang: its weight version, on /get_model_info).
+    Export-Deploy and a generic command cannot: their endpoints are recorded as unverified."""
     return backend_for(deployment).reports_identity
 
 
@@ -166,7 +166,9 @@ def _deployment_plan(
     identity = new_identity(invocation) if backend.reports_identity else None
     # a backend that holds its own port takes it when it starts (the planned one, or any free one if that is
     # taken: no race with another job, or another role, on the machine) and writes it here for the job
-    port_file = JobDir(job_dir).join(role.port_file) if backend.holds_port else None
+    # (so does one loaded into a kept server: it answers on that server's port, which its step writes)
+    loads_into = bool(getattr(deployment, "load_into", None))
+    port_file = JobDir(job_dir).join(role.port_file) if backend.holds_port or loads_into else None
     # vLLM/SGLang on a Megatron checkpoint (the evaluated model's): the job exports it first
     export = (
         _export_step(compiled, job_dir, toolchain, launcher, mounts, pinned, checkpoint_layout)
@@ -199,12 +201,13 @@ def _deployment_plan(
         readiness_timeout=readiness,
         port=port,
         identity=identity,
-        identity_url=(base_url + "/v1/models" if backend.identity_route == "models" else health_url)
-        if identity
-        else None,
+        identity_url=_identity_url(backend, base_url, health_url) if identity else None,
         port_file=port_file,
         pinned_iteration=pinned,
-        pinned_tracker=_pinned_tracker(
+        # an export step is given the pinned iteration itself: the engine serves the export, not the tracker's
+        pinned_tracker=None
+        if export is not None
+        else _pinned_tracker(
             getattr(deployment, "checkpoint_path", None), pinned, takes_iteration=backend.takes_iteration
         ),
         names_answers=bool(identity) and backend.reports_checkpoint,
@@ -213,6 +216,12 @@ def _deployment_plan(
         host_var=f"{role.var}_HOST" if node_offset else None,
         export_step=export,
     )
+
+
+def _identity_url(backend: Any, base_url: str, health_url: str) -> str:
+    """Where the deployment reports the job's identity: its health route, or the backend's own route."""
+    route = IDENTITY_ROUTES.get(backend.identity_route or "")
+    return base_url + route if route else health_url
 
 
 def _request_groups(
@@ -256,7 +265,7 @@ def _request_groups(
 
 def owns_endpoint(compiled: CompiledConfig) -> bool:
     """Whether the endpoint is the job's own: a deployment it starts that reports the job's identity (the
-    builtin server, vLLM). An existing endpoint (`none`), a generic command (it may front a shared server)
+    builtin server, vLLM, SGLang). An existing endpoint (`none`), a generic command (it may front a shared server)
     and Export-Deploy (it cannot report an identity) may answer other clients in the same batches."""
     deployment = compiled.config.deployment
     return not isinstance(deployment, NoDeployment) and _reports_identity(deployment)

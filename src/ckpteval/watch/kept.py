@@ -57,6 +57,9 @@ class KeepDecision:
         return "a fresh deployment per checkpoint: " + self.why
 
 
+BUILTIN_KIND = "megatron/builtin"  # the server a kept cluster job runs (`execution.slurm_kept`)
+
+
 def keep_decision(spec: WatchSpec, config: Any, *, here: bool, in_kept_job: bool = False) -> KeepDecision:
     """Whether `spec`'s evaluations (compiled `config`) can keep one deployment; `here`: they run on this
     machine; `in_kept_job`: on a cluster whose executor keeps one job for them (Slurm: `execution.slurm_kept`)."""
@@ -74,11 +77,25 @@ def keep_decision(spec: WatchSpec, config: Any, *, here: bool, in_kept_job: bool
         return KeepDecision(False, "each evaluation on the cluster is its own job (one allocation per checkpoint)")
     if in_kept_job and _deployments_beside(config):
         return KeepDecision(False, _deployments_beside(config))
+    if in_kept_job and not here and backend.kind != BUILTIN_KIND:
+        return KeepDecision(
+            False, f"a kept Slurm job holds the builtin server only, not {backend.kind}: one per checkpoint"
+        )
     if spec.max_pending > 1:
         return KeepDecision(False, f"--max-pending {spec.max_pending}: evaluations side by side need one each")
     if in_kept_job and not here:
         return KeepDecision(True, f"the {backend.kind} server in one kept Slurm job, each checkpoint a step of it")
     return KeepDecision(True, f"the {backend.kind} server")
+
+
+def kept_deployment(run: str, compile_first: Any, kind: str) -> KeptDeployment:
+    """The run's kept deployment for a backend of `kind` that loads in place: SGLang's (`watch.kept_sglang`: the
+    export of each checkpoint, loaded by `/update_weights_from_disk`), else the builtin server's."""
+    if kind == "sglang":
+        from ckpteval.watch.kept_sglang import KeptSglang
+
+        return KeptSglang(run, compile_first)
+    return KeptDeployment(run, compile_first)
 
 
 def _deployments_beside(config: Any) -> str:

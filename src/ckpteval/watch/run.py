@@ -29,7 +29,7 @@ from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
-from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision
+from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision, kept_deployment
 
 if TYPE_CHECKING:
     from ckpteval.watch.kept import KeptJob
@@ -171,7 +171,12 @@ def _decide(spec: WatchSpec, config: Any, profile: Profile, *, pending_given: bo
 
 
 def _kept(
-    decision: KeepDecision, spec: WatchSpec, run: str, profile: Profile, on_event: Callable[[WatchEvent], None]
+    decision: KeepDecision,
+    spec: WatchSpec,
+    config: Any,
+    run: str,
+    profile: Profile,
+    on_event: Callable[[WatchEvent], None],
 ) -> KeptDeployment | KeptJob | None:
     """The run's kept deployment (here) or kept Slurm job, when `decision` keeps one."""
     if not decision.keep:
@@ -186,7 +191,9 @@ def _kept(
             run, profile, compile_first, on_note=lambda m, i: on_event(WatchEvent("deployment", m, i))
         )
         return kept
-    return KeptDeployment(run, compile_first)
+    from ckpteval.deploy.backends import backend_for
+
+    return kept_deployment(run, compile_first, backend_for(config.deployment).kind)
 
 
 def _resolve(spec: WatchSpec) -> Profile:
@@ -246,7 +253,7 @@ def open_watch(spec: WatchSpec, *, on_event: Callable[[WatchEvent], None] = lamb
         state.spec = spec  # the options of this start apply from now on; what was done stays done
     lister = SaveDirLister(profile, spec.save_dir)
     on_event(WatchEvent("deployment", decision.line))
-    kept = _kept(decision, spec, run, profile, on_event)
+    kept = _kept(decision, spec, settings.config, run, profile, on_event)
 
     def exporter(st: WatchState, entries: list[IterationEntry]) -> str | None:
         from ckpteval.watch.curves import export_curves

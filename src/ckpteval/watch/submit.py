@@ -55,13 +55,21 @@ def checkpoint_overrides(
     return (
         f"run.model={iter_dir}",
         f"deployment.tokenizer={posixpath.join(spec.save_dir, TOKENIZER_DIR)}",
-        "deployment.prepare=null",  # a training checkpoint is never a packaged model to build
+        *_no_packaged_model(spec),
         f"run.name={run}-iter{iteration}",
         *spec.overrides,
         # the watcher exports one run with a point per iteration, not a run per invocation
         *(f"export.{name}.enabled=false" for name in EXPORT_SECTIONS),
         *([f"deployment.load_into={load_into}"] if load_into else []),
     )
+
+
+def _no_packaged_model(spec: WatchSpec) -> tuple[str, ...]:
+    """`deployment.prepare=null`: a training checkpoint is never a packaged model to build; only megatron's
+    deployment has the key (`deployment=sglang` or `vllm` among the user's overrides: an engine serving the
+    checkpoint's export)."""
+    groups = [o.split("=", 1)[1] for o in spec.overrides if o.startswith("deployment=")]
+    return () if groups and groups[-1] != "megatron" else ("deployment.prepare=null",)
 
 
 def evaluation_request(
@@ -81,12 +89,15 @@ def compile_evaluation(
     spec: WatchSpec, iteration: int, iter_dir: str, *, run: str, load_into: str | None = None
 ) -> CompiledConfig:
     """The compiled config of the evaluation of one iteration; ConfigError on bad input."""
+    from ckpteval.deploy.backends import backend_for
+
     compiled = compile_config(evaluation_request(spec, iteration, iter_dir, run=run, load_into=load_into))
-    if compiled.config.deployment.type != "megatron":
+    deployment = compiled.config.deployment
+    # megatron serves the checkpoint; vLLM and SGLang serve its export, made by the job's first step
+    if deployment.type != "megatron" and not backend_for(deployment).serves_hf_export:
         raise ConfigError(
-            f"evaluate watch serves each Megatron checkpoint; the config's deployment is "
-            f"{compiled.config.deployment.type!r}.",
-            hint="Use a megatron deployment (the default), e.g. drop deployment=... from the overrides.",
+            f"evaluate watch serves each Megatron checkpoint; the config's deployment is {deployment.type!r}.",
+            hint="Use a megatron deployment (the default), or vllm / sglang (they serve its export).",
         )
     return compiled
 
@@ -197,7 +208,7 @@ def _check_config(spec: WatchSpec, *, run: str) -> Any:
         configs=tuple(spec.configs),
         profile=spec.profile,
         mode="local",
-        overrides=(f"run.model={stand_in}", "deployment.prepare=null", f"run.name={run}", *spec.overrides),
+        overrides=(f"run.model={stand_in}", *_no_packaged_model(spec), f"run.name={run}", *spec.overrides),
         tasks=tuple(spec.tasks),
         env_file=Path(spec.env_file) if spec.env_file else None,
     )

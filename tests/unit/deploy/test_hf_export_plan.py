@@ -90,11 +90,19 @@ def test_sglang_is_a_deployment_of_the_same_export(tmp_path: Path) -> None:
     assert plan.deployment.kind == "sglang"
     assert plan.deployment.export_step is not None and "--dtype bfloat16" in plan.deployment.export_step.command
     step = plan.deployment.step
-    assert step is not None and step.command == (
-        f"python3 -m sglang.launch_server --model-path {LINK} --host 0.0.0.0 --port 8000 --served-model-name model "
-        "--tp-size=8 --dp-size=2 --trust-remote-code"
+    identity = plan.deployment.identity
+    assert (
+        identity
+        and step is not None
+        and step.command
+        == (
+            f"python3 -m sglang.launch_server --model-path {LINK} --host 0.0.0.0 --port 8000 --served-model-name model "
+            f"--tp-size=8 --dp-size=2 --trust-remote-code --weight-version {identity}"
+        )
     )
-    assert plan.deployment.identity is None  # one served name only: its endpoint is recorded unverified
+    # one served name only: the job's identity is its weight version, which /get_model_info reports
+    assert plan.deployment.identity_url == "http://127.0.0.1:8000/get_model_info"
+    assert step.image == "vllm/vllm-openai:v0.11.0"  # the image the test's overrides name
     assert plan.deployment.health_url == "http://127.0.0.1:8000/health"
     assert _tokenizer(plan) == LINK
 
@@ -156,3 +164,50 @@ def test_on_this_machine_vllm_runs_when_installed_and_the_checkpoint_is_read_her
         launcher="processes",
     )  # fmt: skip
     assert plan.deployment.export_step is None
+
+
+def test_sglang_loaded_into_a_kept_server_exports_then_loads_under_the_job_s_identity(tmp_path: Path) -> None:
+    compiled = _cluster(tmp_path, "deployment=sglang", "deployment.load_into=/home/me/watch/run1/deployment")
+    plan = _plan(compiled, layout="megatron-lm")
+    assert plan.deployment.export_step is not None  # the export is made (or found) as for a fresh SGLang
+    step, identity = plan.deployment.step, plan.deployment.identity
+    assert (
+        identity
+        and step is not None
+        and step.command
+        == (
+            f"exec {PY} -m ckpteval.deploy.sglang_inplace --load-into /home/me/watch/run1/deployment "
+            f"--model-path {LINK} --identity {identity} --port-file {JOB}/state/deployment_port"
+        )
+    )
+    assert step.image is None  # ckpteval's Python asks the kept SGLang; no engine starts
+    assert plan.deployment.port_file == f"{JOB}/state/deployment_port"  # the job reads the kept server's port
+    assert plan.deployment.identity_url == "http://127.0.0.1:8000/get_model_info"
+    script = render_job_script(plan, launcher="srun-containers")
+    assert script.index("--job-name=export") < script.index("ckpteval.deploy.sglang_inplace")
+
+
+def test_the_export_step_takes_the_pinned_iteration_no_tracker_is_checked_before_the_engine(tmp_path: Path) -> None:
+    plan = build_plan(
+        _cluster(tmp_path, "deployment=sglang"),
+        invocation="inv1",
+        job_dir=JOB,
+        toolchain=slurm_toolchain(PY, JOB),
+        launcher="srun-containers",
+        checkpoint_layout="megatron-lm",
+        pinned="2",
+    )
+    assert plan.deployment.export_step is not None and "--pinned 2" in plan.deployment.export_step.command
+    # an iteration directory (what watch evaluates) has no tracker: the engine serves the pinned export
+    assert plan.deployment.pinned_tracker is None
+
+
+def test_on_this_machine_sglang_runs_when_this_python_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.sglang_standin import install
+
+    with pytest.raises(ConfigError, match="sglang runs a container image; this machine runs no containers"):
+        _local(tmp_path, "deployment=sglang")
+    monkeypatch.syspath_prepend(str(install(tmp_path / "shim")))  # SGLang installed (the stand-in)
+    assert _local(tmp_path, "deployment=sglang").config.deployment.type == "sglang"

@@ -58,7 +58,8 @@ def test_one_deployment_is_kept_only_where_it_can_load_in_place(three_saves: Pat
         assert words in decision.line, decision.line
     from ckpteval.deploy.backends import registered_backends
 
-    assert {k for k, b in registered_backends().items() if b.loads_in_place} == {"megatron/builtin"}
+    # the builtin server (`POST /v1/load`) and SGLang (`/update_weights_from_disk`, `watch.kept_sglang`)
+    assert {k for k, b in registered_backends().items() if b.loads_in_place} == {"megatron/builtin", "sglang"}
 
 
 def test_another_architecture_gets_a_fresh_deployment_and_the_next_save_a_kept_one(

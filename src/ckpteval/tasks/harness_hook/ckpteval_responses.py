@@ -18,8 +18,11 @@ output directory:
 - **served identity**: every answer's `x-ckpteval-deployment` and `x-ckpteval-checkpoint` headers
   (`ckpteval.server.identity`) must name this job's deployment (`CKPTEVAL_DEPLOYMENT_IDENTITY`) and the
   content the task's first answer named: another server that took the port mid-task (same served name) fails
-  the task at once, saying so (`IDENTITY_CHANGED`). What answered, and how many answers each cache replayed
-  (ours, lm-eval's: `ckpteval_documents`), go to `<output_dir>/served.json`, one entry per run;
+  the task at once, saying so (`IDENTITY_CHANGED`). SGLang names no header: its answers' weight version
+  (`metadata.weight_version`; `sglext.weight_version` in later releases), the job's identity, is checked the
+  same way where an answer carries one (a load from disk for another invocation changes it). What answered,
+  and how many answers each cache replayed (ours, lm-eval's: `ckpteval_documents`), go to
+  `<output_dir>/served.json`, one entry per run;
 - **progress**: `<output_dir>/progress` holds the number of requests answered so far, the previous runs' count
   included (what they answered is replayed or answered by lm-eval's own cache, uncounted), rewritten at most
   every 0.5 s and at exit;
@@ -111,6 +114,18 @@ def echoed(payload: Any, answer: Any) -> bool:
         if len(prompts[index]) >= ECHO_MIN_CHARS and text.startswith(prompts[index]):
             return True
     return False
+
+
+def answer_identity(answer: Any) -> str | None:
+    """The weight version an SGLang answer names (the job gives SGLang its identity as `--weight-version`)."""
+    if not isinstance(answer, dict):
+        return None
+    for key in ("metadata", "sglext"):
+        part = answer.get(key)
+        version = part.get("weight_version") if isinstance(part, dict) else None
+        if isinstance(version, str) and version:
+            return version
+    return None
 
 
 def _log(message: str) -> None:
@@ -208,13 +223,13 @@ class Recorder:
             self._serving = _health_checkpoint()
         return self._serving if isinstance(self._serving, str) else None
 
-    def check_answer(self, headers: Any) -> None:
-        """An answer's identity headers must name this job's deployment and the content the task's first answer
-        named; else the task fails at once (see the module docstring)."""
-        if headers is None:
+    def check_answer(self, headers: Any, answer: Any = None) -> None:
+        """An answer's identity headers (or SGLang's weight version in its body) must name this job's deployment
+        and the content the task's first answer named; else the task fails at once (the module docstring)."""
+        if headers is None and answer is None:
             return
-        deployment = headers.get(DEPLOYMENT_HEADER)
-        checkpoint = headers.get(CHECKPOINT_HEADER)
+        deployment = (headers.get(DEPLOYMENT_HEADER) if headers is not None else None) or answer_identity(answer)
+        checkpoint = headers.get(CHECKPOINT_HEADER) if headers is not None else None
         expected = os.environ.get(IDENTITY_ENV, "").strip()
         named = os.environ.get(NAMED_ENV, "").strip() == "1"
         problem = None
@@ -295,7 +310,7 @@ class Recorder:
     def answered_with(self, key: str | None, answer: Any, headers: Any = None) -> None:
         """A successful answer from the endpoint (`headers`: its response headers): check who answered, keep
         it (when cacheable) and count it."""
-        self.check_answer(headers)
+        self.check_answer(headers, answer)
         checkpoint = headers.get(CHECKPOINT_HEADER) if headers is not None else None
         with self._lock:
             if (
