@@ -88,16 +88,6 @@ def keep_decision(spec: WatchSpec, config: Any, *, here: bool, in_kept_job: bool
     return KeepDecision(True, f"the {backend.kind} server")
 
 
-def kept_deployment(run: str, compile_first: Any, kind: str) -> KeptDeployment:
-    """The run's kept deployment for a backend of `kind` that loads in place: SGLang's (`watch.kept_sglang`: the
-    export of each checkpoint, loaded by `/update_weights_from_disk`), else the builtin server's."""
-    if kind == "sglang":
-        from ckpteval.watch.kept_sglang import KeptSglang
-
-        return KeptSglang(run, compile_first)
-    return KeptDeployment(run, compile_first)
-
-
 def _deployments_beside(config: Any) -> str:
     """Why a kept Slurm job cannot hold the evaluation's deployments ("" when it can: one server, one node)."""
     from ckpteval.job.roles import deployed_roles

@@ -29,7 +29,7 @@ from ckpteval.config.profiles import Profile
 from ckpteval.errors import ConfigError
 from ckpteval.execution.processes import process_start_time
 from ckpteval.watch import submit
-from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision, kept_deployment
+from ckpteval.watch.kept import KeepDecision, KeptDeployment, keep_decision
 
 if TYPE_CHECKING:
     from ckpteval.watch.kept import KeptJob
@@ -193,7 +193,11 @@ def _kept(
         return kept
     from ckpteval.deploy.backends import backend_for
 
-    return kept_deployment(run, compile_first, backend_for(config.deployment).kind)
+    if backend_for(config.deployment).kind == "sglang":  # its export of each checkpoint, by /update_weights_from_disk
+        from ckpteval.watch.kept_sglang import KeptSglang
+
+        return KeptSglang(run, compile_first)
+    return KeptDeployment(run, compile_first)
 
 
 def _resolve(spec: WatchSpec) -> Profile:
