@@ -150,8 +150,10 @@ stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its chi
     done
   fi
 }
-deployment_failed() {  # the watcher's signal: no client has sent a request yet; stop them, they did not run
-  WATCH_PID=""
+deployment_failed() {  # a watcher's signal: no client has sent a request yet; stop them, they did not run
+  trap '' USR1  # once: another role's watcher giving up meanwhile must not cut the job's stop short
+  # the model's watcher gave up (nothing left of it to stop); another role's did: the model's is stopped as usual
+  [ "$(cat state/deployment 2>/dev/null)" != failed ] || WATCH_PID=""
   stop_tasks
   for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ "$(cat "$d/state" 2>/dev/null)" = running ] && rm -f "$d/state"; done
   JOB_RC=3; exit 3
@@ -161,6 +163,7 @@ GATE_PID=""
 STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
 stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
+  trap '' USR1  # a watcher that gives up now (its server stopped under it) must not cut the stop short
   [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   times > state/cpu_times 2>/dev/null  # the CPU time of the job's processes (results.usage)
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
@@ -376,9 +379,10 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         f'{v}_PID=""',
         f'{v}_WATCH_PID=""',
         *signal,
+        f"{fn}_check_now() {{ :; }}  # redefined below once it has a health check",
         f"stop_{fn}() {{",
         f'  [ -z "${v}_WATCH_PID" ] || {{ kill "${v}_WATCH_PID" 2>/dev/null; {v}_WATCH_PID=""; '
-        f"settle_ready {r.state_file}; }}",
+        f"settle_ready {r.state_file}; {fn}_check_now; }}",
         f'  if [ -n "${v}_PID" ] && kill -0 "${v}_PID" 2>/dev/null; then',
         f"    say {q('stopping the ' + r.label)}",
         f"    signal_{fn}",
@@ -413,15 +417,32 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         return "\n".join([*lines, f"mark {r.state_file} ready"]) + "\n"
     lines += [f'{v}_HEALTH_URL="{dep.on_published_port(dep.health_url)}"']
     check = []
+    healthy = f'said_ready {r.state_file} "{r.label} healthy: ${v}_HEALTH_URL'
     if dep.identity and dep.identity_url:
-        lines += [f"{v}_IDENTITY={q(dep.identity)}", f'{v}_IDENTITY_URL="{dep.on_published_port(dep.identity_url)}"']
-        check = [
-            f'  case "$(fetch "${v}_IDENTITY_URL")" in *"${v}_IDENTITY"*) ;; *)',
-            f'    {fn}_gave_up "${{{v}_HEALTH_URL%/v1/*}} answers for another deployment: it does not report '
-            f"this job's {r.label} identity ${v}_IDENTITY\"; return 3 ;;",
-            "  esac",
-            f'  mark {r.identity_file} "${v}_IDENTITY"',
+        lines += [
+            f"{v}_IDENTITY={q(dep.identity)}",
+            f'{v}_IDENTITY_URL="{dep.on_published_port(dep.identity_url)}"',
+            f'{fn}_identity_ok() {{ case "$(fetch "${v}_IDENTITY_URL")" in *"${v}_IDENTITY"*) return 0 ;; esac; '
+            "return 1; }",
+            f'{fn}_verified() {{ mark {r.identity_file} "${v}_IDENTITY"; '
+            f'{healthy} (identity ${v}_IDENTITY verified)"; }}',
         ]
+        check = [
+            f"  if ! {fn}_identity_ok; then",
+            f'    {fn}_gave_up "${{{v}_HEALTH_URL%/v1/*}} answers for another deployment: it does not report '
+            f"this job's {r.label} identity ${v}_IDENTITY\"; return 3",
+            "  fi",
+        ]
+    else:
+        lines += [f"{fn}_identity_ok() {{ :; }}", f'{fn}_verified() {{ {healthy}"; }}']
+    lines += [
+        f"{fn}_check_now() {{  # the tasks ended before the watcher's next look: have it now",
+        f'  if [ "$(cat {r.state_file} 2>/dev/null)" = starting ] && health_ok "${v}_HEALTH_URL" '
+        f"&& {fn}_identity_ok; then",
+        f"    {fn}_verified",
+        "  fi",
+        "}",
+    ]
     lines += [
         f"watch_{fn}() {{",
         f"  local deadline=$((SECONDS + {timeout}))",
@@ -440,8 +461,7 @@ def _other_section(dep: DeploymentPlan, launcher: Launcher) -> str:
         "  done",
         *check,
         "  trap '' TERM",
-        f'  said_ready {r.state_file} "{r.label} healthy: ${v}_HEALTH_URL'
-        f'${{{v}_IDENTITY:+ (identity ${v}_IDENTITY verified)}}"',
+        f"  {fn}_verified",
         "}",
         f"watch_{fn} &",
         f"{v}_WATCH_PID=$!",

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -201,6 +202,13 @@ def test_a_judge_that_reports_another_identity_stops_the_job(tmp_path: Path) -> 
     log = proc.stdout + proc.stderr
     assert "answers for another deployment: it does not report this job's judge identity judge-id" in log
     assert not (job_dir / "state" / "judge_identity").exists()
+    # the job stopped both servers and finished its stop: the model's was stopped, not failed, and nothing of
+    # the job is left running (the model's watcher, left running, used to cut the stop short with its own signal)
+    assert state(job_dir, "state/finished") == "3" and state(job_dir, "state/deployment") != "failed"
+    time.sleep(2)  # the model's watcher, were it left, would look again within a second
+    assert state(job_dir, "state/deployment") != "failed"
+    left = subprocess.run(["pgrep", "-f", str(job_dir)], capture_output=True, text=True).stdout.split()
+    assert left == []
 
 
 def test_the_model_role_keeps_the_names_of_earlier_jobs() -> None:

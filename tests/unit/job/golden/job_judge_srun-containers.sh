@@ -99,8 +99,10 @@ stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its chi
     done
   fi
 }
-deployment_failed() {  # the watcher's signal: no client has sent a request yet; stop them, they did not run
-  WATCH_PID=""
+deployment_failed() {  # a watcher's signal: no client has sent a request yet; stop them, they did not run
+  trap '' USR1  # once: another role's watcher giving up meanwhile must not cut the job's stop short
+  # the model's watcher gave up (nothing left of it to stop); another role's did: the model's is stopped as usual
+  [ "$(cat state/deployment 2>/dev/null)" != failed ] || WATCH_PID=""
   stop_tasks
   for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ "$(cat "$d/state" 2>/dev/null)" = running ] && rm -f "$d/state"; done
   JOB_RC=3; exit 3
@@ -110,6 +112,7 @@ GATE_PID=""
 STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
 stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
+  trap '' USR1  # a watcher that gives up now (its server stopped under it) must not cut the stop short
   [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   times > state/cpu_times 2>/dev/null  # the CPU time of the job's processes (results.usage)
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
@@ -162,8 +165,9 @@ signal_judge() {
   if [ -n "$step" ] && scancel --signal=TERM "$step" 2>/dev/null; then return; fi
   kill -TERM "$JUDGE_PID" 2>/dev/null
 }
+judge_check_now() { :; }  # redefined below once it has a health check
 stop_judge() {
-  [ -z "$JUDGE_WATCH_PID" ] || { kill "$JUDGE_WATCH_PID" 2>/dev/null; JUDGE_WATCH_PID=""; settle_ready state/judge; }
+  [ -z "$JUDGE_WATCH_PID" ] || { kill "$JUDGE_WATCH_PID" 2>/dev/null; JUDGE_WATCH_PID=""; settle_ready state/judge; judge_check_now; }
   if [ -n "$JUDGE_PID" ] && kill -0 "$JUDGE_PID" 2>/dev/null; then
     say 'stopping the judge'
     signal_judge
@@ -198,6 +202,13 @@ else say "port 8001 was taken: the judge serves on port $JUDGE_PORT instead"; fi
 JUDGE_HEALTH_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"
 JUDGE_IDENTITY=abcd1234-judge0123456
 JUDGE_IDENTITY_URL="http://${JUDGE_HOST}:${JUDGE_PORT}/v1/health"
+judge_identity_ok() { case "$(fetch "$JUDGE_IDENTITY_URL")" in *"$JUDGE_IDENTITY"*) return 0 ;; esac; return 1; }
+judge_verified() { mark state/judge_identity "$JUDGE_IDENTITY"; said_ready state/judge "judge healthy: $JUDGE_HEALTH_URL (identity $JUDGE_IDENTITY verified)"; }
+judge_check_now() {  # the tasks ended before the watcher's next look: have it now
+  if [ "$(cat state/judge 2>/dev/null)" = starting ] && health_ok "$JUDGE_HEALTH_URL" && judge_identity_ok; then
+    judge_verified
+  fi
+}
 watch_judge() {
   local deadline=$((SECONDS + 600))
   judge_gave_up() {
@@ -213,12 +224,11 @@ watch_judge() {
     fi
     sleep 1
   done
-  case "$(fetch "$JUDGE_IDENTITY_URL")" in *"$JUDGE_IDENTITY"*) ;; *)
-    judge_gave_up "${JUDGE_HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's judge identity $JUDGE_IDENTITY"; return 3 ;;
-  esac
-  mark state/judge_identity "$JUDGE_IDENTITY"
+  if ! judge_identity_ok; then
+    judge_gave_up "${JUDGE_HEALTH_URL%/v1/*} answers for another deployment: it does not report this job's judge identity $JUDGE_IDENTITY"; return 3
+  fi
   trap '' TERM
-  said_ready state/judge "judge healthy: $JUDGE_HEALTH_URL${JUDGE_IDENTITY:+ (identity $JUDGE_IDENTITY verified)}"
+  judge_verified
 }
 watch_judge &
 JUDGE_WATCH_PID=$!

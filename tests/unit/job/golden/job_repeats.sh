@@ -89,8 +89,10 @@ stop_tasks() {  # background jobs ignore INT, and a shell's death leaves its chi
     done
   fi
 }
-deployment_failed() {  # the watcher's signal: no client has sent a request yet; stop them, they did not run
-  WATCH_PID=""
+deployment_failed() {  # a watcher's signal: no client has sent a request yet; stop them, they did not run
+  trap '' USR1  # once: another role's watcher giving up meanwhile must not cut the job's stop short
+  # the model's watcher gave up (nothing left of it to stop); another role's did: the model's is stopped as usual
+  [ "$(cat state/deployment 2>/dev/null)" != failed ] || WATCH_PID=""
   stop_tasks
   for d in ${TASK_DIRS[@]+"${TASK_DIRS[@]}"}; do [ "$(cat "$d/state" 2>/dev/null)" = running ] && rm -f "$d/state"; done
   JOB_RC=3; exit 3
@@ -100,6 +102,7 @@ GATE_PID=""
 STOPS=()  # the other roles' deployments' stop functions (a judge's: stop_judge)
 stop_others() { local s; for s in ${STOPS[@]+"${STOPS[@]}"}; do "$s"; done; }
 finish() {
+  trap '' USR1  # a watcher that gives up now (its server stopped under it) must not cut the stop short
   [ -z "$GATE_PID" ] || kill "$GATE_PID" 2>/dev/null; stop_deployment; stop_others
   times > state/cpu_times 2>/dev/null  # the CPU time of the job's processes (results.usage)
   mark state/ended "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; mark state/finished "$JOB_RC"
