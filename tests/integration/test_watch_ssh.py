@@ -99,7 +99,9 @@ def test_dry_run_lists_over_ssh_and_shows_the_slurm_job(write_env_toml, infra: I
     out = result.output
     assert "iteration       100  ready: would evaluate now" in out
     assert "iteration       300  incomplete (missing .metadata, metadata.json)" in out
-    assert "would evaluate now: iteration 100, 200 (at most 4 at a time)" in out
+    # the builtin server is kept in one Slurm job, each checkpoint a step of it: one at a time by default
+    assert "each loaded into it in place (the megatron/builtin server in one kept Slurm job" in out
+    assert "would evaluate now: iteration 100, 200 (at most 1 at a time)" in out
     assert "#SBATCH" in out and f"{save_dir}/iter_0000100" in out
 
 
