@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import signal
 import sys
 import threading
@@ -170,24 +169,22 @@ def load_export(directory: Path, export: Path, *, identity: str, timeout: float 
 def stand_in(directory: Path, export: Path, *, identity: str, port_file: Path | None) -> None:
     """The deployment step of a job whose deployment loads into a kept SGLang server: load, write the port to
     `port_file` (as a server it started would), then wait until SIGTERM or Ctrl-C."""
-    print(f"Loading {export} in place into the SGLang server of {directory} ...", flush=True)
+    from ckpteval.server.announce import publish_port, say
+
+    say(f"Loading {export} in place into the SGLang server of {directory} ...")
     loaded = load_export(directory, export, identity=identity)
     port = server_url(directory).rsplit(":", 1)[1]
     if port_file is not None:
-        port_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = port_file.with_name(f".{port_file.name}.tmp.{os.getpid()}")
-        tmp.write_text(f"{port}\n")
-        os.replace(tmp, port_file)
-    print(
+        publish_port(port_file, int(port))
+    say(
         f"Loaded in place ({loaded.message}): {loaded.model_path} as weight version {identity}, serving on port "
-        f"{port}. Standing for it until stopped.",
-        flush=True,
+        f"{port}. Standing for it until stopped."
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _s, _f: stop.set())
     stop.wait()
-    print("Stopped (the SGLang server goes on serving).", flush=True)
+    say("Stopped (the SGLang server goes on serving).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,16 @@
-"""The server's own story (loading, serving, stopped), one line at a time on its stderr: the deployment log.
+"""What a server tells its job: its own story (loading, serving, stopped), one line at a time on its stderr
+(the deployment log), and the port it holds (`publish_port`).
 
-Also said by the in-place stand-in (`server.inplace_client`), which stands for a server the job did not start.
+Also told by the in-place stand-ins (`server.inplace_client`, `deploy.sglang_inplace`), which stand for a
+server the job did not start.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 
 def say(message: str) -> None:
@@ -19,3 +23,11 @@ def say(message: str) -> None:
         announce.setLevel(logging.INFO)
         announce.propagate = False
     announce.info(message)
+
+
+def publish_port(path: Path, port: int) -> None:
+    """Write `port` to `path` atomically (a reader never sees half a number)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)

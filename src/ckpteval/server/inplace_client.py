@@ -12,7 +12,6 @@ stops it (the kept server goes on). Stdlib only.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import urllib.error
@@ -111,7 +110,7 @@ def stand_in(options: Any) -> None:
     `options.identity`, write its port (`port_file`) and the report (`report_file`) once the new checkpoint
     serves, then wait until SIGTERM or Ctrl-C. DeploymentError (the job's deployment then fails, saying why)
     when the load is refused or fails."""
-    from ckpteval.server.announce import say
+    from ckpteval.server.announce import publish_port, say
     from ckpteval.server.loaded import write_report
 
     directory = Path(options.load_into)
@@ -128,11 +127,8 @@ def stand_in(options: Any) -> None:
     if options.report_file is not None:
         write_report(options.report_file, checkpoint)
     port = int((directory / PORT_FILE).read_text().strip())
-    if options.port_file is not None:  # atomically, as the server writes its own (`serve.publish_port`)
-        options.port_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = options.port_file.with_name(f".{options.port_file.name}.tmp.{os.getpid()}")
-        tmp.write_text(f"{port}\n")
-        os.replace(tmp, options.port_file)
+    if options.port_file is not None:
+        publish_port(options.port_file, port)
     content = (checkpoint.get("content") or {}).get("sha256", "")[:12]
     how = "weights read" if answer.weights_read else "the checkpoint it held: no weights read"
     say(

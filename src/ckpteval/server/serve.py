@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import re
 import select
 import signal
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpteval.errors import DeploymentError
-from ckpteval.server.announce import say
+from ckpteval.server.announce import publish_port, say
 from ckpteval.server.identity import identity_payload
 from ckpteval.server.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MODEL_NAME, ServeOptions
 
@@ -97,14 +96,6 @@ def hold_port(options: ServeOptions) -> socket.socket:
 def bound_port(sock: socket.socket) -> int:
     """The port a bound socket holds."""
     return int(sock.getsockname()[1])
-
-
-def publish_port(path: Path, port: int) -> None:
-    """Write `port` to `path` atomically (a reader never sees half a number)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(f"{port}\n")
-    os.replace(tmp, path)
 
 
 class LoadingResponder:
